@@ -1,0 +1,208 @@
+//! The [`BlockDevice`] trait: a virtual disk with positional `&self` I/O, declared
+//! capabilities, and an allocation map.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use vhdx::Guid;
+
+use crate::{Error, ErrorKind, Result};
+
+/// Where the bytes of a range of one layer come from (not resolving parents).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Stored in this layer.
+    Data,
+    /// Reads as zeros, decided by this layer (does not fall through to a parent).
+    Zero,
+    /// Not in this layer: the parent's bytes (zeros when there is no parent).
+    Parent,
+}
+
+/// A run of one layer's map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerRun {
+    /// Length in bytes.
+    pub len: u64,
+    /// Its source.
+    pub source: Source,
+}
+
+/// The allocation state of a range of the whole device (parents resolved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtentKind {
+    /// Holds data somewhere in the chain.
+    Data,
+    /// Allocated or explicitly zero, reads as zeros.
+    Zero,
+    /// Unallocated everywhere in the chain; reads as zeros.
+    Hole,
+}
+
+/// A run of the resolved allocation map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// Start offset in bytes.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// State.
+    pub kind: ExtentKind,
+}
+
+/// How a differencing image names its parent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParentRef {
+    /// Identities the parent may have (VHDX parent_linkage/parent_linkage2; VHD UniqueId).
+    pub linkage: Vec<Guid>,
+    /// Candidate paths, in the order to try, already resolved against the child's directory.
+    pub paths: Vec<PathBuf>,
+}
+
+/// Static facts about a device, for `info` and for mapping to protocol flags.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Geometry {
+    /// Virtual size in bytes.
+    pub size: u64,
+    /// Logical sector size in bytes.
+    pub logical_sector_size: u32,
+    /// Physical sector size in bytes.
+    pub physical_sector_size: u32,
+    /// Allocation unit in bytes (VHDX BlockSize, VHD block size, or 1 MiB for raw).
+    pub block_size: u32,
+}
+
+/// A virtual block device. All methods are positional and take `&self`.
+pub trait BlockDevice: Send + Sync + std::fmt::Debug {
+    /// Size, sector sizes and allocation unit.
+    fn geometry(&self) -> Geometry;
+
+    /// Virtual size in bytes.
+    fn size(&self) -> u64 {
+        self.geometry().size
+    }
+
+    /// A short name of the format ("vhdx", "vhd", "raw").
+    fn format(&self) -> &'static str;
+
+    /// Reads `buf.len()` bytes at `offset`.
+    ///
+    /// # Errors
+    /// `OutOfBounds` past the end; `Io`; `ChainBroken` when a parent is needed and missing.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+
+    /// Writes `buf` at `offset`.
+    ///
+    /// # Errors
+    /// `ReadOnly` unless [`BlockDevice::can_write`].
+    fn write_at(&self, _buf: &[u8], _offset: u64) -> Result<()> {
+        Err(Error::new(ErrorKind::ReadOnly, format!("{} device is read-only", self.format())))
+    }
+
+    /// Makes every completed write durable.
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Tells the device the range is no longer needed (reads may then return zeros).
+    fn trim(&self, _offset: u64, _len: u64) -> Result<()> {
+        Ok(())
+    }
+
+    /// Makes the range read as zeros.
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        let zeros = vec![0u8; len.min(1 << 20) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(zeros.len() as u64);
+            self.write_at(&zeros[..n as usize], offset + done)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// True when writes are accepted.
+    fn can_write(&self) -> bool {
+        false
+    }
+
+    /// This layer's own map of `[offset, offset+len)`, parents not resolved.
+    fn map_layer(&self, _offset: u64, len: u64) -> Result<Vec<LayerRun>> {
+        Ok(vec![LayerRun { len, source: Source::Data }])
+    }
+
+    /// The parent this layer reads through, once attached.
+    fn parent(&self) -> Option<Arc<dyn BlockDevice>> {
+        None
+    }
+
+    /// Which parent this image needs, if it is a differencing image.
+    fn parent_ref(&self) -> Option<ParentRef> {
+        None
+    }
+
+    /// The identity children link to (VHDX DataWriteGuid, VHD UniqueId).
+    fn linkage_id(&self) -> Option<Guid> {
+        None
+    }
+
+    /// Bytes of the backing file that hold this layer's data and metadata.
+    fn allocated_bytes(&self) -> Result<u64> {
+        Ok(self.size())
+    }
+
+    /// Non-fatal problems noticed at open (lenient checksum policy, in-memory replay...).
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// Checks that `[offset, offset+len)` lies inside a device of `size` bytes.
+///
+/// # Errors
+/// `OutOfBounds`.
+pub fn check_bounds(size: u64, offset: u64, len: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::new(
+            ErrorKind::OutOfBounds,
+            format!("access {offset:#x}+{len:#x} past the end of a {size}-byte disk"),
+        )),
+    }
+}
+
+/// The resolved allocation map of `dev` (parents walked), merged into maximal runs.
+///
+/// # Errors
+/// Errors of `map_layer` at any depth.
+pub fn extents(dev: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
+    let mut out: Vec<Extent> = Vec::new();
+    let mut push = |out: &mut Vec<Extent>, e: Extent| {
+        if e.len == 0 {
+            return;
+        }
+        match out.last_mut() {
+            Some(last) if last.kind == e.kind && last.offset + last.len == e.offset => {
+                last.len += e.len;
+            }
+            _ => out.push(e),
+        }
+    };
+    let mut pos = offset;
+    for run in dev.map_layer(offset, len)? {
+        match run.source {
+            Source::Data => push(&mut out, Extent { offset: pos, len: run.len, kind: ExtentKind::Data }),
+            Source::Zero => push(&mut out, Extent { offset: pos, len: run.len, kind: ExtentKind::Zero }),
+            Source::Parent => match dev.parent() {
+                Some(p) => {
+                    for e in extents(p.as_ref(), pos, run.len)? {
+                        push(&mut out, e);
+                    }
+                }
+                None => push(&mut out, Extent { offset: pos, len: run.len, kind: ExtentKind::Hole }),
+            },
+        }
+        pos += run.len;
+    }
+    Ok(out)
+}

@@ -1,0 +1,25 @@
+//! Ferry's image library: virtual block devices over VHDX, VHD and raw files.
+//!
+//! ```text
+//!            BlockDevice (read/write/flush/trim/zero/extents, &self, positional)
+//!      ┌───────────┬──────────────┬─────────────┐
+//!   RawDisk     VhdxImage      VhdImage      (later: caches, remote)
+//!      │        │  parent ─────► Arc<dyn BlockDevice>  (differencing chain)
+//!      └────────┴──── Storage (read_at/write_at/flush/len/set_len/punch_hole)
+//!                      ├── std::fs::File
+//!                      └── testkit::SimDisk (crash / torn-write simulation)
+//! ```
+//!
+//! The format codecs live in the pure `vhdx` crate; this crate performs the I/O they describe.
+//! Images open through [`open::open`] (by magic, with the parent chain resolved), and the
+//! operations (`convert`, `capture`, `merge`, `check`, `compact`) are built on [`BlockDevice`].
+
+pub mod device;
+pub mod error;
+pub mod raw;
+pub mod storage;
+pub mod vhd;
+
+pub use device::{BlockDevice, Extent, ExtentKind};
+pub use error::{Error, ErrorKind, Result};
+pub use storage::{FileStorage, Storage};

@@ -1,0 +1,136 @@
+//! Positional byte storage under an image file. `std::fs::File` is the real one; tests inject
+//! `testkit::SimDisk`, which keeps written and durable bytes apart to simulate crashes.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use crate::{Error, Result};
+
+/// A file-like positional store. All methods take `&self`; implementations are `Send + Sync`.
+pub trait Storage: Send + Sync + std::fmt::Debug {
+    /// Reads exactly `buf.len()` bytes at `offset`; bytes past the end read as zero.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+    /// Writes all of `buf` at `offset`, growing the store if needed.
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> Result<()>;
+    /// The current length in bytes.
+    fn len(&self) -> Result<u64>;
+    /// True when the store is empty.
+    fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+    /// Truncates or extends (with zeros) to `len`.
+    fn set_len(&self, len: u64) -> Result<()>;
+    /// Makes `[offset, offset+len)` read as zeros, freeing space where the store can.
+    fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
+        let zeros = vec![0u8; 1 << 20];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(zeros.len() as u64) as usize;
+            self.write_at(&zeros[..n], offset + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+    /// The next offset at or after `offset` that may hold data (SEEK_DATA), if the store knows.
+    fn next_data(&self, offset: u64) -> Result<Option<u64>> {
+        Ok(Some(offset))
+    }
+    /// The next offset at or after `offset` that starts a hole (SEEK_HOLE); the length if none.
+    fn next_hole(&self, _offset: u64) -> Result<u64> {
+        self.len()
+    }
+}
+
+/// A real file.
+#[derive(Debug)]
+pub struct FileStorage {
+    file: File,
+}
+
+impl FileStorage {
+    /// Wraps an open file.
+    pub fn new(file: File) -> FileStorage {
+        FileStorage { file }
+    }
+
+    /// The underlying file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
+impl Storage for FileStorage {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => {
+                    buf[done..].fill(0);
+                    return Ok(());
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(format!("read at {offset:#x}"), e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.file
+            .write_all_at(buf, offset)
+            .map_err(|e| Error::io(format!("write at {offset:#x}"), e))
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io("fsync", e))
+    }
+
+    fn len(&self) -> Result<u64> {
+        Ok(self.file.metadata().map_err(|e| Error::io("stat", e))?.len())
+    }
+
+    fn set_len(&self, len: u64) -> Result<()> {
+        self.file.set_len(len).map_err(|e| Error::io(format!("truncate to {len}"), e))
+    }
+
+    fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
+        use rustix::fs::{FallocateFlags, fallocate};
+        let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+        match fallocate(&self.file, flags, offset, len) {
+            Ok(()) => Ok(()),
+            // Filesystems without hole punching get zeros written instead.
+            Err(rustix::io::Errno::OPNOTSUPP) => {
+                let zeros = vec![0u8; 1 << 20];
+                let mut done = 0;
+                while done < len {
+                    let n = (len - done).min(zeros.len() as u64) as usize;
+                    self.write_at(&zeros[..n], offset + done)?;
+                    done += n as u64;
+                }
+                Ok(())
+            }
+            Err(e) => Err(Error::io(format!("punch hole at {offset:#x}"), e.into())),
+        }
+    }
+
+    fn next_data(&self, offset: u64) -> Result<Option<u64>> {
+        use rustix::fs::{SeekFrom, seek};
+        match seek(&self.file, SeekFrom::Data(offset)) {
+            Ok(o) => Ok(Some(o)),
+            Err(rustix::io::Errno::NXIO) => Ok(None),
+            Err(rustix::io::Errno::INVAL | rustix::io::Errno::OPNOTSUPP) => Ok(Some(offset)),
+            Err(e) => Err(Error::io("seek data", e.into())),
+        }
+    }
+
+    fn next_hole(&self, offset: u64) -> Result<u64> {
+        use rustix::fs::{SeekFrom, seek};
+        match seek(&self.file, SeekFrom::Hole(offset)) {
+            Ok(o) => Ok(o),
+            Err(_) => self.len(),
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Legacy VHD images (read-only): fixed, dynamic and differencing.

@@ -1,0 +1,1 @@
+//! Legacy VHD structures (big-endian): footer, dynamic disk header, parent locators, BAT.

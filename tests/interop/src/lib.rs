@@ -1,0 +1,1 @@
+//! Interop test helpers.
