@@ -1,1 +1,432 @@
-//! log
+//! The VHDX log (MS-VHDX 2.3): entries, descriptors, data sectors, and the search for the
+//! active sequence that replay applies.
+//!
+//! # Design notes
+//!
+//! The log is a circular buffer of 4 KiB sectors. An entry is a header sector holding the
+//! entry header and descriptors, more descriptor sectors when needed, then one data sector per
+//! data descriptor. Replay takes the *active sequence*: the run of valid entries (each with the
+//! header's LogGuid, consecutive sequence numbers, each starting where the previous ended)
+//! whose head has the highest sequence number and whose head's `tail` points at an entry of the
+//! run; it applies the run from that tail entry to the head. Entries of other GUIDs are left
+//! from older logs and are ignored. This module only decides; the I/O layer applies.
+
+use crate::crc::crc32c_with_hole;
+use crate::{Guid, le_u32, le_u64, put_u32, put_u64};
+
+/// `"loge"`.
+pub const ENTRY_SIGNATURE: u32 = 0x6567_6F6C;
+/// `"zero"`.
+pub const ZERO_SIGNATURE: u32 = 0x6F72_657A;
+/// `"desc"`.
+pub const DATA_DESC_SIGNATURE: u32 = 0x6373_6564;
+/// `"data"`.
+pub const DATA_SECTOR_SIGNATURE: u32 = 0x6174_6164;
+/// Log sector size.
+pub const SECTOR: usize = 4096;
+/// Entry header size.
+pub const ENTRY_HEADER_LEN: usize = 64;
+/// Descriptor size.
+pub const DESCRIPTOR_LEN: usize = 32;
+
+/// Why a candidate entry is not valid (replay skips it; `check` reports it).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    /// Descriptor count does not fit the entry.
+    #[error("log entry with {count} descriptors does not fit in {length} bytes")]
+    BadDescriptorCount {
+        /// DescriptorCount.
+        count: u32,
+        /// EntryLength.
+        length: u32,
+    },
+    /// A descriptor is malformed (signature, alignment, sequence).
+    #[error("log entry descriptor {index} is invalid")]
+    BadDescriptor {
+        /// Which descriptor.
+        index: usize,
+    },
+    /// EntryLength is zero, not a multiple of 4 KiB, or longer than the log.
+    #[error("log entry length {0:#x} is invalid")]
+    BadLength(u32),
+    /// A data sector's signature or sequence is wrong.
+    #[error("log data sector {index} is invalid")]
+    BadDataSector {
+        /// Which data sector.
+        index: usize,
+    },
+    /// The checksum does not match.
+    #[error("log entry checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    InvalidChecksum {
+        /// Stored.
+        stored: u32,
+        /// Computed.
+        computed: u32,
+    },
+    /// Not "loge".
+    #[error("no log entry signature")]
+    InvalidSignature,
+    /// The log length is not a positive multiple of 4 KiB.
+    #[error("log length {0:#x} is invalid")]
+    BadLogLength(usize),
+    /// Sequence number zero.
+    #[error("log entry sequence number is zero")]
+    ZeroSequence,
+    /// Belongs to another log.
+    #[error("log entry belongs to log {found}, not {expected}")]
+    WrongLogGuid {
+        /// The entry's GUID.
+        found: Guid,
+        /// The header's.
+        expected: Guid,
+    },
+}
+
+/// One write that replay performs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// Write a 4 KiB sector.
+    Data {
+        /// File offset (4 KiB aligned).
+        file_offset: u64,
+        /// The sector's bytes.
+        sector: Box<[u8]>,
+    },
+    /// Write zeros.
+    Zero {
+        /// File offset (4 KiB aligned).
+        file_offset: u64,
+        /// Bytes (multiple of 4 KiB).
+        len: u64,
+    },
+}
+
+/// A valid, decoded entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Offset in the log where it starts.
+    pub log_offset: u64,
+    /// EntryLength.
+    pub length: u32,
+    /// Tail: log offset of the oldest entry still needed.
+    pub tail: u32,
+    /// SequenceNumber.
+    pub sequence_number: u64,
+    /// FlushedFileOffset.
+    pub flushed_file_offset: u64,
+    /// LastFileOffset.
+    pub last_file_offset: u64,
+    /// Its writes, in descriptor order.
+    pub writes: Vec<Write>,
+}
+
+/// What replay must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    /// Entries of the active sequence, oldest first.
+    pub entries: Vec<Entry>,
+}
+
+impl Replay {
+    /// The head entry's FlushedFileOffset: the file must be at least this long.
+    pub fn flushed_file_offset(&self) -> u64 {
+        self.entries.last().map_or(0, |e| e.flushed_file_offset)
+    }
+
+    /// The head entry's LastFileOffset: extend the file to at least this.
+    pub fn last_file_offset(&self) -> u64 {
+        self.entries.last().map_or(0, |e| e.last_file_offset)
+    }
+}
+
+fn circular(log: &[u8], off: usize, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    let mut pos = off % log.len();
+    while out.len() < len {
+        let n = (len - out.len()).min(log.len() - pos);
+        out.extend_from_slice(&log[pos..pos + n]);
+        pos = (pos + n) % log.len();
+    }
+    out
+}
+
+/// Decodes and validates the entry at `off` of the (whole) log buffer `log`.
+///
+/// # Errors
+/// Every reason an entry is not valid.
+pub fn parse_entry(log: &[u8], off: usize, log_guid: Guid) -> Result<Entry, Error> {
+    if log.is_empty() || log.len() % SECTOR != 0 {
+        return Err(Error::BadLogLength(log.len()));
+    }
+    let head = circular(log, off, SECTOR);
+    if le_u32(&head, 0) != ENTRY_SIGNATURE {
+        return Err(Error::InvalidSignature);
+    }
+    let length = le_u32(&head, 8);
+    if length == 0 || length as usize % SECTOR != 0 || length as usize > log.len() {
+        return Err(Error::BadLength(length));
+    }
+    let guid = Guid::read(&head, 32);
+    if guid != log_guid {
+        return Err(Error::WrongLogGuid { found: guid, expected: log_guid });
+    }
+    let b = circular(log, off, length as usize);
+    let stored = le_u32(&b, 4);
+    let computed = crc32c_with_hole(&b, 4);
+    if stored != computed {
+        return Err(Error::InvalidChecksum { stored, computed });
+    }
+    let seq = le_u64(&b, 16);
+    if seq == 0 {
+        return Err(Error::ZeroSequence);
+    }
+    let count = le_u32(&b, 24);
+    let desc_bytes = (count as usize)
+        .checked_mul(DESCRIPTOR_LEN)
+        .and_then(|x| x.checked_add(ENTRY_HEADER_LEN))
+        .filter(|&x| x <= length as usize)
+        .ok_or(Error::BadDescriptorCount { count, length })?;
+    let desc_sectors = desc_bytes.div_ceil(SECTOR);
+    let mut data_index = 0usize;
+    let mut writes = Vec::with_capacity(count as usize);
+    for index in 0..count as usize {
+        let d = &b[ENTRY_HEADER_LEN + DESCRIPTOR_LEN * index..][..DESCRIPTOR_LEN];
+        let file_offset = le_u64(d, 16);
+        if le_u64(d, 24) != seq || file_offset % SECTOR as u64 != 0 {
+            return Err(Error::BadDescriptor { index });
+        }
+        match le_u32(d, 0) {
+            ZERO_SIGNATURE => {
+                let len = le_u64(d, 8);
+                if len % SECTOR as u64 != 0 || file_offset.checked_add(len).is_none() {
+                    return Err(Error::BadDescriptor { index });
+                }
+                writes.push(Write::Zero { file_offset, len });
+            }
+            DATA_DESC_SIGNATURE => {
+                let at = (desc_sectors + data_index) * SECTOR;
+                if at + SECTOR > length as usize {
+                    return Err(Error::BadDescriptorCount { count, length });
+                }
+                let s = &b[at..at + SECTOR];
+                let sector_seq = (u64::from(le_u32(s, 4)) << 32) | u64::from(le_u32(s, 4092));
+                if le_u32(s, 0) != DATA_SECTOR_SIGNATURE || sector_seq != seq {
+                    return Err(Error::BadDataSector { index: data_index });
+                }
+                let mut sector = vec![0u8; SECTOR].into_boxed_slice();
+                sector[..8].copy_from_slice(&d[8..16]);
+                sector[8..4092].copy_from_slice(&s[8..4092]);
+                sector[4092..].copy_from_slice(&d[4..8]);
+                writes.push(Write::Data { file_offset, sector });
+                data_index += 1;
+            }
+            _ => return Err(Error::BadDescriptor { index }),
+        }
+    }
+    Ok(Entry {
+        log_offset: off as u64,
+        length,
+        tail: le_u32(&b, 12),
+        sequence_number: seq,
+        flushed_file_offset: le_u64(&b, 48),
+        last_file_offset: le_u64(&b, 56),
+        writes,
+    })
+}
+
+/// Finds the active sequence of the log (MS-VHDX 2.3.3). `None` when no valid sequence exists.
+///
+/// # Errors
+/// Only [`Error::BadLogLength`] for a log buffer that is not whole sectors.
+pub fn find_active(log: &[u8], log_guid: Guid) -> Result<Option<Replay>, Error> {
+    if log.is_empty() || log.len() % SECTOR != 0 {
+        return Err(Error::BadLogLength(log.len()));
+    }
+    let slots = log.len() / SECTOR;
+    let valid: Vec<Option<Entry>> =
+        (0..slots).map(|i| parse_entry(log, i * SECTOR, log_guid).ok()).collect();
+    let mut best: Option<Vec<Entry>> = None;
+    for start in 0..slots {
+        let Some(first) = &valid[start] else { continue };
+        // Only start a run where no valid predecessor continues into it, to avoid quadratic
+        // re-walks of the same run; runs are still found from their first entry.
+        let mut run = vec![first.clone()];
+        let mut pos = (start * SECTOR + first.length as usize) % log.len();
+        while run.len() < slots {
+            let prev = run.last().expect("run is never empty").sequence_number;
+            match &valid[pos / SECTOR] {
+                Some(e) if e.sequence_number == prev + 1 => {
+                    pos = (pos + e.length as usize) % log.len();
+                    run.push(e.clone());
+                }
+                _ => break,
+            }
+        }
+        let head = run.last().expect("run is never empty");
+        let Some(tail_at) = run.iter().position(|e| e.log_offset == u64::from(head.tail)) else {
+            continue;
+        };
+        let candidate = run.split_off(tail_at);
+        let better = best.as_ref().is_none_or(|b| {
+            let bh = b.last().expect("non-empty").sequence_number;
+            let ch = candidate.last().expect("non-empty").sequence_number;
+            ch > bh || (ch == bh && candidate.len() > b.len())
+        });
+        if better {
+            best = Some(candidate);
+        }
+    }
+    Ok(best.map(|entries| Replay { entries }))
+}
+
+/// The fields of an entry to encode.
+#[derive(Debug, Clone)]
+pub struct NewEntry<'a> {
+    /// SequenceNumber (> 0).
+    pub sequence_number: u64,
+    /// Tail log offset.
+    pub tail: u32,
+    /// The log's GUID.
+    pub log_guid: Guid,
+    /// FlushedFileOffset.
+    pub flushed_file_offset: u64,
+    /// LastFileOffset.
+    pub last_file_offset: u64,
+    /// 4 KiB sectors to write: (file offset, 4096 bytes).
+    pub data: &'a [(u64, &'a [u8])],
+    /// Zero ranges: (file offset, length), both 4 KiB multiples.
+    pub zeros: &'a [(u64, u64)],
+}
+
+impl NewEntry<'_> {
+    /// The encoded entry length.
+    pub fn encoded_len(&self) -> usize {
+        let count = self.data.len() + self.zeros.len();
+        (ENTRY_HEADER_LEN + DESCRIPTOR_LEN * count).div_ceil(SECTOR) * SECTOR
+            + self.data.len() * SECTOR
+    }
+
+    /// Encodes the entry, checksum included.
+    pub fn encode(&self) -> Vec<u8> {
+        let len = self.encoded_len();
+        let mut b = vec![0u8; len];
+        let count = self.data.len() + self.zeros.len();
+        let desc_sectors = (ENTRY_HEADER_LEN + DESCRIPTOR_LEN * count).div_ceil(SECTOR);
+        let seq = self.sequence_number;
+        put_u32(&mut b, 0, ENTRY_SIGNATURE);
+        put_u32(&mut b, 8, len as u32);
+        put_u32(&mut b, 12, self.tail);
+        put_u64(&mut b, 16, seq);
+        put_u32(&mut b, 24, count as u32);
+        self.log_guid.write(&mut b, 32);
+        put_u64(&mut b, 48, self.flushed_file_offset);
+        put_u64(&mut b, 56, self.last_file_offset);
+        let mut d = ENTRY_HEADER_LEN;
+        for &(file_offset, len) in self.zeros {
+            put_u32(&mut b, d, ZERO_SIGNATURE);
+            put_u64(&mut b, d + 8, len);
+            put_u64(&mut b, d + 16, file_offset);
+            put_u64(&mut b, d + 24, seq);
+            d += DESCRIPTOR_LEN;
+        }
+        for (i, &(file_offset, sector)) in self.data.iter().enumerate() {
+            assert_eq!(sector.len(), SECTOR, "log data writes are whole 4 KiB sectors");
+            put_u32(&mut b, d, DATA_DESC_SIGNATURE);
+            b[d + 4..d + 8].copy_from_slice(&sector[4092..]);
+            b[d + 8..d + 16].copy_from_slice(&sector[..8]);
+            put_u64(&mut b, d + 16, file_offset);
+            put_u64(&mut b, d + 24, seq);
+            d += DESCRIPTOR_LEN;
+            let s = (desc_sectors + i) * SECTOR;
+            put_u32(&mut b, s, DATA_SECTOR_SIGNATURE);
+            put_u32(&mut b, s + 4, (seq >> 32) as u32);
+            b[s + 8..s + 4092].copy_from_slice(&sector[8..4092]);
+            put_u32(&mut b, s + 4092, seq as u32);
+        }
+        let crc = crc32c_with_hole(&b, 4);
+        put_u32(&mut b, 4, crc);
+        b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: Guid = Guid([0x11; 16]);
+
+    fn entry(seq: u64, tail: u32, fill: u8) -> Vec<u8> {
+        let sector = vec![fill; SECTOR];
+        let data = [(0x20_0000u64, sector.as_slice())];
+        NewEntry {
+            sequence_number: seq,
+            tail,
+            log_guid: G,
+            flushed_file_offset: 1 << 22,
+            last_file_offset: 1 << 22,
+            data: &data,
+            zeros: &[(0x30_0000, 8192)],
+        }
+        .encode()
+    }
+
+    #[test]
+    fn round_trip() {
+        let mut log = vec![0u8; 64 * 1024];
+        let e = entry(5, 0, 0xab);
+        log[..e.len()].copy_from_slice(&e);
+        let parsed = parse_entry(&log, 0, G).unwrap();
+        assert_eq!(parsed.sequence_number, 5);
+        assert_eq!(parsed.writes[0], Write::Zero { file_offset: 0x30_0000, len: 8192 });
+        assert_eq!(
+            parsed.writes[1],
+            Write::Data { file_offset: 0x20_0000, sector: vec![0xab; SECTOR].into() }
+        );
+    }
+
+    #[test]
+    fn other_guid_is_ignored() {
+        let mut log = vec![0u8; 64 * 1024];
+        let e = entry(5, 0, 1);
+        log[..e.len()].copy_from_slice(&e);
+        assert_eq!(find_active(&log, Guid([0x22; 16])).unwrap(), None);
+    }
+
+    #[test]
+    fn active_sequence_is_the_highest_run_from_its_tail() {
+        let mut log = vec![0u8; 64 * 1024];
+        let a = entry(7, 0, 1);
+        let b = entry(8, 0, 2);
+        let stale = entry(3, 0x8000, 9);
+        log[..a.len()].copy_from_slice(&a);
+        log[a.len()..a.len() + b.len()].copy_from_slice(&b);
+        log[0x8000..0x8000 + stale.len()].copy_from_slice(&stale);
+        let r = find_active(&log, G).unwrap().unwrap();
+        let seqs: Vec<u64> = r.entries.iter().map(|e| e.sequence_number).collect();
+        assert_eq!(seqs, vec![7, 8]);
+    }
+
+    #[test]
+    fn torn_head_falls_back_to_previous_entry() {
+        let mut log = vec![0u8; 64 * 1024];
+        let a = entry(7, 0, 1);
+        let mut b = entry(8, 0, 2);
+        b[5000] ^= 0xff;
+        log[..a.len()].copy_from_slice(&a);
+        log[a.len()..a.len() + b.len()].copy_from_slice(&b);
+        let r = find_active(&log, G).unwrap().unwrap();
+        assert_eq!(r.entries.len(), 1);
+        assert_eq!(r.entries[0].sequence_number, 7);
+    }
+
+    #[test]
+    fn entry_wrapping_the_buffer_parses() {
+        let mut log = vec![0u8; 16 * 1024];
+        let e = entry(2, 12 * 1024, 3);
+        assert_eq!(e.len(), 8192);
+        log[12 * 1024..].copy_from_slice(&e[..4096]);
+        log[..4096].copy_from_slice(&e[4096..]);
+        let r = find_active(&log, G).unwrap().unwrap();
+        assert_eq!(r.entries[0].log_offset, 12 * 1024);
+    }
+}
