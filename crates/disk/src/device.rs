@@ -177,7 +177,7 @@ pub fn check_bounds(size: u64, offset: u64, len: u64) -> Result<()> {
 /// Errors of `map_layer` at any depth.
 pub fn extents(dev: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Extent>> {
     let mut out: Vec<Extent> = Vec::new();
-    let mut push = |out: &mut Vec<Extent>, e: Extent| {
+    let push = |out: &mut Vec<Extent>, e: Extent| {
         if e.len == 0 {
             return;
         }

@@ -16,9 +16,14 @@
 
 pub mod device;
 pub mod error;
+pub mod open;
 pub mod raw;
 pub mod storage;
 pub mod vhd;
+pub mod version;
+pub mod vhdx;
+pub mod overlay;
+pub use overlay::OverlayStorage;
 
 pub use device::{BlockDevice, Extent, ExtentKind};
 pub use error::{Error, ErrorKind, Result};

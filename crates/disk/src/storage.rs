@@ -33,6 +33,10 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
         }
         Ok(())
     }
+    /// Reserves real space for `[offset, offset+len)` (fallocate), where the store can.
+    fn allocate(&self, _offset: u64, _len: u64) -> Result<()> {
+        Ok(())
+    }
     /// The next offset at or after `offset` that may hold data (SEEK_DATA), if the store knows.
     fn next_data(&self, offset: u64) -> Result<Option<u64>> {
         Ok(Some(offset))
@@ -113,6 +117,14 @@ impl Storage for FileStorage {
                 Ok(())
             }
             Err(e) => Err(Error::io(format!("punch hole at {offset:#x}"), e.into())),
+        }
+    }
+
+    fn allocate(&self, offset: u64, len: u64) -> Result<()> {
+        use rustix::fs::{FallocateFlags, fallocate};
+        match fallocate(&self.file, FallocateFlags::KEEP_SIZE, offset, len) {
+            Ok(()) | Err(rustix::io::Errno::OPNOTSUPP) => Ok(()),
+            Err(e) => Err(Error::io(format!("allocate {len} bytes at {offset:#x}"), e.into())),
         }
     }
 

@@ -125,7 +125,7 @@ impl ParentLocator {
         put_u16(&mut out, 18, n as u16);
         for (i, (k, v)) in self.pairs.iter().enumerate() {
             let e = 20 + 12 * i;
-            let mut put = |s: &str, off_field: usize, len_field: usize, out: &mut Vec<u8>| {
+            let put = |s: &str, off_field: usize, len_field: usize, out: &mut Vec<u8>| {
                 let at = out.len();
                 out.extend(s.encode_utf16().flat_map(|u| u.to_le_bytes()));
                 let len = out.len() - at;

@@ -1,0 +1,268 @@
+//! Opening any image by path: format detection by magic, and differencing chains resolved
+//! through parent locators with identity checks, a depth limit and cycle detection.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::raw::RawDisk;
+use crate::vhd::VhdImage;
+use crate::vhdx::{self, VhdxImage};
+use crate::{BlockDevice, Error, ErrorKind, FileStorage, Result, Storage};
+
+/// The deepest chain opened (base + 63 versions).
+pub const MAX_CHAIN_DEPTH: usize = 64;
+
+/// An image format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// VHDX (MS-VHDX).
+    Vhdx,
+    /// Legacy VHD.
+    Vhd,
+    /// Raw bytes.
+    Raw,
+}
+
+impl Format {
+    /// The format a path's extension names, if any.
+    pub fn from_extension(path: &Path) -> Option<Format> {
+        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+        match ext.as_str() {
+            "vhdx" | "avhdx" => Some(Format::Vhdx),
+            "vhd" | "avhd" => Some(Format::Vhd),
+            "img" | "raw" | "bin" => Some(Format::Raw),
+            _ => None,
+        }
+    }
+
+    /// Parses a `--format` value.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an unknown name.
+    pub fn parse(s: &str) -> Result<Format> {
+        match s.to_ascii_lowercase().as_str() {
+            "vhdx" => Ok(Format::Vhdx),
+            "vhd" | "vpc" => Ok(Format::Vhd),
+            "raw" | "img" => Ok(Format::Raw),
+            _ => Err(Error::new(ErrorKind::InvalidArgument, format!("unknown format {s:?} (vhdx, vhd, raw)"))),
+        }
+    }
+}
+
+/// Detects a file's format from its bytes: "vhdxfile" at 0, or a "conectix" footer at 0 or
+/// at the end. Anything else is raw only when the extension (or a block device) says so.
+///
+/// # Errors
+/// `InvalidFormat` when nothing matches; `Io`.
+pub fn detect(path: &Path, storage: &dyn Storage) -> Result<Format> {
+    let len = storage.len()?;
+    let mut head = [0u8; 8];
+    storage.read_at(&mut head, 0)?;
+    if &head == b"vhdxfile" {
+        return Ok(Format::Vhdx);
+    }
+    if &head == b"conectix" {
+        return Ok(Format::Vhd);
+    }
+    if len >= 512 {
+        let mut tail = [0u8; 8];
+        storage.read_at(&mut tail, len - 512)?;
+        if &tail == b"conectix" {
+            return Ok(Format::Vhd);
+        }
+        storage.read_at(&mut tail, len - 511)?;
+        if &tail == b"conectix" {
+            return Ok(Format::Vhd);
+        }
+    }
+    if Format::from_extension(path) == Some(Format::Raw) || is_block_device(path) {
+        return Ok(Format::Raw);
+    }
+    Err(Error::new(
+        ErrorKind::InvalidFormat,
+        format!("{}: not a vhdx or vhd image (no signature) and not named .img/.raw", path.display()),
+    ))
+}
+
+fn is_block_device(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
+}
+
+/// One opened image of a chain.
+#[derive(Debug, Clone)]
+pub enum Image {
+    /// A VHDX image.
+    Vhdx(Arc<VhdxImage>),
+    /// A VHD image.
+    Vhd(Arc<VhdImage>),
+    /// A raw image.
+    Raw(Arc<RawDisk>),
+}
+
+impl Image {
+    /// As a block device.
+    pub fn device(&self) -> Arc<dyn BlockDevice> {
+        match self {
+            Image::Vhdx(i) => i.clone(),
+            Image::Vhd(i) => i.clone(),
+            Image::Raw(i) => i.clone(),
+        }
+    }
+
+    fn attach_parent(&self, parent: Arc<dyn BlockDevice>) -> Result<()> {
+        match self {
+            Image::Vhdx(i) => i.attach_parent(parent),
+            Image::Vhd(i) => i.attach_parent(parent),
+            Image::Raw(_) => Err(Error::new(ErrorKind::InvalidArgument, "raw images have no parent")),
+        }
+    }
+}
+
+/// A layer of an opened chain.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    /// Where it was opened from.
+    pub path: PathBuf,
+    /// Its format.
+    pub format: Format,
+    /// The image.
+    pub image: Image,
+}
+
+/// An opened chain, top first.
+#[derive(Debug, Clone)]
+pub struct Chain {
+    /// Layers from the top (the image named) to the base.
+    pub layers: Vec<Layer>,
+}
+
+impl Chain {
+    /// The top as a block device (reads resolve through the whole chain).
+    pub fn top(&self) -> Arc<dyn BlockDevice> {
+        self.layers[0].image.device()
+    }
+
+    /// Commits and cleanly closes a writable VHDX top.
+    ///
+    /// # Errors
+    /// I/O failures.
+    pub fn close(&self) -> Result<()> {
+        match &self.layers[0].image {
+            Image::Vhdx(i) => i.close(),
+            other => other.device().flush(),
+        }
+    }
+}
+
+/// Options for [`open`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenOptions {
+    /// Open the top image for writing (parents are always read-only).
+    pub writable: bool,
+    /// Force a format instead of detecting it.
+    pub format: Option<Format>,
+}
+
+/// Opens a file as storage.
+///
+/// # Errors
+/// `Io` naming the path.
+pub fn open_storage(path: &Path, writable: bool) -> Result<Arc<dyn Storage>> {
+    let f = File::options()
+        .read(true)
+        .write(writable)
+        .open(path)
+        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    Ok(Arc::new(FileStorage::new(f)))
+}
+
+/// Opens one image without resolving its parent.
+///
+/// # Errors
+/// Format and I/O errors, with the path in the message.
+pub fn open_one(path: &Path, opts: OpenOptions) -> Result<Layer> {
+    let storage = open_storage(path, opts.writable)?;
+    let format = match opts.format {
+        Some(f) => f,
+        None => detect(path, storage.as_ref())?,
+    };
+    let ctx = |e: Error| e.context(path.display());
+    let image = match format {
+        Format::Vhdx => {
+            let o = vhdx::OpenOptions { writable: opts.writable, path: Some(path.to_path_buf()) };
+            Image::Vhdx(Arc::new(VhdxImage::open(storage, o).map_err(ctx)?))
+        }
+        Format::Vhd => {
+            if opts.writable {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!("{}: vhd images are read-only; convert to vhdx to write", path.display()),
+                ));
+            }
+            Image::Vhd(Arc::new(VhdImage::open(storage, Some(path)).map_err(ctx)?))
+        }
+        Format::Raw => Image::Raw(Arc::new(RawDisk::open(storage, opts.writable).map_err(ctx)?)),
+    };
+    Ok(Layer { path: path.to_path_buf(), format, image })
+}
+
+/// Opens an image and its whole parent chain.
+///
+/// # Errors
+/// `ChainBroken` for a missing parent, an identity mismatch, a cycle, or a chain deeper than
+/// [`MAX_CHAIN_DEPTH`]; format and I/O errors of any layer.
+pub fn open(path: &Path, opts: OpenOptions) -> Result<Chain> {
+    let top = open_one(path, opts)?;
+    let mut layers = vec![top];
+    let mut seen = vec![canonical(path)];
+    loop {
+        let cur = layers.last().expect("chain has a top");
+        let Some(pref) = cur.image.device().parent_ref() else { break };
+        if layers.len() >= MAX_CHAIN_DEPTH {
+            return Err(Error::new(
+                ErrorKind::ChainBroken,
+                format!("{}: chain deeper than the limit of {MAX_CHAIN_DEPTH}", path.display()),
+            ));
+        }
+        let mut tried = Vec::new();
+        let mut found = None;
+        for cand in &pref.paths {
+            if !cand.exists() {
+                tried.push(format!("{} (not found)", cand.display()));
+                continue;
+            }
+            if seen.contains(&canonical(cand)) {
+                return Err(Error::new(
+                    ErrorKind::ChainBroken,
+                    format!("{}: parent chain has a cycle at {}", cur.path.display(), cand.display()),
+                ));
+            }
+            let parent = open_one(cand, OpenOptions::default())?;
+            match cur.image.attach_parent(parent.image.device()) {
+                Ok(()) => {
+                    found = Some(parent);
+                    break;
+                }
+                Err(e) => tried.push(format!("{} ({e})", cand.display())),
+            }
+        }
+        let Some(parent) = found else {
+            return Err(Error::new(
+                ErrorKind::ChainBroken,
+                format!("{}: parent not found; tried: {}", cur.path.display(), tried.join("; ")),
+            ));
+        };
+        seen.push(canonical(&parent.path));
+        layers.push(parent);
+    }
+    // Parents attach bottom-up implicitly: each attach above used an already-opened device
+    // whose own parent is attached in the next iteration (reads go through Arc links).
+    Ok(Chain { layers })
+}
+
+fn canonical(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}

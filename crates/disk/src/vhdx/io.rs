@@ -1,0 +1,347 @@
+//! The data path: mapping a range to file extents, reads, writes with block allocation,
+//! trim and write-zeroes.
+
+use vhdx::bat::{self, Entry};
+use vhdx::bitmap;
+
+use super::{State, VhdxImage};
+use crate::device::{LayerRun, Source, check_bounds};
+use crate::{Error, ErrorKind, Result};
+
+/// Where one piece of a block's range lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Piece {
+    /// At this file offset.
+    File(u64),
+    /// Zeros decided by this layer.
+    Zero,
+    /// The parent's bytes.
+    Parent,
+}
+
+/// A lookup that could not finish because a sector bitmap is not loaded yet.
+struct NeedBitmap(u64);
+
+impl VhdxImage {
+    fn block_size(&self) -> u64 {
+        u64::from(self.meta.block_size)
+    }
+
+    fn sector(&self) -> u64 {
+        u64::from(self.meta.logical_sector_size)
+    }
+
+    /// Maps `[off, off+len)` inside block `block` (len > 0, not crossing the block end).
+    fn map_block(&self, st: &State, block: u64, off: u64, len: u64) -> std::result::Result<Vec<(u64, Piece)>, NeedBitmap> {
+        let e = st.bat[self.layout.payload_index(block) as usize];
+        let absent = if self.meta.has_parent { Piece::Parent } else { Piece::Zero };
+        let whole = |p| Ok(vec![(len, p)]);
+        match e.state() {
+            bat::PAYLOAD_BLOCK_FULLY_PRESENT => whole(Piece::File(e.file_offset() + off)),
+            bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT => {
+                let chunk = block / self.layout.chunk_ratio();
+                let bm = st.bitmaps.get(&chunk).ok_or(NeedBitmap(chunk))?;
+                let ss = self.sector();
+                let first = (block % self.layout.chunk_ratio()) * self.layout.sectors_per_block();
+                let (s0, s1) = (off / ss, (off + len).div_ceil(ss));
+                let mut out = Vec::new();
+                let mut pos = off;
+                for (n, bit) in bitmap::runs(bm, first + s0, s1 - s0) {
+                    let run_end = ((pos / ss) + n) * ss;
+                    let run_end = run_end.min(off + len);
+                    let p = if bit { Piece::File(e.file_offset() + pos) } else { Piece::Parent };
+                    out.push((run_end - pos, p));
+                    pos = run_end;
+                }
+                Ok(out)
+            }
+            bat::PAYLOAD_BLOCK_NOT_PRESENT | bat::PAYLOAD_BLOCK_UNDEFINED => whole(absent),
+            _ => whole(Piece::Zero),
+        }
+    }
+
+    /// Loads the sector bitmap of `chunk` into memory (zeros if its block is absent).
+    fn load_bitmap(&self, chunk: u64) -> Result<()> {
+        let sb = {
+            let st = self.read_state();
+            if st.bitmaps.contains_key(&chunk) {
+                return Ok(());
+            }
+            st.bat[self.layout.bitmap_index(chunk) as usize]
+        };
+        let mut buf = vec![0u8; bat::SECTOR_BITMAP_BLOCK_LEN as usize].into_boxed_slice();
+        if sb.state() == bat::SB_BLOCK_PRESENT {
+            self.storage.read_at(&mut buf, sb.file_offset())?;
+        }
+        self.write_state().bitmaps.entry(chunk).or_insert(buf);
+        Ok(())
+    }
+
+    /// Maps a range inside one block, loading bitmaps as needed.
+    fn map_block_loading(&self, block: u64, off: u64, len: u64) -> Result<Vec<(u64, Piece)>> {
+        loop {
+            let r = self.map_block(&self.read_state(), block, off, len);
+            match r {
+                Ok(v) => return Ok(v),
+                Err(NeedBitmap(chunk)) => self.load_bitmap(chunk)?,
+            }
+        }
+    }
+
+    /// Splits `[offset, offset+len)` at block boundaries: (block, offset in block, len).
+    fn split(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64, u64)> + use<> {
+        let bs = self.block_size();
+        let end = offset + len;
+        let mut pos = offset;
+        std::iter::from_fn(move || {
+            (pos < end).then(|| {
+                let block = pos / bs;
+                let in_block = pos % bs;
+                let n = (bs - in_block).min(end - pos);
+                pos += n;
+                (block, in_block, n)
+            })
+        })
+    }
+
+    pub(super) fn read_impl(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.check_poisoned()?;
+        check_bounds(self.meta.virtual_size, offset, buf.len() as u64)?;
+        let mut done = 0usize;
+        for (block, in_block, n) in self.split(offset, buf.len() as u64) {
+            for (len, piece) in self.map_block_loading(block, in_block, n)? {
+                let dst = &mut buf[done..done + len as usize];
+                let virt = offset + done as u64;
+                match piece {
+                    Piece::File(at) => self.storage.read_at(dst, at)?,
+                    Piece::Zero => dst.fill(0),
+                    Piece::Parent => self.read_parent(dst, virt)?,
+                }
+                done += len as usize;
+            }
+        }
+        Ok(())
+    }
+
+    fn read_parent(&self, dst: &mut [u8], offset: u64) -> Result<()> {
+        let Some(parent) = self.parent.get() else {
+            return Err(Error::new(
+                ErrorKind::ChainBroken,
+                format!("differencing image {:?} read at {offset:#x} needs its parent, which is not attached", self.path),
+            ));
+        };
+        let psize = parent.size();
+        let avail = psize.saturating_sub(offset).min(dst.len() as u64) as usize;
+        parent.read_at(&mut dst[..avail], offset)?;
+        dst[avail..].fill(0);
+        Ok(())
+    }
+
+    pub(super) fn map_layer_impl(&self, offset: u64, len: u64) -> Result<Vec<LayerRun>> {
+        check_bounds(self.meta.virtual_size, offset, len)?;
+        let mut out: Vec<LayerRun> = Vec::new();
+        for (block, in_block, n) in self.split(offset, len) {
+            for (len, piece) in self.map_block_loading(block, in_block, n)? {
+                let source = match piece {
+                    Piece::File(_) => Source::Data,
+                    Piece::Zero => Source::Zero,
+                    Piece::Parent => Source::Parent,
+                };
+                match out.last_mut() {
+                    Some(last) if last.source == source => last.len += len,
+                    _ => out.push(LayerRun { len, source }),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        self.check_poisoned()?;
+        if !self.writable {
+            return Err(Error::new(ErrorKind::ReadOnly, "vhdx image opened read-only"));
+        }
+        Ok(())
+    }
+
+    pub(super) fn write_impl(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.check_writable()?;
+        check_bounds(self.meta.virtual_size, offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let ss = self.sector();
+        if offset % ss != 0 || buf.len() as u64 % ss != 0 {
+            // Read-modify-write of the partial sectors at either end.
+            let start = offset / ss * ss;
+            let end = (offset + buf.len() as u64).div_ceil(ss) * ss;
+            let mut whole = vec![0u8; (end - start) as usize];
+            self.read_impl(&mut whole, start)?;
+            let at = (offset - start) as usize;
+            whole[at..at + buf.len()].copy_from_slice(buf);
+            return self.write_impl(&whole, start);
+        }
+        self.start_session()?;
+        let mut done = 0usize;
+        for (block, in_block, n) in self.split(offset, buf.len() as u64) {
+            self.write_block(block, in_block, &buf[done..done + n as usize])?;
+            done += n as usize;
+        }
+        Ok(())
+    }
+
+    /// True when every sector of the range is already this file's.
+    fn fast_target(&self, block: u64, off: u64, len: u64) -> Result<Option<u64>> {
+        let pieces = self.map_block_loading(block, off, len)?;
+        let e = self.read_state().bat[self.layout.payload_index(block) as usize];
+        let fully = e.state() == bat::PAYLOAD_BLOCK_FULLY_PRESENT;
+        let all_here = pieces.len() == 1 && matches!(pieces[0].1, Piece::File(_));
+        let partial_ok = e.state() == bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT && all_here;
+        Ok((fully || partial_ok).then(|| e.file_offset() + off))
+    }
+
+    fn write_block(&self, block: u64, off: u64, data: &[u8]) -> Result<()> {
+        if let Some(at) = self.fast_target(block, off, data.len() as u64)? {
+            return self.storage.write_at(data, at);
+        }
+        let _g = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = self.fast_target(block, off, data.len() as u64)? {
+            return self.storage.write_at(data, at);
+        }
+        let pi = self.layout.payload_index(block) as usize;
+        let e = self.read_state().bat[pi];
+        let len = data.len() as u64;
+        let whole_block = off == 0 && len == self.block_size();
+        match e.state() {
+            bat::PAYLOAD_BLOCK_FULLY_PRESENT => self.storage.write_at(data, e.file_offset() + off),
+            bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT => {
+                self.storage.write_at(data, e.file_offset() + off)?;
+                self.set_bits(block, off, len)
+            }
+            bat::PAYLOAD_BLOCK_NOT_PRESENT | bat::PAYLOAD_BLOCK_UNDEFINED
+                if self.meta.has_parent && !whole_block =>
+            {
+                let chunk = block / self.layout.chunk_ratio();
+                self.ensure_bitmap_block(chunk)?;
+                let at = self.reserve(self.block_size())?;
+                self.storage.write_at(data, at + off)?;
+                self.set_entry(pi as u64, Entry::new(bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT, at));
+                self.set_bits(block, off, len)
+            }
+            _ => {
+                let at = self.reserve(self.block_size())?;
+                self.storage.write_at(data, at + off)?;
+                self.set_entry(pi as u64, Entry::new(bat::PAYLOAD_BLOCK_FULLY_PRESENT, at));
+                Ok(())
+            }
+        }
+    }
+
+    /// Reserves `len` bytes (a multiple of 1 MiB) at the end of the file.
+    fn reserve(&self, len: u64) -> Result<u64> {
+        let at = {
+            let mut st = self.write_state();
+            let at = st.file_end;
+            st.file_end += len;
+            at
+        };
+        let r = self.storage.set_len(at + len);
+        self.durable(r)?;
+        Ok(at)
+    }
+
+    /// Updates a BAT entry in memory and marks its page dirty. Caller holds `alloc`.
+    fn set_entry(&self, index: u64, e: Entry) {
+        let mut st = self.write_state();
+        st.bat[index as usize] = e;
+        st.dirty_bat.insert(index * 8 / 4096);
+    }
+
+    /// Makes sure chunk `chunk` has a sector bitmap block in the file and in memory.
+    fn ensure_bitmap_block(&self, chunk: u64) -> Result<()> {
+        self.load_bitmap(chunk)?;
+        let si = self.layout.bitmap_index(chunk);
+        if self.read_state().bat[si as usize].state() == bat::SB_BLOCK_PRESENT {
+            return Ok(());
+        }
+        let at = self.reserve(bat::SECTOR_BITMAP_BLOCK_LEN)?;
+        // The new block reads as zeros, like the in-memory bitmap of an absent block; only
+        // pages whose bits get set are logged.
+        self.set_entry(si, Entry::new(bat::SB_BLOCK_PRESENT, at));
+        Ok(())
+    }
+
+    /// Sets the sector bits of `[off, off+len)` of `block`. Caller holds `alloc`.
+    fn set_bits(&self, block: u64, off: u64, len: u64) -> Result<()> {
+        let chunk = block / self.layout.chunk_ratio();
+        self.load_bitmap(chunk)?;
+        let ss = self.sector();
+        let first = (block % self.layout.chunk_ratio()) * self.layout.sectors_per_block() + off / ss;
+        let count = len.div_ceil(ss);
+        let mut st = self.write_state();
+        let bm = st.bitmaps.get_mut(&chunk).expect("bitmap loaded above under the alloc lock");
+        bitmap::set_range(bm, first, count, true);
+        let (p0, p1) = (first / 8 / 4096, (first + count - 1) / 8 / 4096);
+        for page in p0..=p1 {
+            st.dirty_bitmap.insert((chunk, page));
+        }
+        Ok(())
+    }
+
+    /// Trim (`trim == true`) or write-zeroes.
+    pub(super) fn discard_impl(&self, offset: u64, len: u64, trim: bool) -> Result<()> {
+        self.check_writable()?;
+        check_bounds(self.meta.virtual_size, offset, len)?;
+        let ss = self.sector();
+        let (start, end) = (offset.div_ceil(ss) * ss, (offset + len) / ss * ss);
+        if !trim {
+            // Partial sectors at either end are written as zeros.
+            let head_end = start.min(offset + len);
+            if head_end > offset {
+                self.write_impl(&vec![0u8; (head_end - offset) as usize], offset)?;
+            }
+            if end >= start && offset + len > end && end >= head_end {
+                self.write_impl(&vec![0u8; (offset + len - end) as usize], end)?;
+            }
+        }
+        if end <= start {
+            return Ok(());
+        }
+        self.start_session()?;
+        for (block, in_block, n) in self.split(start, end - start) {
+            self.discard_block(block, in_block, n, trim)?;
+        }
+        Ok(())
+    }
+
+    fn discard_block(&self, block: u64, off: u64, len: u64, trim: bool) -> Result<()> {
+        let _g = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        let pi = self.layout.payload_index(block);
+        let e = self.read_state().bat[pi as usize];
+        let whole = off == 0 && len == self.block_size();
+        let present = matches!(e.state(), bat::PAYLOAD_BLOCK_FULLY_PRESENT | bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT);
+        if whole && !self.meta.leave_blocks_allocated {
+            if present {
+                self.storage.punch_hole(e.file_offset(), self.block_size())?;
+            }
+            if e.state() != bat::PAYLOAD_BLOCK_ZERO {
+                self.set_entry(pi, Entry::new(bat::PAYLOAD_BLOCK_ZERO, 0));
+            }
+            return Ok(());
+        }
+        match e.state() {
+            bat::PAYLOAD_BLOCK_FULLY_PRESENT => self.storage.punch_hole(e.file_offset() + off, len),
+            bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT if !trim => {
+                self.storage.punch_hole(e.file_offset() + off, len)?;
+                self.set_bits(block, off, len)
+            }
+            bat::PAYLOAD_BLOCK_NOT_PRESENT | bat::PAYLOAD_BLOCK_UNDEFINED
+                if !trim && self.meta.has_parent =>
+            {
+                drop(_g);
+                self.write_impl(&vec![0u8; len as usize], block * self.block_size() + off)
+            }
+            _ => Ok(()),
+        }
+    }
+}
