@@ -17,6 +17,7 @@
 pub mod device;
 pub mod error;
 pub mod open;
+pub mod ops;
 pub mod raw;
 pub mod storage;
 pub mod vhd;

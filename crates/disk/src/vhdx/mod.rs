@@ -265,6 +265,19 @@ impl VhdxImage {
         self.commit_and_clean()
     }
 
+    /// Rewrites both header copies with the current header (repairs a bad or stale copy).
+    ///
+    /// # Errors
+    /// `ReadOnly`; I/O failures (the image is then poisoned).
+    pub fn rewrite_headers(&self) -> Result<()> {
+        if !self.writable {
+            return Err(Error::new(ErrorKind::ReadOnly, "vhdx image opened read-only"));
+        }
+        let _g = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        let h = self.read_state().header;
+        self.update_header(h)
+    }
+
     fn read_state(&self) -> std::sync::RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }
