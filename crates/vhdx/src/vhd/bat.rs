@@ -22,14 +22,6 @@ pub const BAT_ENTRY_LEN: usize = 4;
 /// Errors decoding a BAT.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
-    /// Fewer bytes than the entries need.
-    #[error("bat truncated: {len} bytes for {entries} entries")]
-    Truncated {
-        /// Bytes given.
-        len: usize,
-        /// Entries asked for.
-        entries: u32,
-    },
     /// More entries asked for than [`MAX_TABLE_ENTRIES`].
     #[error("bat entry count {entries} exceeds {max}")]
     TooManyEntries {
@@ -37,6 +29,14 @@ pub enum Error {
         entries: u32,
         /// The limit.
         max: u32,
+    },
+    /// Fewer bytes than the entries need.
+    #[error("bat truncated: {len} bytes for {entries} entries")]
+    Truncated {
+        /// Bytes given.
+        len: usize,
+        /// Entries asked for.
+        entries: u32,
     },
 }
 

@@ -9,6 +9,7 @@
 //!  64 checksum               68 unique id (16) 84 saved state           85 reserved (427)
 //! ```
 
+use super::dynamic::DYNAMIC_HEADER_LEN;
 use super::{
     Checksum, Parsed, SECTOR_SIZE, be_u32, be_u64, bytes, checksum, put_be_u32, put_be_u64,
 };
@@ -33,24 +34,22 @@ pub const FIXED_DATA_OFFSET: u64 = u64::MAX;
 pub const VHD_EPOCH_UNIX_SECONDS: u64 = 946_684_800;
 /// Offset of the checksum field.
 const CHECKSUM_OFFSET: usize = 64;
-/// The dynamic header is 1024 bytes long; DataOffset must leave room for it.
-const DYNAMIC_HEADER_LEN: u64 = 1024;
 
 /// Errors decoding a footer. A checksum mismatch is not an error (see [`Parsed`]).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
+    /// Not `"conectix"`.
+    #[error("bad footer cookie {found:?}")]
+    InvalidCookie {
+        /// The first 8 bytes found.
+        found: [u8; 8],
+    },
     /// A dynamic or differencing footer whose DataOffset overlaps the footer copy at 0 or
     /// overflows.
     #[error("bad dynamic header offset {offset:#x} in the footer")]
     InvalidDataOffset {
         /// DataOffset.
         offset: u64,
-    },
-    /// Not `"conectix"`.
-    #[error("bad footer cookie {found:?}")]
-    InvalidCookie {
-        /// The first 8 bytes found.
-        found: [u8; 8],
     },
     /// CurrentSize is above [`MAX_VIRTUAL_SIZE`].
     #[error("disk size {size} exceeds the limit of {max} bytes")]
@@ -205,7 +204,7 @@ impl Footer {
         let disk_type = DiskType::from_u32(be_u32(&raw, 60))?;
         let data_offset = be_u64(&raw, 16);
         let header_fits = data_offset >= FOOTER_LEN as u64
-            && data_offset.checked_add(DYNAMIC_HEADER_LEN).is_some();
+            && data_offset.checked_add(DYNAMIC_HEADER_LEN as u64).is_some();
         if disk_type.is_sparse() && !header_fits {
             return Err(Error::InvalidDataOffset {
                 offset: data_offset,

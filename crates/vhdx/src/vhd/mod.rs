@@ -30,7 +30,7 @@ pub mod footer;
 
 pub use bat::{Bat, BitmapRun};
 pub use dynamic::{DynamicHeader, Locator, PlatformCode};
-pub use footer::{Chs, DiskType, Footer, SizeRule};
+pub use footer::{Chs, DiskType, Footer, SizeRule, chs_for_size, size_rule, virtual_size};
 
 /// Bytes in a VHD sector; the format has no other sector size.
 pub const SECTOR_SIZE: u64 = 512;
