@@ -255,7 +255,7 @@ pub fn find_active(log: &[u8], log_guid: Guid) -> Result<Option<Replay>, Error> 
         while run.len() < slots {
             let prev = run.last().expect("run is never empty").sequence_number;
             match &valid[pos / SECTOR] {
-                Some(e) if e.sequence_number == prev + 1 => {
+                Some(e) if prev.checked_add(1) == Some(e.sequence_number) => {
                     pos = (pos + e.length as usize) % log.len();
                     run.push(e.clone());
                 }
@@ -417,6 +417,34 @@ mod tests {
         let r = find_active(&log, G).unwrap().unwrap();
         assert_eq!(r.entries.len(), 1);
         assert_eq!(r.entries[0].sequence_number, 7);
+    }
+
+    /// A valid entry with sequence number u64::MAX followed by another valid entry: the run
+    /// walk computed `u64::MAX + 1` and panicked (overflow) under debug assertions. Found with
+    /// fuzz target `vhdx_log` (GUID + this 8 KiB log as its input).
+    #[test]
+    fn max_sequence_number_does_not_overflow() {
+        let mut log = vec![0u8; 8192];
+        let last = entry_of_len(u64::MAX, 0);
+        let next = entry_of_len(1, 4096);
+        log[..4096].copy_from_slice(&last);
+        log[4096..].copy_from_slice(&next);
+        let r = find_active(&log, G).unwrap().unwrap();
+        assert_eq!(r.entries.len(), 1);
+    }
+
+    /// A one-sector entry (no data descriptors) with the given sequence number and tail.
+    fn entry_of_len(seq: u64, tail: u32) -> Vec<u8> {
+        NewEntry {
+            sequence_number: seq,
+            tail,
+            log_guid: G,
+            flushed_file_offset: 1 << 22,
+            last_file_offset: 1 << 22,
+            data: &[],
+            zeros: &[],
+        }
+        .encode()
     }
 
     #[test]

@@ -209,7 +209,7 @@ impl Metadata {
     pub fn encode(&self, out: &mut [u8]) {
         let base = TABLE_LEN as u32;
         let loc_len = self.parent_locator.as_ref().map_or(0, |l| l.len());
-        out[..TABLE_LEN + 64 + loc_len].fill(0);
+        out[..TABLE_LEN + 40 + loc_len].fill(0);
         put_u64(out, 0, METADATA_SIGNATURE);
         let mut entries: Vec<(Guid, u32, u32, u32)> = vec![
             (FILE_PARAMETERS, base, 8, FLAG_IS_REQUIRED),
@@ -292,6 +292,23 @@ mod tests {
         let b = include_bytes!("../testdata/metadata_table_header.1");
         assert_eq!(le_u64(b, 0), METADATA_SIGNATURE);
         assert_eq!(le_u16(b, 10), 5);
+    }
+
+    /// Found by fuzz target `vhdx_metadata` on the metadata of `qemu-img create -f vhdx 64M`
+    /// (8 MiB blocks, 512-byte sectors): `encode` zero-filled 64 bytes of items, not the 40
+    /// it writes, so a buffer of `encoded_len()` bytes was 24 bytes short and it panicked.
+    #[test]
+    fn encode_fits_in_encoded_len_bytes() {
+        let m = Metadata {
+            block_size: 8 << 20,
+            virtual_size: 64 << 20,
+            logical_sector_size: 512,
+            physical_sector_size: 512,
+            ..sample()
+        };
+        let mut v = vec![0u8; m.encoded_len()];
+        m.encode(&mut v);
+        assert_eq!(Metadata::parse(&v).unwrap(), m);
     }
 
     #[test]
