@@ -48,7 +48,8 @@ pub enum Error {
         /// State bits.
         state: u8,
     },
-    /// The geometry is outside the spec.
+    /// The geometry is outside the spec (block size, sector size, or a virtual size of zero
+    /// or above 64 TiB).
     #[error("invalid geometry: block size {block_size}, logical sector {sector_size}")]
     InvalidGeometry {
         /// Block size.
@@ -121,6 +122,8 @@ impl Layout {
         if !block_size.is_power_of_two()
             || !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size)
             || !(logical_sector_size == 512 || logical_sector_size == 4096)
+            || virtual_size == 0
+            || virtual_size > crate::MAX_VIRTUAL_SIZE
         {
             return Err(Error::InvalidGeometry { block_size, sector_size: logical_sector_size });
         }

@@ -69,6 +69,9 @@ pub enum Error {
     /// The log length is not a positive multiple of 4 KiB.
     #[error("log length {0:#x} is invalid")]
     BadLogLength(usize),
+    /// Validating the candidate entries would checksum too many bytes (a crafted log).
+    #[error("log has too many overlapping candidate entries to validate")]
+    TooComplex,
     /// Sequence number zero.
     #[error("log entry sequence number is zero")]
     ZeroSequence,
@@ -234,49 +237,79 @@ pub fn parse_entry(log: &[u8], off: usize, log_guid: Guid) -> Result<Entry, Erro
     })
 }
 
+/// How many times the log's length the validation of candidate entries may checksum before
+/// the log is refused as too complex (a crafted log of overlapping entries claiming the whole
+/// buffer would otherwise cost slots × length; real logs stay under 2×).
+pub const CHECKSUM_BUDGET_FACTOR: usize = 16;
+
 /// Finds the active sequence of the log (MS-VHDX 2.3.3). `None` when no valid sequence exists.
 ///
+/// Runs are walked only from entries that no valid entry continues into, so each run is
+/// walked once; the active sequence is cut from the head's tail entry to the head.
+///
 /// # Errors
-/// Only [`Error::BadLogLength`] for a log buffer that is not whole sectors.
+/// [`Error::BadLogLength`] for a log buffer that is not whole sectors;
+/// [`Error::TooComplex`] when candidate entries would checksum more than
+/// [`CHECKSUM_BUDGET_FACTOR`] × the log length.
 pub fn find_active(log: &[u8], log_guid: Guid) -> Result<Option<Replay>, Error> {
     if log.is_empty() || log.len() % SECTOR != 0 {
         return Err(Error::BadLogLength(log.len()));
     }
     let slots = log.len() / SECTOR;
-    let valid: Vec<Option<Entry>> =
-        (0..slots).map(|i| parse_entry(log, i * SECTOR, log_guid).ok()).collect();
-    let mut best: Option<Vec<Entry>> = None;
+    let mut budget = log.len().saturating_mul(CHECKSUM_BUDGET_FACTOR);
+    let mut valid: Vec<Option<Entry>> = Vec::with_capacity(slots);
+    for i in 0..slots {
+        let at = i * SECTOR;
+        let plausible = le_u32(log, at) == ENTRY_SIGNATURE && Guid::read(log, at + 32) == log_guid;
+        if plausible {
+            let claimed = (le_u32(log, at + 8) as usize).min(log.len());
+            budget = budget.checked_sub(claimed).ok_or(Error::TooComplex)?;
+        }
+        valid.push(if plausible { parse_entry(log, at, log_guid).ok() } else { None });
+    }
+    let next_slot = |i: usize, e: &Entry| ((i * SECTOR + e.length as usize) % log.len()) / SECTOR;
+    let continues = |from: &Entry, to: &Entry| from.sequence_number.checked_add(1) == Some(to.sequence_number);
+    let mut has_pred = vec![false; slots];
+    for (i, e) in valid.iter().enumerate() {
+        if let Some(e) = e {
+            let j = next_slot(i, e);
+            if valid[j].as_ref().is_some_and(|n| continues(e, n)) {
+                has_pred[j] = true;
+            }
+        }
+    }
+    let mut best: Option<Vec<usize>> = None;
     for start in 0..slots {
-        let Some(first) = &valid[start] else { continue };
-        // Only start a run where no valid predecessor continues into it, to avoid quadratic
-        // re-walks of the same run; runs are still found from their first entry.
-        let mut run = vec![first.clone()];
-        let mut pos = (start * SECTOR + first.length as usize) % log.len();
+        if valid[start].is_none() || has_pred[start] {
+            continue;
+        }
+        let mut run = vec![start];
         while run.len() < slots {
-            let prev = run.last().expect("run is never empty").sequence_number;
-            match &valid[pos / SECTOR] {
-                Some(e) if prev.checked_add(1) == Some(e.sequence_number) => {
-                    pos = (pos + e.length as usize) % log.len();
-                    run.push(e.clone());
-                }
+            let last = *run.last().expect("run is never empty");
+            let e = valid[last].as_ref().expect("runs hold valid entries");
+            let j = next_slot(last, e);
+            match &valid[j] {
+                Some(n) if continues(e, n) => run.push(j),
                 _ => break,
             }
         }
-        let head = run.last().expect("run is never empty");
-        let Some(tail_at) = run.iter().position(|e| e.log_offset == u64::from(head.tail)) else {
+        let head = valid[*run.last().expect("non-empty")].as_ref().expect("valid");
+        let Some(tail_at) = run.iter().position(|&i| (i * SECTOR) as u64 == u64::from(head.tail)) else {
             continue;
         };
         let candidate = run.split_off(tail_at);
+        let seq_of = |r: &[usize]| valid[*r.last().expect("non-empty")].as_ref().expect("valid").sequence_number;
         let better = best.as_ref().is_none_or(|b| {
-            let bh = b.last().expect("non-empty").sequence_number;
-            let ch = candidate.last().expect("non-empty").sequence_number;
+            let (bh, ch) = (seq_of(b), seq_of(&candidate));
             ch > bh || (ch == bh && candidate.len() > b.len())
         });
         if better {
             best = Some(candidate);
         }
     }
-    Ok(best.map(|entries| Replay { entries }))
+    Ok(best.map(|idx| Replay {
+        entries: idx.into_iter().map(|i| valid[i].take().expect("valid")).collect(),
+    }))
 }
 
 /// The fields of an entry to encode.
@@ -445,6 +478,20 @@ mod tests {
             zeros: &[],
         }
         .encode()
+    }
+
+    #[test]
+    fn log_of_overlapping_whole_buffer_claims_is_refused() {
+        // Every slot claims to be an entry as long as the whole log: validating them all
+        // would checksum slots × length bytes.
+        let mut log = vec![0u8; 64 * SECTOR];
+        for slot in 0..64 {
+            let at = slot * SECTOR;
+            put_u32(&mut log, at, ENTRY_SIGNATURE);
+            put_u32(&mut log, at + 8, (64 * SECTOR) as u32);
+            G.write(&mut log, at + 32);
+        }
+        assert_eq!(find_active(&log, G), Err(Error::TooComplex));
     }
 
     #[test]
