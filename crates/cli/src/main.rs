@@ -1,1 +1,188 @@
-fn main() {}
+//! `ferry`: the one binary of Ferry, which streams VHDX golden images to diskless machines.
+//!
+//! # Layout
+//!
+//! ```text
+//! main.rs        argument parsing, logging, error printing, exit status
+//! vdisk.rs       `ferry vdisk create|info|check|version|read|write` and the dispatcher
+//! copy.rs        `ferry vdisk merge|convert|capture|compact` (long work: bars and summaries)
+//! quickstart.rs  `ferry quickstart`: a demo vDisk with one version, then its info
+//! progress.rs    indicatif bars behind `disk::ops::Progress`
+//! size.rs        "10G", "512M", "32MiB" parsing
+//! ```
+//!
+//! The commands are thin: they parse, call the `disk` library, and render its reports as text
+//! or, with `--json`, as JSON on stdout and nothing else there.
+//!
+//! # Exit status
+//!
+//! 0 on success; 1 on any error (usage errors included), printed to stderr as
+//! `error: <message>: <cause>: ...`; 2 when `ferry vdisk check` ran but problems remain.
+
+/// `println!` for command output on stdout, through [`write_stdout`]: a reader that goes away
+/// (`ferry ... | head`) ends the process quietly instead of panicking.
+macro_rules! outln {
+    () => {
+        $crate::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+mod copy;
+mod progress;
+mod quickstart;
+mod size;
+mod vdisk;
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use clap::{ArgAction, Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// Exit status of a failed command.
+const EXIT_ERROR: u8 = 1;
+/// Exit status of `check` when the image still has problems.
+const EXIT_PROBLEMS: u8 = 2;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ferry",
+    version,
+    about = "Ferry: stream VHDX golden images (vDisks) to diskless machines",
+    after_help = "Examples:\n  ferry quickstart\n  ferry vdisk create golden.vhdx --size 40G\n  \
+                  ferry vdisk info golden.vhdx --json\n\n\
+                  Logging: -v (info), -vv (debug), -vvv (trace), or RUST_LOG=disk=debug."
+)]
+struct Cli {
+    /// More log output on stderr (repeat for more); RUST_LOG overrides.
+    #[arg(short, long, action = ArgAction::Count, global = true, help_heading = "Global options")]
+    verbose: u8,
+
+    /// No progress bars and no informational messages on stderr.
+    #[arg(short, long, global = true, help_heading = "Global options")]
+    quiet: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create, inspect, check, version, merge, convert and capture vDisk images.
+    #[command(
+        after_help = "Examples:\n  ferry vdisk create golden.vhdx --size 40G\n  \
+                      ferry vdisk version new golden.vhdx golden.1.avhdx\n  \
+                      ferry vdisk info golden.1.avhdx"
+    )]
+    Vdisk {
+        #[command(subcommand)]
+        command: vdisk::Command,
+    },
+    /// Create a demo vDisk with one version in a data directory and print its info.
+    #[command(after_help = "Example:\n  ferry quickstart --data-dir /tmp/ferry-demo")]
+    Quickstart(quickstart::Args),
+}
+
+/// Options every command sees.
+#[derive(Debug, Clone, Copy)]
+pub struct Global {
+    /// `--quiet`: no bars, no informational messages.
+    pub quiet: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout with status 0; usage errors to stderr with 1, so
+            // that status 2 always means "check found problems".
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EXIT_ERROR)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    init_logging(cli.verbose);
+    let global = Global { quiet: cli.quiet };
+    let result = match cli.command {
+        Command::Vdisk { command } => vdisk::run(command, global),
+        Command::Quickstart(args) => quickstart::run(&args, global),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            let err: &(dyn std::error::Error + 'static) = err.as_ref();
+            let _ = std::io::stdout().flush();
+            eprintln!("error: {}", disk::error::chain_to_string(err));
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+/// Logs to stderr. `RUST_LOG` wins; otherwise `-v` raises the level from `warn`.
+fn init_logging(verbose: u8) {
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Prints `value` as pretty JSON on stdout (the only thing `--json` puts there).
+///
+/// # Errors
+/// Serialization failures.
+pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    outln!("{text}");
+    Ok(())
+}
+
+/// Prints text on stdout, adding a final newline if it has none.
+pub fn print_text(text: &str) {
+    if text.ends_with('\n') {
+        write_stdout(format_args!("{text}"));
+    } else {
+        outln!("{text}");
+    }
+}
+
+/// Writes command output on stdout. When stdout is a closed pipe the process exits with
+/// status 0, as Unix filters do (the work is done; only its report has no reader), and any
+/// other stdout failure exits with status 1. Call it only after the command's files are
+/// closed, since exiting skips destructors.
+pub fn write_stdout(args: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.flush()) {
+        stdout_failed(&e);
+    }
+}
+
+/// Ends the process after a failed write to stdout (see [`write_stdout`]).
+pub fn stdout_failed(e: &std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("error: write to stdout: {e}");
+    std::process::exit(i32::from(EXIT_ERROR));
+}
+
+/// The exit status for `check`: 0 when clean, 2 when problems remain.
+pub fn check_status(clean: bool) -> ExitCode {
+    if clean {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_PROBLEMS)
+    }
+}

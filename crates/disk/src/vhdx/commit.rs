@@ -136,6 +136,23 @@ impl VhdxImage {
         self.commit_locked()
     }
 
+    /// Commits pending metadata, then sets the DataWriteGuid through a header update.
+    /// Compaction uses it after its last write: the rewritten file holds the same data, so it
+    /// keeps the identity its children link to (the first write of a session changed it).
+    ///
+    /// # Errors
+    /// `ReadOnly`; `Poisoned`; I/O failures (the image is then poisoned).
+    pub fn set_data_write_guid(&self, guid: vhdx::Guid) -> Result<()> {
+        self.check_poisoned()?;
+        if !self.writable {
+            return Err(crate::Error::new(crate::ErrorKind::ReadOnly, "vhdx image opened read-only"));
+        }
+        let _g = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        self.commit_locked()?;
+        let h = self.read_state().header;
+        self.update_header(Header { data_write_guid: guid, ..h })
+    }
+
     /// Commit, fsync the in-place writes, then mark the log clean.
     pub(super) fn commit_and_clean(&self) -> Result<()> {
         self.check_poisoned()?;
