@@ -158,6 +158,18 @@ pub fn create(storage: &Arc<dyn Storage>, opts: &CreateOptions) -> Result<()> {
             file_end += u64::from(opts.block_size);
         }
     }
+    if has_parent {
+        // Every chunk of a differencing image gets its (zero, sparse) sector bitmap block up
+        // front. The spec allows SB_BLOCK_NOT_PRESENT for chunks without partial blocks, but
+        // libvhdi 20210425 then reads the bitmap from file offset 0 and serves garbage for an
+        // untouched version; 1 MiB of holes per 4 GiB chunk is a cheap price for interop.
+        for chunk in 0..layout.bitmap_blocks() {
+            let i = layout.bitmap_index(chunk) as usize;
+            let e = Entry::new(bat::SB_BLOCK_PRESENT, file_end);
+            batbuf[i * 8..i * 8 + 8].copy_from_slice(&e.0.to_le_bytes());
+            file_end += bat::SECTOR_BITMAP_BLOCK_LEN;
+        }
+    }
     storage.write_at(&batbuf, bat_region.offset)?;
     storage.set_len(file_end)?;
     if opts.fixed {

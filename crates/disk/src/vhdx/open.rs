@@ -88,6 +88,15 @@ impl VhdxImage {
             }
         }
         let regions = read_regions(storage.as_ref(), &mut warnings)?;
+        let file_len = storage.len()?;
+        for (name, r) in [("metadata", regions.metadata), ("bat", regions.bat)] {
+            if r.offset >= file_len {
+                return Err(corrupt(format!(
+                    "{name} region at {:#x} lies past the end of the {file_len}-byte file (truncated?)",
+                    r.offset
+                )));
+            }
+        }
         let meta = read_metadata(storage.as_ref(), &regions)?;
         let layout = Layout::new(meta.block_size, meta.logical_sector_size, meta.virtual_size, meta.has_parent)
             .map_err(|e| invalid("metadata geometry", e))?;
@@ -102,8 +111,20 @@ impl VhdxImage {
                 regions.bat.offset, regions.bat.length, entries
             )));
         }
+        if regions.bat.offset + bat_bytes > file_len {
+            return Err(corrupt(format!(
+                "bat at {:#x} needs {bat_bytes} bytes but the file ends at {file_len} (truncated?)",
+                regions.bat.offset
+            )));
+        }
         let raw = read(storage.as_ref(), regions.bat.offset, bat_bytes)?;
-        let bat = bat::parse(&layout, &raw).map_err(|e| invalid(&format!("bat at {:#x}", regions.bat.offset), e))?;
+        let bat = bat::parse(&layout, &raw).map_err(|e| {
+            let kind = match e {
+                bat::Error::EntryOverHeaders { .. } => ErrorKind::Corrupt,
+                _ => ErrorKind::InvalidFormat,
+            };
+            Error::with_source(kind, format!("bat at {:#x}", regions.bat.offset), e)
+        })?;
         let file_len = storage.len()?;
         let file_end = validate_placement(&layout, &bat, &regions, &hdr, file_len)?;
         let locator = match &meta.parent_locator {
@@ -209,6 +230,8 @@ fn read_regions(storage: &dyn Storage, warnings: &mut Vec<String>) -> Result<Reg
 
 fn read_metadata(storage: &dyn Storage, regions: &RegionTable) -> Result<Metadata> {
     let len = u64::from(regions.metadata.length).min(MAX_METADATA_REGION_LEN);
+    let file_len = storage.len()?;
+    let len = len.min(file_len.saturating_sub(regions.metadata.offset));
     let b = read(storage, regions.metadata.offset, len)?;
     Metadata::parse(&b).map_err(|e| invalid(&format!("metadata region at {:#x}", regions.metadata.offset), e))
 }
@@ -244,9 +267,10 @@ fn validate_placement(
             u64::from(layout.block_size)
         };
         let start = e.file_offset();
-        if start >= file_len {
+        if start + len > file_len {
             return Err(corrupt(format!(
-                "bat entry {i} points at {start:#x}, past the end of the {file_len}-byte file"
+                "bat entry {i} points at {start:#x}, a block ending past the end of the \
+                 {file_len}-byte file (truncated?)"
             )));
         }
         used.push((start, start + len, format!("bat entry {i}")));
