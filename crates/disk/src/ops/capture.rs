@@ -1,9 +1,9 @@
-//! `capture`: a block device (`/dev/sda`) or a raw file into a new VHDX (or raw) image.
+//! `capture`: a block device (`/dev/sda`) or a raw file into a new VHDX (or raw, or VHD) image.
 //!
 //! Only allocated extents are read (SEEK_DATA/SEEK_HOLE through [`RawDisk::map_layer`]; a block
 //! device reports all data), and blocks that read as zeros stay unallocated in the output. The
 //! copy runs through the shared pipeline of [`super::convert`]. With `verify`, both sides are
-//! read again and compared through the same pipeline: the "writer" is a [`Verifier`] that
+//! read again and compared through the same pipeline: the "writer" is a `Verifier` that
 //! compares what it is given with the output instead of writing it.
 
 use std::fs::File;
@@ -29,24 +29,27 @@ pub struct CaptureOptions {
 
 impl Default for CaptureOptions {
     fn default() -> Self {
-        CaptureOptions { block_size: CreateOptions::default().block_size, verify: false }
+        CaptureOptions {
+            block_size: CreateOptions::default().block_size,
+            verify: false,
+        }
     }
 }
 
 /// Captures `source` (a block device or a raw file) into the new file `dst` (VHDX unless its
-/// extension says raw). Progress phases: "capturing", then "verifying".
+/// extension says raw or VHD). Progress phases: "capturing", then "verifying".
 ///
 /// # Errors
-/// `Corrupt` naming the first differing offset when verification fails; `Unsupported` for VHD
-/// output; `Io` (also when `dst` exists). `dst` is removed on any error.
-pub fn capture(source: &Path, dst: &Path, opts: &CaptureOptions, progress: &dyn Progress) -> Result<CopyStats> {
-    let format = match Format::from_extension(dst) {
-        Some(Format::Vhd) => {
-            return Err(Error::new(ErrorKind::Unsupported, "writing vhd is not supported; convert to vhdx or raw"));
-        }
-        Some(f) => f,
-        None => Format::Vhdx,
-    };
+/// `Corrupt` naming the first differing offset when verification fails; `InvalidArgument` for
+/// an empty source or one too large for the output format; `Io` (also when `dst` exists).
+/// `dst` is removed on any error.
+pub fn capture(
+    source: &Path,
+    dst: &Path,
+    opts: &CaptureOptions,
+    progress: &dyn Progress,
+) -> Result<CopyStats> {
+    let format = Format::from_extension(dst).unwrap_or(Format::Vhdx);
     let (src, logical, physical) = open_source(source)?;
     let sector = u64::from(logical);
     let create = CreateOptions {
@@ -57,18 +60,32 @@ pub fn capture(source: &Path, dst: &Path, opts: &CaptureOptions, progress: &dyn 
         ..CreateOptions::default()
     };
     if create.size == 0 {
-        return Err(Error::new(ErrorKind::InvalidArgument, format!("{}: source is empty", source.display())));
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("{}: source is empty", source.display()),
+        ));
     }
     progress.phase("capturing");
     progress.set_total(src.size());
     let plan = |offset: u64, len: u64| convert::resolved_plan(&src, offset, len, false);
-    let job = Job { src: &src, plan: &plan, policy: ZeroPolicy::Skip, len: src.size() };
+    let job = Job {
+        src: &src,
+        plan: &plan,
+        policy: ZeroPolicy::Skip,
+        len: src.size(),
+    };
     let mut outputs = Outputs::default();
     let (stats, _) = convert::copy_to_new(&job, dst, format, &create, &mut outputs, progress)?;
     if opts.verify {
         progress.phase("verifying");
         progress.set_total(src.size());
-        let out = open::open_one(dst, OpenOptions { writable: false, format: Some(format) })?;
+        let out = open::open_one(
+            dst,
+            OpenOptions {
+                writable: false,
+                format: Some(format),
+            },
+        )?;
         verify(&src, out.image.device(), progress).map_err(|e| e.context(dst.display()))?;
     }
     outputs.keep();
@@ -79,8 +96,11 @@ pub fn capture(source: &Path, dst: &Path, opts: &CaptureOptions, progress: &dyn 
 /// device's `stat` length is 0), and its logical and physical sector sizes.
 fn open_source(path: &Path) -> Result<(RawDisk, u32, u32)> {
     use std::io::{Seek, SeekFrom};
-    let mut file = File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-    let len = file.seek(SeekFrom::End(0)).map_err(|e| Error::io(format!("seek to the end of {}", path.display()), e))?;
+    let mut file =
+        File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    let len = file
+        .seek(SeekFrom::End(0))
+        .map_err(|e| Error::io(format!("seek to the end of {}", path.display()), e))?;
     let is_block = file.metadata().is_ok_and(|m| {
         use std::os::unix::fs::FileTypeExt;
         m.file_type().is_block_device()
@@ -88,11 +108,17 @@ fn open_source(path: &Path) -> Result<(RawDisk, u32, u32)> {
     let (logical, physical) = if is_block {
         let l = rustix::fs::ioctl_blksszget(&file).unwrap_or(512);
         let p = rustix::fs::ioctl_blkpbszget(&file).unwrap_or(4096);
-        (if l == 4096 { 4096 } else { 512 }, if p == 512 { 512 } else { 4096 })
+        (
+            if l == 4096 { 4096 } else { 512 },
+            if p == 512 { 512 } else { 4096 },
+        )
     } else {
         (512, 4096)
     };
-    let storage = Arc::new(SourceStorage { inner: FileStorage::new(file), len });
+    let storage = Arc::new(SourceStorage {
+        inner: FileStorage::new(file),
+        len,
+    });
     Ok((RawDisk::open(storage, false)?, logical, physical))
 }
 
@@ -135,7 +161,11 @@ impl Storage for SourceStorage {
     fn next_hole(&self, offset: u64) -> Result<u64> {
         // FileStorage falls back to the stat length, which is 0 for a block device.
         let hole = self.inner.next_hole(offset)?;
-        Ok(if hole <= offset { self.len } else { hole.min(self.len) })
+        Ok(if hole <= offset {
+            self.len
+        } else {
+            hole.min(self.len)
+        })
     }
 }
 
@@ -144,17 +174,35 @@ impl Storage for SourceStorage {
 ///
 /// # Errors
 /// `Corrupt` naming the first differing offset; read errors.
-pub(crate) fn verify(src: &dyn BlockDevice, out: Arc<dyn BlockDevice>, progress: &dyn Progress) -> Result<()> {
-    let checker = Verifier { out, scratch: Mutex::new(Vec::new()) };
+pub(crate) fn verify(
+    src: &dyn BlockDevice,
+    out: Arc<dyn BlockDevice>,
+    progress: &dyn Progress,
+) -> Result<()> {
+    let checker = Verifier {
+        out,
+        scratch: Mutex::new(Vec::new()),
+    };
     let out = checker.out.as_ref();
     let plan = |offset: u64, len: u64| verify_plan(src, out, offset, len);
-    let job = Job { src, plan: &plan, policy: ZeroPolicy::Shadow, len: src.size().min(out.size()) };
-    let unit = u64::from(out.geometry().block_size).clamp(convert::RAW_UNIT_BYTES, convert::UNIT_BYTES_MAX);
-    convert::run(&job, &checker, unit, progress)?;
+    let job = Job {
+        src,
+        plan: &plan,
+        policy: ZeroPolicy::Shadow,
+        len: src.size().min(out.size()),
+    };
+    let unit = u64::from(out.geometry().block_size)
+        .clamp(convert::RAW_UNIT_BYTES, convert::UNIT_BYTES_MAX);
+    convert::run(&job, &checker, None, unit, progress)?;
     Ok(())
 }
 
-fn verify_plan(src: &dyn BlockDevice, out: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<PlanRun>> {
+fn verify_plan(
+    src: &dyn BlockDevice,
+    out: &dyn BlockDevice,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<PlanRun>> {
     let a = device::extents(src, offset, len)?;
     let b = device::extents(out, offset, len)?;
     let (mut i, mut j, mut pos) = (0, 0, offset);
@@ -168,7 +216,10 @@ fn verify_plan(src: &dyn BlockDevice, out: &dyn BlockDevice, offset: u64, len: u
         };
         match runs.last_mut() {
             Some(last) if last.fill == fill => last.len += end - pos,
-            _ => runs.push(PlanRun { len: end - pos, fill }),
+            _ => runs.push(PlanRun {
+                len: end - pos,
+                fill,
+            }),
         }
         pos = end;
         if pos == a[i].offset + a[i].len {
@@ -207,7 +258,10 @@ impl Verifier {
             None => Ok(()),
             Some(i) => Err(Error::new(
                 ErrorKind::Corrupt,
-                format!("verify failed: the output differs from the source at offset {:#x}", offset + i as u64),
+                format!(
+                    "verify failed: the output differs from the source at offset {:#x}",
+                    offset + i as u64
+                ),
             )),
         }
     }

@@ -24,7 +24,7 @@ use vhdx::bat::{self, Entry, Layout};
 use vhdx::parent::ParentLocator;
 
 use super::Progress;
-use super::convert::{self, Fill, Job, Outputs, PlanRun, Sink, ZeroPolicy};
+use super::convert::{self, Fill, Job, Outputs, PlanRun, Sink, SinkImage, ZeroPolicy};
 use crate::device::BlockDevice;
 use crate::open::{self, Format, Image, OpenOptions};
 use crate::vhdx::{CreateOptions, ParentSpec, VhdxImage};
@@ -50,13 +50,19 @@ pub struct CompactStats {
 pub fn compact(path: &Path, progress: &dyn Progress) -> Result<CompactStats> {
     let layer = open::open_one(path, OpenOptions::default())?;
     let Image::Vhdx(img) = &layer.image else {
-        return Err(Error::new(ErrorKind::InvalidArgument, format!("{}: only vhdx images can be compacted", path.display())));
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("{}: only vhdx images can be compacted", path.display()),
+        ));
     };
     let meta = img.metadata();
     if meta.leave_blocks_allocated {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
-            format!("{}: a fixed image keeps every block allocated; convert it to a dynamic one", path.display()),
+            format!(
+                "{}: a fixed image keeps every block allocated; convert it to a dynamic one",
+                path.display()
+            ),
         ));
     }
     let old_guid = img.header().data_write_guid;
@@ -77,14 +83,19 @@ pub fn compact(path: &Path, progress: &dyn Progress) -> Result<CompactStats> {
     let before = convert::file_len(path)?;
     let tmp = tmp_path(path);
     if tmp.exists() {
-        std::fs::remove_file(&tmp).map_err(|e| Error::io(format!("remove stale {}", tmp.display()), e))?;
+        std::fs::remove_file(&tmp)
+            .map_err(|e| Error::io(format!("remove stale {}", tmp.display()), e))?;
     }
     progress.phase("compacting");
     progress.set_total(meta.virtual_size);
     let mut outputs = Outputs::default();
     let allocated_after = copy_blocks(img, &tmp, &create, &mut outputs, progress)?;
-    std::fs::rename(&tmp, path)
-        .map_err(|e| Error::io(format!("rename {} over {}", tmp.display(), path.display()), e))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        Error::io(
+            format!("rename {} over {}", tmp.display(), path.display()),
+            e,
+        )
+    })?;
     outputs.keep();
     convert::sync_parent_dir(path)?;
     Ok(CompactStats {
@@ -106,14 +117,21 @@ fn copy_blocks(
     let layout = img.layout();
     let entries = img.bat();
     let plan = |offset: u64, len: u64| compact_plan(img, &layout, &entries, offset, len);
-    let job = Job { src: img, plan: &plan, policy: ZeroPolicy::Shadow, len: create.size };
+    let job = Job {
+        src: img,
+        plan: &plan,
+        policy: ZeroPolicy::Shadow,
+        len: create.size,
+    };
     let sink = Sink::create(tmp, Format::Vhdx, create, outputs)?;
-    let Sink::Vhdx(new) = &sink else {
+    let SinkImage::Vhdx(new) = &sink.image else {
         unreachable!("Sink::create made a vhdx sink for Format::Vhdx");
     };
     let unit = u64::from(create.block_size).min(convert::UNIT_BYTES_MAX);
-    convert::run(&job, new.as_ref(), unit, progress)?;
-    let guid = create.data_write_guid.expect("compaction keeps the DataWriteGuid");
+    convert::run(&job, new.as_ref(), Some(&sink.file), unit, progress)?;
+    let guid = create
+        .data_write_guid
+        .expect("compaction keeps the DataWriteGuid");
     new.set_data_write_guid(guid)?;
     sink.finish().map_err(|e| e.context(tmp.display()))?;
     Ok(allocated_blocks(new.layout(), &new.bat()))
@@ -127,7 +145,13 @@ fn tmp_path(path: &Path) -> PathBuf {
 }
 
 /// The plan of `[offset, offset + len)` from the block states (see the module table).
-fn compact_plan(img: &VhdxImage, layout: &Layout, entries: &[Entry], offset: u64, len: u64) -> Result<Vec<PlanRun>> {
+fn compact_plan(
+    img: &VhdxImage,
+    layout: &Layout,
+    entries: &[Entry],
+    offset: u64,
+    len: u64,
+) -> Result<Vec<PlanRun>> {
     let bs = u64::from(layout.block_size);
     let mut out: Vec<PlanRun> = Vec::new();
     let mut push = |run: PlanRun| match out.last_mut() {
@@ -141,9 +165,13 @@ fn compact_plan(img: &VhdxImage, layout: &Layout, entries: &[Entry], offset: u64
         let state = entries[layout.payload_index(block) as usize].state();
         let fill = match state {
             bat::PAYLOAD_BLOCK_FULLY_PRESENT => Fill::Data,
-            bat::PAYLOAD_BLOCK_ZERO | bat::PAYLOAD_BLOCK_UNMAPPED | bat::PAYLOAD_BLOCK_UNMAPPED_V095 => Fill::Zero,
+            bat::PAYLOAD_BLOCK_ZERO
+            | bat::PAYLOAD_BLOCK_UNMAPPED
+            | bat::PAYLOAD_BLOCK_UNMAPPED_V095 => Fill::Zero,
             bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT => {
-                convert::layer_plan(img, pos, n, true)?.into_iter().for_each(&mut push);
+                convert::layer_plan(img, pos, n, true)?
+                    .into_iter()
+                    .for_each(&mut push);
                 pos += n;
                 continue;
             }
@@ -159,26 +187,43 @@ fn compact_plan(img: &VhdxImage, layout: &Layout, entries: &[Entry], offset: u64
 fn allocated_blocks(layout: Layout, entries: &[Entry]) -> u64 {
     (0..layout.data_blocks())
         .map(|b| entries[layout.payload_index(b) as usize].state())
-        .filter(|&s| matches!(s, bat::PAYLOAD_BLOCK_FULLY_PRESENT | bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT))
+        .filter(|&s| {
+            matches!(
+                s,
+                bat::PAYLOAD_BLOCK_FULLY_PRESENT | bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT
+            )
+        })
         .count() as u64
 }
 
 /// The parent of the new file, from the old locator: the same linkage and paths. When the
 /// locator also has `parent_linkage2`, the one the parent on disk has now is kept.
 fn parent_spec(img: &VhdxImage, loc: &ParentLocator) -> Result<ParentSpec> {
-    let primary = loc.linkage().expect("ParentLocator::parse requires parent_linkage");
+    let primary = loc
+        .linkage()
+        .expect("ParentLocator::parse requires parent_linkage");
     let linkage = match loc.linkage2() {
         Some(second) if current_parent_id(img) == Some(second) => second,
         _ => primary,
     };
-    let absolute = loc.get("absolute_win32_path").or_else(|| loc.get("volume_path"));
+    let absolute = loc
+        .get("absolute_win32_path")
+        .or_else(|| loc.get("volume_path"));
     let relative = loc
         .get("relative_path")
         .map(str::to_string)
-        .or_else(|| absolute.and_then(|a| a.rsplit('\\').next()).map(|name| format!(".\\{name}")))
+        .or_else(|| {
+            absolute
+                .and_then(|a| a.rsplit('\\').next())
+                .map(|name| format!(".\\{name}"))
+        })
         .ok_or_else(|| Error::new(ErrorKind::Unsupported, "parent locator names no path"))?;
     let absolute_path = absolute.map_or_else(|| relative.clone(), str::to_string);
-    Ok(ParentSpec { linkage, relative_path: relative, absolute_path })
+    Ok(ParentSpec {
+        linkage,
+        relative_path: relative,
+        absolute_path,
+    })
 }
 
 /// The identity of the first parent candidate that opens, if any.

@@ -30,12 +30,20 @@ use crate::{Error, ErrorKind, Result};
 /// geometry of `top`. Unallocated and zero ranges are not read and stay unallocated.
 ///
 /// # Errors
-/// `Io` (also when `out` exists); open and read errors of the chain. `out` is removed on error.
+/// `InvalidArgument` when `out` is named for another format; `Io` (also when `out` exists);
+/// open and read errors of the chain. `out` is removed on error.
 pub fn merge_base(top: &Path, out: &Path, progress: &dyn Progress) -> Result<CopyStats> {
+    check_vhdx_name(out)?;
     let chain = open::open(top, OpenOptions::default())?;
     let dev = chain.top();
     progress.phase("merging");
-    convert::copy_device(dev.as_ref(), out, Format::Vhdx, convert::create_options(dev.as_ref(), None), progress)
+    convert::copy_device(
+        dev.as_ref(),
+        out,
+        Format::Vhdx,
+        convert::create_options(dev.as_ref(), None),
+        progress,
+    )
 }
 
 /// Writes every version above the base of `top`'s chain into the new differencing VHDX `out`,
@@ -43,18 +51,28 @@ pub fn merge_base(top: &Path, out: &Path, progress: &dyn Progress) -> Result<Cop
 /// directory). Base and `out` then read exactly like the chain.
 ///
 /// # Errors
-/// `InvalidArgument` when `top` has no parent; `Io` (also when `out` exists); open and read
+/// `InvalidArgument` when `top` has no parent or `out` is named for another format; `Io` (also when `out` exists); open and read
 /// errors of the chain. `out` is removed on error.
 pub fn merge_updates(top: &Path, out: &Path, progress: &dyn Progress) -> Result<CopyStats> {
+    check_vhdx_name(out)?;
     let chain = open::open(top, OpenOptions::default())?;
     let Some((base, versions)) = chain.layers.split_last().filter(|(_, v)| !v.is_empty()) else {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
-            format!("{}: has no parent; there are no updates to merge", top.display()),
+            format!(
+                "{}: has no parent; there are no updates to merge",
+                top.display()
+            ),
         ));
     };
     let linkage = base.image.device().linkage_id().ok_or_else(|| {
-        Error::new(ErrorKind::InvalidArgument, format!("{}: the base has no identity to link to", base.path.display()))
+        Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "{}: the base has no identity to link to",
+                base.path.display()
+            ),
+        )
     })?;
     let spec = ParentSpec {
         linkage,
@@ -62,16 +80,39 @@ pub fn merge_updates(top: &Path, out: &Path, progress: &dyn Progress) -> Result<
         absolute_path: convert::absolute(&base.path).display().to_string(),
     };
     let dev = chain.top();
-    let create = CreateOptions { parent: Some(spec), ..convert::create_options(dev.as_ref(), None) };
+    let create = CreateOptions {
+        parent: Some(spec),
+        ..convert::create_options(dev.as_ref(), None)
+    };
     let versions: Vec<Arc<dyn BlockDevice>> = versions.iter().map(|l| l.image.device()).collect();
     let plan = |offset: u64, len: u64| updates_plan(&versions, offset, len);
-    let job = Job { src: dev.as_ref(), plan: &plan, policy: ZeroPolicy::Shadow, len: dev.size().min(create.size) };
+    let job = Job {
+        src: dev.as_ref(),
+        plan: &plan,
+        policy: ZeroPolicy::Shadow,
+        len: dev.size().min(create.size),
+    };
     progress.phase("merging");
     progress.set_total(dev.size());
     let mut outputs = Outputs::default();
-    let (stats, _) = convert::copy_to_new(&job, out, Format::Vhdx, &create, &mut outputs, progress)?;
+    let (stats, _) =
+        convert::copy_to_new(&job, out, Format::Vhdx, &create, &mut outputs, progress)?;
     outputs.keep();
     Ok(stats)
+}
+
+/// Refuses an output whose extension names another format than the VHDX written.
+fn check_vhdx_name(out: &Path) -> Result<()> {
+    match Format::from_extension(out) {
+        Some(Format::Vhdx) | None => Ok(()),
+        Some(_) => Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "{}: a merge writes vhdx; name it .vhdx or .avhdx",
+                out.display()
+            ),
+        )),
+    }
 }
 
 /// The plan of merged updates for `[offset, offset + len)`: the first of `versions` (top
@@ -84,21 +125,39 @@ fn updates_plan(versions: &[Arc<dyn BlockDevice>], offset: u64, len: u64) -> Res
         _ => {}
     };
     let Some((layer, below)) = versions.split_first() else {
-        push(PlanRun { len, fill: Fill::Skip });
+        push(PlanRun {
+            len,
+            fill: Fill::Skip,
+        });
         return Ok(out);
     };
     // A version smaller than the range reads as zeros past its end, whatever lies below.
     let inside = layer.size().saturating_sub(offset).min(len);
     let mut pos = offset;
-    let runs = if inside > 0 { layer.map_layer(offset, inside)? } else { Vec::new() };
+    let runs = if inside > 0 {
+        layer.map_layer(offset, inside)?
+    } else {
+        Vec::new()
+    };
     for run in runs {
         match run.source {
-            Source::Data => push(PlanRun { len: run.len, fill: Fill::Data }),
-            Source::Zero => push(PlanRun { len: run.len, fill: Fill::Zero }),
-            Source::Parent => updates_plan(below, pos, run.len)?.into_iter().for_each(&mut push),
+            Source::Data => push(PlanRun {
+                len: run.len,
+                fill: Fill::Data,
+            }),
+            Source::Zero => push(PlanRun {
+                len: run.len,
+                fill: Fill::Zero,
+            }),
+            Source::Parent => updates_plan(below, pos, run.len)?
+                .into_iter()
+                .for_each(&mut push),
         }
         pos += run.len;
     }
-    push(PlanRun { len: len - inside, fill: Fill::Zero });
+    push(PlanRun {
+        len: len - inside,
+        fill: Fill::Zero,
+    });
     Ok(out)
 }
