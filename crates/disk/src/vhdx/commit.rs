@@ -61,23 +61,27 @@ impl VhdxImage {
         Ok(())
     }
 
-    /// Collects the dirty pages as (file offset, 4 KiB bytes).
+    /// Collects the dirty pages as (file offset, 4 KiB bytes), in commit order. A commit of
+    /// more pages than one log entry holds is not atomic, so the order keeps every entry
+    /// boundary valid: sector bitmap pages first, then BAT pages from last to first, because a
+    /// chunk's sector bitmap entry follows its payload entries and must be committed no later
+    /// than a PARTIALLY_PRESENT entry that needs it.
     fn dirty_pages(&self) -> Vec<(u64, Vec<u8>)> {
         let st = self.read_state();
         let mut pages = Vec::with_capacity(st.dirty_bat.len() + st.dirty_bitmap.len());
-        for &p in &st.dirty_bat {
+        for &(chunk, p) in &st.dirty_bitmap {
+            let sb = st.bat[self.layout.bitmap_index(chunk) as usize];
+            let bm = &st.bitmaps[&chunk];
+            let at = (p as usize) * SECTOR;
+            pages.push((sb.file_offset() + p * SECTOR as u64, bm[at..at + SECTOR].to_vec()));
+        }
+        for &p in st.dirty_bat.iter().rev() {
             let mut page = vec![0u8; SECTOR];
             let first = (p as usize) * (SECTOR / 8);
             for (i, e) in st.bat.iter().skip(first).take(SECTOR / 8).enumerate() {
                 page[i * 8..i * 8 + 8].copy_from_slice(&e.0.to_le_bytes());
             }
             pages.push((self.regions.bat.offset + p * SECTOR as u64, page));
-        }
-        for &(chunk, p) in &st.dirty_bitmap {
-            let sb = st.bat[self.layout.bitmap_index(chunk) as usize];
-            let bm = &st.bitmaps[&chunk];
-            let at = (p as usize) * SECTOR;
-            pages.push((sb.file_offset() + p * SECTOR as u64, bm[at..at + SECTOR].to_vec()));
         }
         pages
     }

@@ -274,7 +274,10 @@ impl VhdxImage {
     /// Sets the sector bits of `[off, off+len)` of `block`. Caller holds `alloc`.
     fn set_bits(&self, block: u64, off: u64, len: u64) -> Result<()> {
         let chunk = block / self.layout.chunk_ratio();
-        self.load_bitmap(chunk)?;
+        // Not just `load_bitmap`: a PARTIALLY_PRESENT block may sit in a chunk without a
+        // bitmap block (a foreign writer, or a crash inside a multi-entry commit), and its
+        // dirty pages would then be committed at file offset 0.
+        self.ensure_bitmap_block(chunk)?;
         let ss = self.sector();
         let first = (block % self.layout.chunk_ratio()) * self.layout.sectors_per_block() + off / ss;
         let count = len.div_ceil(ss);

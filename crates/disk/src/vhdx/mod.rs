@@ -12,6 +12,12 @@
 //!   place. Every entry is a sequence of one whose tail is itself, and the next entry is
 //!   written only after an fsync made the previous one's in-place writes durable, so replay
 //!   of whichever entry survives a crash is always correct, and a torn entry fails its CRC.
+//!   A commit of more pages than one entry holds (254 with a 1 MiB log) is split into several
+//!   entries and is not atomic; the pages go in an order that keeps every prefix consistent
+//!   (sector bitmap pages first, then BAT pages from last to first, since a chunk's bitmap
+//!   entry follows its payload entries). Only unflushed changes can be cut this way.
+//! * **Payload I/O errors** are returned to the caller without poisoning (the metadata is
+//!   untouched); failures of metadata writes and of fsync poison.
 //! * **Headers** change through the two-slot protocol: the non-current slot gets seq+1, fsync,
 //!   then the other slot gets seq+2, fsync. A torn header write leaves the other copy current.
 //!   Before the first write of a session the header gets a new FileWriteGuid, DataWriteGuid
