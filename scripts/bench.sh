@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs Ferry's benchmarks and rewrites docs/BENCHMARKS.md from their output.
+#
+#   ./scripts/bench.sh            # full run: 4 GiB disk, 3 runs per tool (about 5-10 minutes)
+#   ./scripts/bench.sh --quick    # smoke test: 256 MiB disk, short I/O runs
+#   ./scripts/bench.sh --help     # every option (--size, --dir, --runs, --only, ...)
+#
+# Needs qemu-img, fio and coreutils; run as root so the page cache can be dropped between
+# runs. Options after the script name go to ferry-bench; a later --out overrides the default.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -p ferry-bench
+target_dir="$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
+exec "${target_dir:-target}/release/ferry-bench" --out docs/BENCHMARKS.md "$@"
