@@ -96,7 +96,10 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// `ReadOnly` unless [`BlockDevice::can_write`].
     fn write_at(&self, _buf: &[u8], _offset: u64) -> Result<()> {
-        Err(Error::new(ErrorKind::ReadOnly, format!("{} device is read-only", self.format())))
+        Err(Error::new(
+            ErrorKind::ReadOnly,
+            format!("{} device is read-only", self.format()),
+        ))
     }
 
     /// Makes every completed write durable.
@@ -128,7 +131,10 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
 
     /// This layer's own map of `[offset, offset+len)`, parents not resolved.
     fn map_layer(&self, _offset: u64, len: u64) -> Result<Vec<LayerRun>> {
-        Ok(vec![LayerRun { len, source: Source::Data }])
+        Ok(vec![LayerRun {
+            len,
+            source: Source::Data,
+        }])
     }
 
     /// The parent this layer reads through, once attached.
@@ -191,15 +197,36 @@ pub fn extents(dev: &dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<Exten
     let mut pos = offset;
     for run in dev.map_layer(offset, len)? {
         match run.source {
-            Source::Data => push(&mut out, Extent { offset: pos, len: run.len, kind: ExtentKind::Data }),
-            Source::Zero => push(&mut out, Extent { offset: pos, len: run.len, kind: ExtentKind::Zero }),
+            Source::Data => push(
+                &mut out,
+                Extent {
+                    offset: pos,
+                    len: run.len,
+                    kind: ExtentKind::Data,
+                },
+            ),
+            Source::Zero => push(
+                &mut out,
+                Extent {
+                    offset: pos,
+                    len: run.len,
+                    kind: ExtentKind::Zero,
+                },
+            ),
             Source::Parent => match dev.parent() {
                 Some(p) => {
                     for e in extents(p.as_ref(), pos, run.len)? {
                         push(&mut out, e);
                     }
                 }
-                None => push(&mut out, Extent { offset: pos, len: run.len, kind: ExtentKind::Hole }),
+                None => push(
+                    &mut out,
+                    Extent {
+                        offset: pos,
+                        len: run.len,
+                        kind: ExtentKind::Hole,
+                    },
+                ),
             },
         }
         pos += run.len;

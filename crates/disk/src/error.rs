@@ -43,7 +43,11 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     /// A new error with a message.
     pub fn new(kind: ErrorKind, context: impl Into<String>) -> Error {
-        Error { kind, context: context.into(), source: None }
+        Error {
+            kind,
+            context: context.into(),
+            source: None,
+        }
     }
 
     /// A new error wrapping a source.
@@ -52,7 +56,11 @@ impl Error {
         context: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Error {
-        Error { kind, context: context.into(), source: Some(Box::new(source)) }
+        Error {
+            kind,
+            context: context.into(),
+            source: Some(Box::new(source)),
+        }
     }
 
     /// An I/O failure during `op`.
@@ -80,7 +88,9 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 

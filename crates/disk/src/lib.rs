@@ -18,12 +18,12 @@ pub mod device;
 pub mod error;
 pub mod open;
 pub mod ops;
+pub mod overlay;
 pub mod raw;
 pub mod storage;
-pub mod vhd;
 pub mod version;
+pub mod vhd;
 pub mod vhdx;
-pub mod overlay;
 pub use overlay::OverlayStorage;
 
 pub use device::{BlockDevice, Extent, ExtentKind};

@@ -46,7 +46,10 @@ impl Format {
             "vhdx" => Ok(Format::Vhdx),
             "vhd" | "vpc" => Ok(Format::Vhd),
             "raw" | "img" => Ok(Format::Raw),
-            _ => Err(Error::new(ErrorKind::InvalidArgument, format!("unknown format {s:?} (vhdx, vhd, raw)"))),
+            _ => Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!("unknown format {s:?} (vhdx, vhd, raw)"),
+            )),
         }
     }
 }
@@ -82,7 +85,10 @@ pub fn detect(path: &Path, storage: &dyn Storage) -> Result<Format> {
     }
     Err(Error::new(
         ErrorKind::InvalidFormat,
-        format!("{}: not a vhdx or vhd image (no signature) and not named .img/.raw", path.display()),
+        format!(
+            "{}: not a vhdx or vhd image (no signature) and not named .img/.raw",
+            path.display()
+        ),
     ))
 }
 
@@ -116,7 +122,10 @@ impl Image {
         match self {
             Image::Vhdx(i) => i.attach_parent(parent),
             Image::Vhd(i) => i.attach_parent(parent),
-            Image::Raw(_) => Err(Error::new(ErrorKind::InvalidArgument, "raw images have no parent")),
+            Image::Raw(_) => Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "raw images have no parent",
+            )),
         }
     }
 }
@@ -192,21 +201,33 @@ pub fn open_one(path: &Path, opts: OpenOptions) -> Result<Layer> {
     let ctx = |e: Error| e.context(path.display());
     let image = match format {
         Format::Vhdx => {
-            let o = vhdx::OpenOptions { writable: opts.writable, path: Some(path.to_path_buf()) };
+            let o = vhdx::OpenOptions {
+                writable: opts.writable,
+                path: Some(path.to_path_buf()),
+            };
             Image::Vhdx(Arc::new(VhdxImage::open(storage, o).map_err(ctx)?))
         }
         Format::Vhd => {
             if opts.writable {
                 return Err(Error::new(
                     ErrorKind::Unsupported,
-                    format!("{}: vhd images are read-only; convert to vhdx to write", path.display()),
+                    format!(
+                        "{}: vhd images are read-only; convert to vhdx to write",
+                        path.display()
+                    ),
                 ));
             }
             Image::Vhd(Arc::new(VhdImage::open(storage, Some(path)).map_err(ctx)?))
         }
-        Format::Raw => Image::Raw(Arc::new(RawDisk::open(storage, opts.writable).map_err(ctx)?)),
+        Format::Raw => Image::Raw(Arc::new(
+            RawDisk::open(storage, opts.writable).map_err(ctx)?,
+        )),
     };
-    Ok(Layer { path: path.to_path_buf(), format, image })
+    Ok(Layer {
+        path: path.to_path_buf(),
+        format,
+        image,
+    })
 }
 
 /// Opens an image and its whole parent chain.
@@ -220,11 +241,16 @@ pub fn open(path: &Path, opts: OpenOptions) -> Result<Chain> {
     let mut seen = vec![canonical(path)];
     loop {
         let cur = layers.last().expect("chain has a top");
-        let Some(pref) = cur.image.device().parent_ref() else { break };
+        let Some(pref) = cur.image.device().parent_ref() else {
+            break;
+        };
         if layers.len() >= MAX_CHAIN_DEPTH {
             return Err(Error::new(
                 ErrorKind::ChainBroken,
-                format!("{}: chain deeper than the limit of {MAX_CHAIN_DEPTH}", path.display()),
+                format!(
+                    "{}: chain deeper than the limit of {MAX_CHAIN_DEPTH}",
+                    path.display()
+                ),
             ));
         }
         let mut tried = Vec::new();
@@ -237,7 +263,11 @@ pub fn open(path: &Path, opts: OpenOptions) -> Result<Chain> {
             if seen.contains(&canonical(cand)) {
                 return Err(Error::new(
                     ErrorKind::ChainBroken,
-                    format!("{}: parent chain has a cycle at {}", cur.path.display(), cand.display()),
+                    format!(
+                        "{}: parent chain has a cycle at {}",
+                        cur.path.display(),
+                        cand.display()
+                    ),
                 ));
             }
             let parent = open_one(cand, OpenOptions::default())?;
@@ -252,7 +282,11 @@ pub fn open(path: &Path, opts: OpenOptions) -> Result<Chain> {
         let Some(parent) = found else {
             return Err(Error::new(
                 ErrorKind::ChainBroken,
-                format!("{}: parent not found; tried: {}", cur.path.display(), tried.join("; ")),
+                format!(
+                    "{}: parent not found; tried: {}",
+                    cur.path.display(),
+                    tried.join("; ")
+                ),
             ));
         };
         seen.push(canonical(&parent.path));

@@ -28,7 +28,10 @@ impl OverlayStorage {
 }
 
 fn read_only() -> Error {
-    Error::new(ErrorKind::ReadOnly, "image with an unreplayed log is open read-only")
+    Error::new(
+        ErrorKind::ReadOnly,
+        "image with an unreplayed log is open read-only",
+    )
 }
 
 impl Storage for OverlayStorage {
@@ -37,9 +40,10 @@ impl Storage for OverlayStorage {
         let end = offset + buf.len() as u64;
         for w in &self.writes {
             let (w_off, w_len, data) = match w {
-                Write::Data { file_offset, sector } => {
-                    (*file_offset, sector.len() as u64, Some(sector))
-                }
+                Write::Data {
+                    file_offset,
+                    sector,
+                } => (*file_offset, sector.len() as u64, Some(sector)),
                 Write::Zero { file_offset, len } => (*file_offset, *len, None),
             };
             let (lo, hi) = (w_off.max(offset), (w_off + w_len).min(end));

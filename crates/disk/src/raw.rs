@@ -20,13 +20,22 @@ impl RawDisk {
     /// When the length cannot be read.
     pub fn open(storage: Arc<dyn Storage>, writable: bool) -> Result<RawDisk> {
         let size = storage.len()?;
-        Ok(RawDisk { storage, size, writable })
+        Ok(RawDisk {
+            storage,
+            size,
+            writable,
+        })
     }
 }
 
 impl BlockDevice for RawDisk {
     fn geometry(&self) -> Geometry {
-        Geometry { size: self.size, logical_sector_size: 512, physical_sector_size: 512, block_size: 1 << 20 }
+        Geometry {
+            size: self.size,
+            logical_sector_size: 512,
+            physical_sector_size: 512,
+            block_size: 1 << 20,
+        }
     }
 
     fn format(&self) -> &'static str {
@@ -40,7 +49,10 @@ impl BlockDevice for RawDisk {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         if !self.writable {
-            return Err(crate::Error::new(crate::ErrorKind::ReadOnly, "raw image opened read-only"));
+            return Err(crate::Error::new(
+                crate::ErrorKind::ReadOnly,
+                "raw image opened read-only",
+            ));
         }
         check_bounds(self.size, offset, buf.len() as u64)?;
         self.storage.write_at(buf, offset)
@@ -62,13 +74,19 @@ impl BlockDevice for RawDisk {
         while pos < end {
             let data = self.storage.next_data(pos)?.unwrap_or(end).min(end);
             if data > pos {
-                runs.push(LayerRun { len: data - pos, source: Source::Zero });
+                runs.push(LayerRun {
+                    len: data - pos,
+                    source: Source::Zero,
+                });
                 pos = data;
                 continue;
             }
             let hole = self.storage.next_hole(pos)?.min(end);
             let hole = if hole <= pos { end } else { hole };
-            runs.push(LayerRun { len: hole - pos, source: Source::Data });
+            runs.push(LayerRun {
+                len: hole - pos,
+                source: Source::Data,
+            });
             pos = hole;
         }
         Ok(runs)

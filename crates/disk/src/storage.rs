@@ -93,11 +93,17 @@ impl Storage for FileStorage {
     }
 
     fn len(&self) -> Result<u64> {
-        Ok(self.file.metadata().map_err(|e| Error::io("stat", e))?.len())
+        Ok(self
+            .file
+            .metadata()
+            .map_err(|e| Error::io("stat", e))?
+            .len())
     }
 
     fn set_len(&self, len: u64) -> Result<()> {
-        self.file.set_len(len).map_err(|e| Error::io(format!("truncate to {len}"), e))
+        self.file
+            .set_len(len)
+            .map_err(|e| Error::io(format!("truncate to {len}"), e))
     }
 
     fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
@@ -124,7 +130,10 @@ impl Storage for FileStorage {
         use rustix::fs::{FallocateFlags, fallocate};
         match fallocate(&self.file, FallocateFlags::KEEP_SIZE, offset, len) {
             Ok(()) | Err(rustix::io::Errno::OPNOTSUPP) => Ok(()),
-            Err(e) => Err(Error::io(format!("allocate {len} bytes at {offset:#x}"), e.into())),
+            Err(e) => Err(Error::io(
+                format!("allocate {len} bytes at {offset:#x}"),
+                e.into(),
+            )),
         }
     }
 

@@ -17,16 +17,25 @@ pub fn new_version(parent: &Path, child: &Path) -> Result<()> {
     let Image::Vhdx(p) = &chain.layers[0].image else {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
-            format!("{}: a version's parent must be vhdx; convert it first", parent.display()),
+            format!(
+                "{}: a version's parent must be vhdx; convert it first",
+                parent.display()
+            ),
         ));
     };
     if child.exists() {
-        return Err(Error::new(ErrorKind::InvalidArgument, format!("{} already exists", child.display())));
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("{} already exists", child.display()),
+        ));
     }
     if Format::from_extension(child) != Some(Format::Vhdx) {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
-            format!("{}: a version must be named .avhdx or .vhdx", child.display()),
+            format!(
+                "{}: a version must be named .avhdx or .vhdx",
+                child.display()
+            ),
         ));
     }
     let meta = p.metadata();
@@ -49,7 +58,8 @@ pub fn new_version(parent: &Path, child: &Path) -> Result<()> {
         .create_new(true)
         .open(child)
         .map_err(|e| Error::io(format!("create {}", child.display()), e))?;
-    let storage: std::sync::Arc<dyn crate::Storage> = std::sync::Arc::new(crate::FileStorage::new(f));
+    let storage: std::sync::Arc<dyn crate::Storage> =
+        std::sync::Arc::new(crate::FileStorage::new(f));
     create(&storage, &opts)
 }
 
@@ -60,7 +70,11 @@ fn absolute(p: &Path) -> PathBuf {
 /// The path of `target` relative to the directory of `from` (both made absolute),
 /// in the `.\name` / `..\dir\name` style Windows writes.
 pub fn relative_path(from: &Path, target: &Path) -> String {
-    let from_dir = absolute(from.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")));
+    let from_dir = absolute(
+        from.parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new(".")),
+    );
     let target = absolute(target);
     let a: Vec<_> = from_dir.components().collect();
     let b: Vec<_> = target.components().collect();
@@ -70,6 +84,10 @@ pub fn relative_path(from: &Path, target: &Path) -> String {
         parts.push(".".into());
     }
     parts.extend(std::iter::repeat_n("..".to_string(), a.len() - common));
-    parts.extend(b[common..].iter().map(|c| c.as_os_str().to_string_lossy().into_owned()));
+    parts.extend(
+        b[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
     parts.join("\\")
 }

@@ -5,16 +5,31 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use disk::ops::check::{CheckOptions, check};
 use disk::open::{self, OpenOptions};
+use disk::ops::check::{CheckOptions, check};
 use disk::vhdx::{CreateOptions, create};
 use disk::{FileStorage, Storage};
 
 fn make(path: &Path) {
     let f = std::fs::File::create_new(path).unwrap();
     let s: Arc<dyn Storage> = Arc::new(FileStorage::new(f));
-    create(&s, &CreateOptions { size: 8 << 20, block_size: 1 << 20, ..Default::default() }).unwrap();
-    let c = open::open(path, OpenOptions { writable: true, format: None }).unwrap();
+    create(
+        &s,
+        &CreateOptions {
+            size: 8 << 20,
+            block_size: 1 << 20,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let c = open::open(
+        path,
+        OpenOptions {
+            writable: true,
+            format: None,
+        },
+    )
+    .unwrap();
     c.top().write_at(&vec![0x5a; 3 << 20], 1 << 20).unwrap();
     c.close().unwrap();
 }
@@ -42,7 +57,13 @@ fn bat_entry_over_headers_is_an_error() {
     f.write_all_at(&6u64.to_le_bytes(), BAT + 8).unwrap();
     let r = check(&p, &CheckOptions::default()).unwrap();
     assert!(!r.clean);
-    assert!(r.errors.iter().any(|e| e.contains("bat entry 1") && e.contains("over the file headers")), "{}", r.render());
+    assert!(
+        r.errors
+            .iter()
+            .any(|e| e.contains("bat entry 1") && e.contains("over the file headers")),
+        "{}",
+        r.render()
+    );
 }
 
 #[test]
@@ -55,7 +76,11 @@ fn overlapping_blocks_are_an_error() {
     let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
     f.write_all_at(e1, BAT + 16).unwrap();
     let r = check(&p, &CheckOptions::default()).unwrap();
-    assert!(r.errors.iter().any(|e| e.contains("overlaps")), "{}", r.render());
+    assert!(
+        r.errors.iter().any(|e| e.contains("overlaps")),
+        "{}",
+        r.render()
+    );
 }
 
 #[test]
@@ -66,9 +91,17 @@ fn bad_header_copy_is_repaired() {
     let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
     f.write_all_at(&[0xff; 16], 0x10000 + 200).unwrap();
     let r = check(&p, &CheckOptions::default()).unwrap();
-    assert!(r.clean && r.warnings.iter().any(|w| w.contains("header 1")), "{}", r.render());
+    assert!(
+        r.clean && r.warnings.iter().any(|w| w.contains("header 1")),
+        "{}",
+        r.render()
+    );
     let r = check(&p, &CheckOptions { repair: true }).unwrap();
-    assert!(r.repaired.iter().any(|x| x.contains("header")), "{}", r.render());
+    assert!(
+        r.repaired.iter().any(|x| x.contains("header")),
+        "{}",
+        r.render()
+    );
     assert!(r.clean && r.warnings.is_empty(), "{}", r.render());
 }
 
@@ -91,14 +124,27 @@ fn leaked_space_is_reported_and_freed() {
 fn dirty_log_sample_is_replayed_by_repair() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("dirty.vhdx");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/vectors/qemu-iotest-dirtylog-10G-4M.vhdx.bz2");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/vectors/qemu-iotest-dirtylog-10G-4M.vhdx.bz2");
     let out = Command::new("bzip2").arg("-dc").arg(src).output().unwrap();
     std::fs::write(&p, out.stdout).unwrap();
     let r = check(&p, &CheckOptions::default()).unwrap();
-    assert!(r.clean && r.warnings.iter().any(|w| w.contains("log is dirty")), "{}", r.render());
+    assert!(
+        r.clean && r.warnings.iter().any(|w| w.contains("log is dirty")),
+        "{}",
+        r.render()
+    );
     let r = check(&p, &CheckOptions { repair: true }).unwrap();
-    assert!(r.repaired.iter().any(|x| x.contains("replayed")), "{}", r.render());
-    assert!(r.clean && !r.warnings.iter().any(|w| w.contains("log")), "{}", r.render());
+    assert!(
+        r.repaired.iter().any(|x| x.contains("replayed")),
+        "{}",
+        r.render()
+    );
+    assert!(
+        r.clean && !r.warnings.iter().any(|w| w.contains("log")),
+        "{}",
+        r.render()
+    );
 }
 
 #[test]
@@ -110,5 +156,9 @@ fn missing_parent_is_an_error() {
     disk::version::new_version(&base, &child).unwrap();
     std::fs::rename(&base, dir.path().join("elsewhere.vhdx")).unwrap();
     let r = check(&child, &CheckOptions::default()).unwrap();
-    assert!(!r.clean && r.errors.iter().any(|e| e.contains("parent not found")), "{}", r.render());
+    assert!(
+        !r.clean && r.errors.iter().any(|e| e.contains("parent not found")),
+        "{}",
+        r.render()
+    );
 }

@@ -12,7 +12,11 @@ fn vectors() -> PathBuf {
 
 fn unpack(name: &str, dir: &Path) -> PathBuf {
     let out = dir.join(name.trim_end_matches(".bz2"));
-    let data = Command::new("bzip2").arg("-dc").arg(vectors().join(name)).output().unwrap();
+    let data = Command::new("bzip2")
+        .arg("-dc")
+        .arg(vectors().join(name))
+        .output()
+        .unwrap();
     assert!(data.status.success(), "bzip2 failed on {name}");
     std::fs::write(&out, data.stdout).unwrap();
     out
@@ -52,11 +56,21 @@ fn dirty_log_read_only_replays_in_memory() {
     let before = std::fs::read(&p).unwrap();
     let c = open::open(&p, OpenOptions::default()).unwrap();
     let d = c.top();
-    assert!(d.warnings().iter().any(|w| w.contains("replayed in memory")), "{:?}", d.warnings());
+    assert!(
+        d.warnings()
+            .iter()
+            .any(|w| w.contains("replayed in memory")),
+        "{:?}",
+        d.warnings()
+    );
     assert!(all(d.as_ref(), 0, 18 << 20, 0xa5));
     assert!(all(d.as_ref(), 18 << 20, 2 << 20, 0));
     drop(c);
-    assert_eq!(std::fs::read(&p).unwrap(), before, "a read-only open must not modify the file");
+    assert_eq!(
+        std::fs::read(&p).unwrap(),
+        before,
+        "a read-only open must not modify the file"
+    );
 }
 
 #[test]
@@ -64,19 +78,37 @@ fn dirty_log_writable_open_replays_into_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let p = unpack("qemu-iotest-dirtylog-10G-4M.vhdx.bz2", dir.path());
     {
-        let c = open::open(&p, OpenOptions { writable: true, format: None }).unwrap();
+        let c = open::open(
+            &p,
+            OpenOptions {
+                writable: true,
+                format: None,
+            },
+        )
+        .unwrap();
         assert!(all(c.top().as_ref(), 0, 18 << 20, 0xa5));
         c.close().unwrap();
     }
-    let out = Command::new("qemu-img").arg("check").arg(&p).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let out = Command::new("qemu-img")
+        .arg("check")
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let out = Command::new("qemu-io")
         .args(["-r", "-f", "vhdx", "-c", "read -P 0xa5 0 18M"])
         .arg(&p)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && !text.contains("Pattern verification failed"), "{text}");
+    assert!(
+        out.status.success() && !text.contains("Pattern verification failed"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! chunk_ratio cr = 2^23 * logical_sector_size / block_size
 //! ```
 
-use crate::{MIB, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
+use crate::{MAX_BLOCK_SIZE, MIB, MIN_BLOCK_SIZE};
 
 /// Payload block states (MS-VHDX 2.5.1.1).
 pub const PAYLOAD_BLOCK_NOT_PRESENT: u8 = 0;
@@ -125,9 +125,17 @@ impl Layout {
             || virtual_size == 0
             || virtual_size > crate::MAX_VIRTUAL_SIZE
         {
-            return Err(Error::InvalidGeometry { block_size, sector_size: logical_sector_size });
+            return Err(Error::InvalidGeometry {
+                block_size,
+                sector_size: logical_sector_size,
+            });
         }
-        Ok(Layout { block_size, logical_sector_size, virtual_size, has_parent })
+        Ok(Layout {
+            block_size,
+            logical_sector_size,
+            virtual_size,
+            has_parent,
+        })
     }
 
     /// Payload blocks per sector bitmap block.
@@ -191,7 +199,10 @@ impl Layout {
 pub fn parse(layout: &Layout, region: &[u8]) -> Result<Vec<Entry>, Error> {
     let needed = layout.total_entries();
     if (region.len() as u64) < needed * 8 {
-        return Err(Error::RegionTooSmall { region_len: region.len() as u64, needed });
+        return Err(Error::RegionTooSmall {
+            region_len: region.len() as u64,
+            needed,
+        });
     }
     let cr = layout.chunk_ratio();
     let mut out = Vec::with_capacity(needed as usize);
@@ -214,10 +225,16 @@ pub fn parse(layout: &Layout, region: &[u8]) -> Result<Vec<Entry>, Error> {
         let present = if is_sb {
             state == SB_BLOCK_PRESENT
         } else {
-            matches!(state, PAYLOAD_BLOCK_FULLY_PRESENT | PAYLOAD_BLOCK_PARTIALLY_PRESENT)
+            matches!(
+                state,
+                PAYLOAD_BLOCK_FULLY_PRESENT | PAYLOAD_BLOCK_PARTIALLY_PRESENT
+            )
         };
         if present && e.file_offset() < MIB {
-            return Err(Error::EntryOverHeaders { index, offset: e.file_offset() });
+            return Err(Error::EntryOverHeaders {
+                index,
+                offset: e.file_offset(),
+            });
         }
         out.push(e);
     }
@@ -250,7 +267,10 @@ mod tests {
         // 1 GiB of 32 MiB blocks: 32 data blocks, no bitmap entry needed inside the data.
         assert_eq!(layout(32 << 20, 512, 1 << 30, false).total_entries(), 32);
         // 1 MiB blocks with chunk ratio 4096, 10 GiB = 10240 blocks: 2 interleaved SB entries.
-        assert_eq!(layout(1 << 20, 512, 10 << 30, false).total_entries(), 10240 + 2);
+        assert_eq!(
+            layout(1 << 20, 512, 10 << 30, false).total_entries(),
+            10240 + 2
+        );
         // Differencing disks count whole chunks.
         assert_eq!(layout(32 << 20, 512, 1 << 30, true).total_entries(), 129);
     }
@@ -275,8 +295,18 @@ mod tests {
     fn block_over_headers_is_refused() {
         let l = layout(1 << 20, 512, 4 << 20, false);
         let mut region = vec![0u8; 32];
-        region[0..8].copy_from_slice(&Entry(u64::from(PAYLOAD_BLOCK_FULLY_PRESENT)).0.to_le_bytes());
-        assert_eq!(parse(&l, &region), Err(Error::EntryOverHeaders { index: 0, offset: 0 }));
+        region[0..8].copy_from_slice(
+            &Entry(u64::from(PAYLOAD_BLOCK_FULLY_PRESENT))
+                .0
+                .to_le_bytes(),
+        );
+        assert_eq!(
+            parse(&l, &region),
+            Err(Error::EntryOverHeaders {
+                index: 0,
+                offset: 0
+            })
+        );
     }
 
     #[test]

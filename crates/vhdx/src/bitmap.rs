@@ -11,7 +11,7 @@ pub fn set_range(bitmap: &mut [u8], start: u64, count: u64, value: bool) {
     let mut s = start;
     let end = start + count;
     while s < end {
-        if s % 8 == 0 && end - s >= 8 {
+        if s.is_multiple_of(8) && end - s >= 8 {
             let bytes = ((end - s) / 8) as usize;
             let i = (s / 8) as usize;
             bitmap[i..i + bytes].fill(if value { 0xff } else { 0 });
@@ -34,7 +34,9 @@ pub fn runs(bitmap: &[u8], start: u64, count: u64) -> Vec<(u64, bool)> {
     let end = start + count;
     let mut s = start;
     while s < end {
-        let (len, bit) = if s % 8 == 0 && end - s >= 8 && matches!(bitmap[(s / 8) as usize], 0 | 0xff)
+        let (len, bit) = if s.is_multiple_of(8)
+            && end - s >= 8
+            && matches!(bitmap[(s / 8) as usize], 0 | 0xff)
         {
             (8, bitmap[(s / 8) as usize] == 0xff)
         } else {

@@ -75,8 +75,22 @@ impl fmt::Display for Guid {
             f,
             "{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-\
              {:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
-            b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-            b[14], b[15]
+            b[0],
+            b[1],
+            b[2],
+            b[3],
+            b[4],
+            b[5],
+            b[6],
+            b[7],
+            b[8],
+            b[9],
+            b[10],
+            b[11],
+            b[12],
+            b[13],
+            b[14],
+            b[15]
         )
     }
 }
@@ -94,7 +108,9 @@ impl FromStr for Guid {
     fn from_str(s: &str) -> Result<Guid, InvalidGuid> {
         let bad = || InvalidGuid(s.to_string());
         let t = s.trim();
-        let t = t.strip_prefix('{').map_or(t, |x| x.strip_suffix('}').unwrap_or(x));
+        let t = t
+            .strip_prefix('{')
+            .map_or(t, |x| x.strip_suffix('}').unwrap_or(x));
         if t.len() != 36 {
             return Err(bad());
         }
@@ -167,7 +183,15 @@ mod tests {
 
     #[test]
     fn bad_text_is_refused() {
-        assert!("b04aefb7-d19e-4a81-b789-25b8e944591".parse::<Guid>().is_err());
-        assert!("b04aefb7xd19e-4a81-b789-25b8e9445913".parse::<Guid>().is_err());
+        assert!(
+            "b04aefb7-d19e-4a81-b789-25b8e944591"
+                .parse::<Guid>()
+                .is_err()
+        );
+        assert!(
+            "b04aefb7xd19e-4a81-b789-25b8e9445913"
+                .parse::<Guid>()
+                .is_err()
+        );
     }
 }

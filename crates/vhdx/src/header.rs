@@ -103,7 +103,10 @@ impl Header {
         let log_version = le_u16(b, 64);
         let version = le_u16(b, 66);
         if version != 1 || log_version != 0 {
-            return Err(Error::UnsupportedVersion { version, log_version });
+            return Err(Error::UnsupportedVersion {
+                version,
+                log_version,
+            });
         }
         let h = Header {
             sequence_number: le_u64(b, 8),
@@ -114,12 +117,15 @@ impl Header {
             log_offset: le_u64(b, 72),
         };
         let len = u64::from(h.log_length);
-        if h.log_offset % MIB != 0
+        if !h.log_offset.is_multiple_of(MIB)
             || len % MIB != 0
             || (len != 0 && h.log_offset < MIB)
             || h.log_offset.checked_add(len).is_none()
         {
-            return Err(Error::InvalidLogPlacement { offset: h.log_offset, length: h.log_length });
+            return Err(Error::InvalidLogPlacement {
+                offset: h.log_offset,
+                length: h.log_length,
+            });
         }
         Ok(h)
     }
@@ -198,18 +204,43 @@ pub fn choose(first: &[u8], second: &[u8]) -> Result<Current, Error> {
     match (Header::parse(first), Header::parse(second)) {
         (Ok(a), Ok(b)) => {
             if a.sequence_number > b.sequence_number {
-                Ok(Current { header: a, slot: Slot::First, other_stale: true })
+                Ok(Current {
+                    header: a,
+                    slot: Slot::First,
+                    other_stale: true,
+                })
             } else if b.sequence_number > a.sequence_number {
-                Ok(Current { header: b, slot: Slot::Second, other_stale: true })
+                Ok(Current {
+                    header: b,
+                    slot: Slot::Second,
+                    other_stale: true,
+                })
             } else if first[..HEADER_LEN] == second[..HEADER_LEN] {
-                Ok(Current { header: a, slot: Slot::First, other_stale: false })
+                Ok(Current {
+                    header: a,
+                    slot: Slot::First,
+                    other_stale: false,
+                })
             } else {
-                Err(Error::EqualSequenceDiffer { seq: a.sequence_number })
+                Err(Error::EqualSequenceDiffer {
+                    seq: a.sequence_number,
+                })
             }
         }
-        (Ok(a), Err(_)) => Ok(Current { header: a, slot: Slot::First, other_stale: true }),
-        (Err(_), Ok(b)) => Ok(Current { header: b, slot: Slot::Second, other_stale: true }),
-        (Err(e1), Err(e2)) => Err(Error::BothInvalid { first: Box::new(e1), second: Box::new(e2) }),
+        (Ok(a), Err(_)) => Ok(Current {
+            header: a,
+            slot: Slot::First,
+            other_stale: true,
+        }),
+        (Err(_), Ok(b)) => Ok(Current {
+            header: b,
+            slot: Slot::Second,
+            other_stale: true,
+        }),
+        (Err(e1), Err(e2)) => Err(Error::BothInvalid {
+            first: Box::new(e1),
+            second: Box::new(e2),
+        }),
     }
 }
 
@@ -247,13 +278,20 @@ mod tests {
     fn flipped_bit_fails_checksum() {
         let mut b = sample().to_bytes();
         b[100] ^= 1;
-        assert!(matches!(Header::parse(&b), Err(Error::InvalidChecksum { .. })));
+        assert!(matches!(
+            Header::parse(&b),
+            Err(Error::InvalidChecksum { .. })
+        ));
     }
 
     #[test]
     fn higher_sequence_wins() {
         let a = sample().to_bytes();
-        let b = Header { sequence_number: 8, ..sample() }.to_bytes();
+        let b = Header {
+            sequence_number: 8,
+            ..sample()
+        }
+        .to_bytes();
         assert_eq!(choose(&a, &b).unwrap().slot, Slot::Second);
     }
 
@@ -266,14 +304,22 @@ mod tests {
     #[test]
     fn differing_equal_sequence_is_refused() {
         let a = sample().to_bytes();
-        let b = Header { data_write_guid: Guid([9; 16]), ..sample() }.to_bytes();
+        let b = Header {
+            data_write_guid: Guid([9; 16]),
+            ..sample()
+        }
+        .to_bytes();
         assert_eq!(choose(&a, &b), Err(Error::EqualSequenceDiffer { seq: 7 }));
     }
 
     #[test]
     fn torn_copy_falls_back_to_other() {
         let a = sample().to_bytes();
-        let mut b = Header { sequence_number: 8, ..sample() }.to_bytes();
+        let mut b = Header {
+            sequence_number: 8,
+            ..sample()
+        }
+        .to_bytes();
         b[2048..].fill(0xff);
         assert_eq!(choose(&a, &b).unwrap().header.sequence_number, 7);
     }

@@ -47,7 +47,9 @@ impl Ident {
             .map(|c| u16::from_le_bytes([c[0], c[1]]))
             .take_while(|&u| u != 0)
             .collect();
-        Ok(Ident { creator: String::from_utf16_lossy(&units) })
+        Ok(Ident {
+            creator: String::from_utf16_lossy(&units),
+        })
     }
 
     /// Encodes into `out` (at least [`IDENT_LEN`] bytes; the rest is left as is).
@@ -66,7 +68,9 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let id = Ident { creator: "Ferry 0.1".into() };
+        let id = Ident {
+            creator: "Ferry 0.1".into(),
+        };
         let mut b = vec![0u8; IDENT_LEN];
         id.encode(&mut b);
         assert_eq!(Ident::parse(&b).unwrap(), id);
@@ -76,7 +80,11 @@ mod tests {
     fn libvhdi_sample_parses() {
         let b = include_bytes!("../testdata/file_identifier.1");
         let id = Ident::parse(b).unwrap();
-        assert!(id.creator.starts_with("Microsoft Windows 10.0.19041"), "{}", id.creator);
+        assert!(
+            id.creator.starts_with("Microsoft Windows 10.0.19041"),
+            "{}",
+            id.creator
+        );
     }
 
     #[test]

@@ -158,7 +158,7 @@ fn circular(log: &[u8], off: usize, len: usize) -> Vec<u8> {
 /// # Errors
 /// Every reason an entry is not valid.
 pub fn parse_entry(log: &[u8], off: usize, log_guid: Guid) -> Result<Entry, Error> {
-    if log.is_empty() || log.len() % SECTOR != 0 {
+    if log.is_empty() || !log.len().is_multiple_of(SECTOR) {
         return Err(Error::BadLogLength(log.len()));
     }
     let head = circular(log, off, SECTOR);
@@ -166,12 +166,15 @@ pub fn parse_entry(log: &[u8], off: usize, log_guid: Guid) -> Result<Entry, Erro
         return Err(Error::InvalidSignature);
     }
     let length = le_u32(&head, 8);
-    if length == 0 || length as usize % SECTOR != 0 || length as usize > log.len() {
+    if length == 0 || !(length as usize).is_multiple_of(SECTOR) || length as usize > log.len() {
         return Err(Error::BadLength(length));
     }
     let guid = Guid::read(&head, 32);
     if guid != log_guid {
-        return Err(Error::WrongLogGuid { found: guid, expected: log_guid });
+        return Err(Error::WrongLogGuid {
+            found: guid,
+            expected: log_guid,
+        });
     }
     let b = circular(log, off, length as usize);
     let stored = le_u32(&b, 4);
@@ -195,13 +198,13 @@ pub fn parse_entry(log: &[u8], off: usize, log_guid: Guid) -> Result<Entry, Erro
     for index in 0..count as usize {
         let d = &b[ENTRY_HEADER_LEN + DESCRIPTOR_LEN * index..][..DESCRIPTOR_LEN];
         let file_offset = le_u64(d, 16);
-        if le_u64(d, 24) != seq || file_offset % SECTOR as u64 != 0 {
+        if le_u64(d, 24) != seq || !file_offset.is_multiple_of(SECTOR as u64) {
             return Err(Error::BadDescriptor { index });
         }
         match le_u32(d, 0) {
             ZERO_SIGNATURE => {
                 let len = le_u64(d, 8);
-                if len % SECTOR as u64 != 0 || file_offset.checked_add(len).is_none() {
+                if !len.is_multiple_of(SECTOR as u64) || file_offset.checked_add(len).is_none() {
                     return Err(Error::BadDescriptor { index });
                 }
                 writes.push(Write::Zero { file_offset, len });
@@ -220,7 +223,10 @@ pub fn parse_entry(log: &[u8], off: usize, log_guid: Guid) -> Result<Entry, Erro
                 sector[..8].copy_from_slice(&d[8..16]);
                 sector[8..4092].copy_from_slice(&s[8..4092]);
                 sector[4092..].copy_from_slice(&d[4..8]);
-                writes.push(Write::Data { file_offset, sector });
+                writes.push(Write::Data {
+                    file_offset,
+                    sector,
+                });
                 data_index += 1;
             }
             _ => return Err(Error::BadDescriptor { index }),
@@ -252,7 +258,7 @@ pub const CHECKSUM_BUDGET_FACTOR: usize = 16;
 /// [`Error::TooComplex`] when candidate entries would checksum more than
 /// [`CHECKSUM_BUDGET_FACTOR`] × the log length.
 pub fn find_active(log: &[u8], log_guid: Guid) -> Result<Option<Replay>, Error> {
-    if log.is_empty() || log.len() % SECTOR != 0 {
+    if log.is_empty() || !log.len().is_multiple_of(SECTOR) {
         return Err(Error::BadLogLength(log.len()));
     }
     let slots = log.len() / SECTOR;
@@ -265,10 +271,15 @@ pub fn find_active(log: &[u8], log_guid: Guid) -> Result<Option<Replay>, Error> 
             let claimed = (le_u32(log, at + 8) as usize).min(log.len());
             budget = budget.checked_sub(claimed).ok_or(Error::TooComplex)?;
         }
-        valid.push(if plausible { parse_entry(log, at, log_guid).ok() } else { None });
+        valid.push(if plausible {
+            parse_entry(log, at, log_guid).ok()
+        } else {
+            None
+        });
     }
     let next_slot = |i: usize, e: &Entry| ((i * SECTOR + e.length as usize) % log.len()) / SECTOR;
-    let continues = |from: &Entry, to: &Entry| from.sequence_number.checked_add(1) == Some(to.sequence_number);
+    let continues =
+        |from: &Entry, to: &Entry| from.sequence_number.checked_add(1) == Some(to.sequence_number);
     let mut has_pred = vec![false; slots];
     for (i, e) in valid.iter().enumerate() {
         if let Some(e) = e {
@@ -293,12 +304,22 @@ pub fn find_active(log: &[u8], log_guid: Guid) -> Result<Option<Replay>, Error> 
                 _ => break,
             }
         }
-        let head = valid[*run.last().expect("non-empty")].as_ref().expect("valid");
-        let Some(tail_at) = run.iter().position(|&i| (i * SECTOR) as u64 == u64::from(head.tail)) else {
+        let head = valid[*run.last().expect("non-empty")]
+            .as_ref()
+            .expect("valid");
+        let Some(tail_at) = run
+            .iter()
+            .position(|&i| (i * SECTOR) as u64 == u64::from(head.tail))
+        else {
             continue;
         };
         let candidate = run.split_off(tail_at);
-        let seq_of = |r: &[usize]| valid[*r.last().expect("non-empty")].as_ref().expect("valid").sequence_number;
+        let seq_of = |r: &[usize]| {
+            valid[*r.last().expect("non-empty")]
+                .as_ref()
+                .expect("valid")
+                .sequence_number
+        };
         let better = best.as_ref().is_none_or(|b| {
             let (bh, ch) = (seq_of(b), seq_of(&candidate));
             ch > bh || (ch == bh && candidate.len() > b.len())
@@ -308,7 +329,10 @@ pub fn find_active(log: &[u8], log_guid: Guid) -> Result<Option<Replay>, Error> 
         }
     }
     Ok(best.map(|idx| Replay {
-        entries: idx.into_iter().map(|i| valid[i].take().expect("valid")).collect(),
+        entries: idx
+            .into_iter()
+            .map(|i| valid[i].take().expect("valid"))
+            .collect(),
     }))
 }
 
@@ -363,7 +387,11 @@ impl NewEntry<'_> {
             d += DESCRIPTOR_LEN;
         }
         for (i, &(file_offset, sector)) in self.data.iter().enumerate() {
-            assert_eq!(sector.len(), SECTOR, "log data writes are whole 4 KiB sectors");
+            assert_eq!(
+                sector.len(),
+                SECTOR,
+                "log data writes are whole 4 KiB sectors"
+            );
             put_u32(&mut b, d, DATA_DESC_SIGNATURE);
             b[d + 4..d + 8].copy_from_slice(&sector[4092..]);
             b[d + 8..d + 16].copy_from_slice(&sector[..8]);
@@ -410,10 +438,19 @@ mod tests {
         log[..e.len()].copy_from_slice(&e);
         let parsed = parse_entry(&log, 0, G).unwrap();
         assert_eq!(parsed.sequence_number, 5);
-        assert_eq!(parsed.writes[0], Write::Zero { file_offset: 0x30_0000, len: 8192 });
+        assert_eq!(
+            parsed.writes[0],
+            Write::Zero {
+                file_offset: 0x30_0000,
+                len: 8192
+            }
+        );
         assert_eq!(
             parsed.writes[1],
-            Write::Data { file_offset: 0x20_0000, sector: vec![0xab; SECTOR].into() }
+            Write::Data {
+                file_offset: 0x20_0000,
+                sector: vec![0xab; SECTOR].into()
+            }
         );
     }
 

@@ -125,7 +125,11 @@ impl Metadata {
             let guid = Guid::read(b, e);
             let (offset, length, flags) = (le_u32(b, e + 16), le_u32(b, e + 20), le_u32(b, e + 24));
             let end = u64::from(offset) + u64::from(length);
-            let misplaced = Error::ItemMisplaced { guid, offset, length };
+            let misplaced = Error::ItemMisplaced {
+                guid,
+                offset,
+                length,
+            };
             if length != 0 && ((offset as usize) < TABLE_LEN || end > b.len() as u64) {
                 return Err(misplaced);
             }
@@ -155,8 +159,10 @@ impl Metadata {
             items.push((guid, offset, length));
         }
         let item = |guid: Guid, name: &'static str, min: u32| -> Result<&[u8], Error> {
-            let &(_, off, len) =
-                items.iter().find(|(g, _, _)| *g == guid).ok_or(Error::MissingItem(name))?;
+            let &(_, off, len) = items
+                .iter()
+                .find(|(g, _, _)| *g == guid)
+                .ok_or(Error::MissingItem(name))?;
             if len < min {
                 return Err(Error::ShortItem(name));
             }
@@ -172,8 +178,10 @@ impl Metadata {
         let logical_sector_size = le_u32(item(LOGICAL_SECTOR_SIZE, "logical sector size", 4)?, 0);
         let physical_sector_size =
             le_u32(item(PHYSICAL_SECTOR_SIZE, "physical sector size", 4)?, 0);
-        for (which, value) in [("logical", logical_sector_size), ("physical", physical_sector_size)]
-        {
+        for (which, value) in [
+            ("logical", logical_sector_size),
+            ("physical", physical_sector_size),
+        ] {
             if value != 512 && value != 4096 {
                 return Err(Error::BadSectorSize { which, value });
             }
@@ -181,7 +189,7 @@ impl Metadata {
         let virtual_size = le_u64(item(VIRTUAL_DISK_SIZE, "virtual disk size", 8)?, 0);
         if virtual_size == 0
             || virtual_size > MAX_VIRTUAL_SIZE
-            || virtual_size % u64::from(logical_sector_size) != 0
+            || !virtual_size.is_multiple_of(u64::from(logical_sector_size))
         {
             return Err(Error::BadVirtualSize(virtual_size));
         }
@@ -213,14 +221,39 @@ impl Metadata {
         put_u64(out, 0, METADATA_SIGNATURE);
         let mut entries: Vec<(Guid, u32, u32, u32)> = vec![
             (FILE_PARAMETERS, base, 8, FLAG_IS_REQUIRED),
-            (VIRTUAL_DISK_SIZE, base + 8, 8, FLAG_IS_REQUIRED | FLAG_IS_VIRTUAL_DISK),
-            (PAGE83, base + 16, 16, FLAG_IS_REQUIRED | FLAG_IS_VIRTUAL_DISK),
-            (LOGICAL_SECTOR_SIZE, base + 32, 4, FLAG_IS_REQUIRED | FLAG_IS_VIRTUAL_DISK),
-            (PHYSICAL_SECTOR_SIZE, base + 36, 4, FLAG_IS_REQUIRED | FLAG_IS_VIRTUAL_DISK),
+            (
+                VIRTUAL_DISK_SIZE,
+                base + 8,
+                8,
+                FLAG_IS_REQUIRED | FLAG_IS_VIRTUAL_DISK,
+            ),
+            (
+                PAGE83,
+                base + 16,
+                16,
+                FLAG_IS_REQUIRED | FLAG_IS_VIRTUAL_DISK,
+            ),
+            (
+                LOGICAL_SECTOR_SIZE,
+                base + 32,
+                4,
+                FLAG_IS_REQUIRED | FLAG_IS_VIRTUAL_DISK,
+            ),
+            (
+                PHYSICAL_SECTOR_SIZE,
+                base + 36,
+                4,
+                FLAG_IS_REQUIRED | FLAG_IS_VIRTUAL_DISK,
+            ),
         ];
         if let Some(loc) = &self.parent_locator {
             let len = u32::try_from(loc.len()).expect("parent locator fits in u32");
-            entries.push((PARENT_LOCATOR, base + 40, len, FLAG_IS_REQUIRED | FLAG_IS_VIRTUAL_DISK));
+            entries.push((
+                PARENT_LOCATOR,
+                base + 40,
+                len,
+                FLAG_IS_REQUIRED | FLAG_IS_VIRTUAL_DISK,
+            ));
             out[TABLE_LEN + 40..TABLE_LEN + 40 + loc.len()].copy_from_slice(loc);
         }
         put_u16(out, 10, entries.len() as u16);
@@ -277,14 +310,24 @@ mod tests {
 
     #[test]
     fn round_trip_with_parent() {
-        let m = Metadata { has_parent: true, parent_locator: Some(vec![7; 100]), ..sample() };
+        let m = Metadata {
+            has_parent: true,
+            parent_locator: Some(vec![7; 100]),
+            ..sample()
+        };
         assert_eq!(Metadata::parse(&encoded(&m)).unwrap(), m);
     }
 
     #[test]
     fn block_size_not_power_of_two_is_refused() {
-        let m = Metadata { block_size: 3 << 20, ..sample() };
-        assert_eq!(Metadata::parse(&encoded(&m)), Err(Error::BadBlockSize(3 << 20)));
+        let m = Metadata {
+            block_size: 3 << 20,
+            ..sample()
+        };
+        assert_eq!(
+            Metadata::parse(&encoded(&m)),
+            Err(Error::BadBlockSize(3 << 20))
+        );
     }
 
     #[test]
@@ -315,6 +358,9 @@ mod tests {
     fn unknown_required_item_is_refused() {
         let mut v = encoded(&sample());
         g("11111111-2222-3333-4444-555555555555").write(&mut v, 32);
-        assert!(matches!(Metadata::parse(&v), Err(Error::UnknownRequiredItem(_))));
+        assert!(matches!(
+            Metadata::parse(&v),
+            Err(Error::UnknownRequiredItem(_))
+        ));
     }
 }

@@ -49,7 +49,10 @@ pub struct ParentLocator {
 }
 
 fn utf16(b: &[u8], index: usize) -> Result<String, Error> {
-    let units: Vec<u16> = b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+    let units: Vec<u16> = b
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
     String::from_utf16(&units).map_err(|_| Error::InvalidText { index })
 }
 
@@ -77,9 +80,14 @@ impl ParentLocator {
         for index in 0..usize::from(count) {
             let e = 20 + 12 * index;
             let (ko, vo) = (le_u32(b, e) as usize, le_u32(b, e + 4) as usize);
-            let (kl, vl) = (usize::from(le_u16(b, e + 8)), usize::from(le_u16(b, e + 10)));
+            let (kl, vl) = (
+                usize::from(le_u16(b, e + 8)),
+                usize::from(le_u16(b, e + 10)),
+            );
             let slice = |o: usize, l: usize| {
-                o.checked_add(l).filter(|&end| end <= b.len() && l % 2 == 0).map(|end| &b[o..end])
+                o.checked_add(l)
+                    .filter(|&end| end <= b.len() && l.is_multiple_of(2))
+                    .map(|end| &b[o..end])
             };
             let (Some(k), Some(v)) = (slice(ko, kl), slice(vo, vl)) else {
                 return Err(Error::EntryOutOfBounds { index });
@@ -97,7 +105,10 @@ impl ParentLocator {
 
     /// The value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// `parent_linkage` as a GUID.
@@ -162,12 +173,20 @@ mod tests {
     fn entry_past_end_is_refused() {
         let mut b = ParentLocator::new(Guid([5; 16]), &[]).to_bytes();
         put_u32(&mut b, 24, 10_000);
-        assert_eq!(ParentLocator::parse(&b), Err(Error::EntryOutOfBounds { index: 0 }));
+        assert_eq!(
+            ParentLocator::parse(&b),
+            Err(Error::EntryOutOfBounds { index: 0 })
+        );
     }
 
     #[test]
     fn missing_linkage_is_refused() {
-        let loc = ParentLocator { pairs: vec![("relative_path".into(), "a.vhdx".into())] };
-        assert_eq!(ParentLocator::parse(&loc.to_bytes()), Err(Error::MissingLinkage));
+        let loc = ParentLocator {
+            pairs: vec![("relative_path".into(), "a.vhdx".into())],
+        };
+        assert_eq!(
+            ParentLocator::parse(&loc.to_bytes()),
+            Err(Error::MissingLinkage)
+        );
     }
 }

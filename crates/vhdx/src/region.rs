@@ -124,13 +124,17 @@ impl RegionTable {
                 required: le_u32(b, e + 28) & 1 != 0,
             };
             let len = u64::from(r.length);
-            if r.offset % MIB != 0
+            if !r.offset.is_multiple_of(MIB)
                 || len % MIB != 0
                 || len == 0
                 || r.offset < MIB
                 || r.offset.checked_add(len).is_none()
             {
-                return Err(Error::BadPlacement { guid, offset: r.offset, length: r.length });
+                return Err(Error::BadPlacement {
+                    guid,
+                    offset: r.offset,
+                    length: r.length,
+                });
             }
             if guid != BAT_GUID && guid != METADATA_GUID && r.required {
                 return Err(Error::UnknownRequiredRegion(guid));
@@ -186,8 +190,16 @@ mod tests {
 
     fn sample() -> RegionTable {
         RegionTable {
-            bat: Region { offset: 3 * MIB, length: MIB as u32, required: true },
-            metadata: Region { offset: 2 * MIB, length: MIB as u32, required: true },
+            bat: Region {
+                offset: 3 * MIB,
+                length: MIB as u32,
+                required: true,
+            },
+            metadata: Region {
+                offset: 2 * MIB,
+                length: MIB as u32,
+                required: true,
+            },
         }
     }
 
@@ -208,18 +220,32 @@ mod tests {
     #[test]
     fn overlapping_regions_are_refused() {
         let t = RegionTable {
-            metadata: Region { offset: 3 * MIB, length: 2 * MIB as u32, required: true },
+            metadata: Region {
+                offset: 3 * MIB,
+                length: 2 * MIB as u32,
+                required: true,
+            },
             ..sample()
         };
-        assert!(matches!(RegionTable::parse(&t.to_bytes()), Err(Error::RegionOverlap { .. })));
+        assert!(matches!(
+            RegionTable::parse(&t.to_bytes()),
+            Err(Error::RegionOverlap { .. })
+        ));
     }
 
     #[test]
     fn region_in_first_mib_is_refused() {
         let t = RegionTable {
-            bat: Region { offset: 0, length: MIB as u32, required: true },
+            bat: Region {
+                offset: 0,
+                length: MIB as u32,
+                required: true,
+            },
             ..sample()
         };
-        assert!(matches!(RegionTable::parse(&t.to_bytes()), Err(Error::BadPlacement { .. })));
+        assert!(matches!(
+            RegionTable::parse(&t.to_bytes()),
+            Err(Error::BadPlacement { .. })
+        ));
     }
 }

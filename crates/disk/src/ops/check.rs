@@ -69,7 +69,11 @@ impl CheckReport {
         if self.leaked_bytes > 0 {
             s += &format!("leaked: {} bytes\n", self.leaked_bytes);
         }
-        s += if self.clean { "no errors found\n" } else { "image is NOT consistent\n" };
+        s += if self.clean {
+            "no errors found\n"
+        } else {
+            "image is NOT consistent\n"
+        };
         s
     }
 }
@@ -135,7 +139,11 @@ fn read(s: &dyn Storage, off: u64, len: u64) -> Result<Vec<u8>> {
 fn audit_chain(path: &Path, report: &mut CheckReport) {
     match open::open(path, OpenOptions::default()) {
         Ok(chain) => {
-            report.chain = chain.layers.iter().map(|l| l.path.display().to_string()).collect();
+            report.chain = chain
+                .layers
+                .iter()
+                .map(|l| l.path.display().to_string())
+                .collect();
             let top = chain.top();
             for w in top.warnings() {
                 if !report.warnings.contains(&w) {
@@ -143,7 +151,9 @@ fn audit_chain(path: &Path, report: &mut CheckReport) {
                 }
             }
             if let Err(e) = device::extents(top.as_ref(), 0, top.size()) {
-                report.errors.push(format!("allocation map unreadable: {e}"));
+                report
+                    .errors
+                    .push(format!("allocation map unreadable: {e}"));
             }
         }
         Err(e) => report.errors.push(crate::error::chain_to_string(&e)),
@@ -168,14 +178,20 @@ fn audit_vhdx(arc: &Arc<dyn Storage>, report: &mut CheckReport, fix: &mut Fixabl
     };
     for (n, b, at) in [(1, &h1, HEADER1_OFFSET), (2, &h2, HEADER2_OFFSET)] {
         if let Err(e) = Header::parse(b) {
-            report.warnings.push(format!("header {n} at {at:#x} is invalid ({e}); the other copy is used"));
+            report.warnings.push(format!(
+                "header {n} at {at:#x} is invalid ({e}); the other copy is used"
+            ));
             fix.bad_header_copy = true;
         }
     }
     let hdr = cur.header;
     let mut view: Arc<dyn Storage> = arc.clone();
     if !hdr.log_guid.is_zero() && hdr.log_length > 0 {
-        let buf = read(s, hdr.log_offset, u64::from(hdr.log_length).min(vx::MAX_LOG_LEN))?;
+        let buf = read(
+            s,
+            hdr.log_offset,
+            u64::from(hdr.log_length).min(vx::MAX_LOG_LEN),
+        )?;
         match log::find_active(&buf, hdr.log_guid) {
             Ok(Some(r)) if file_len < r.flushed_file_offset() => {
                 report.errors.push(format!(
@@ -195,7 +211,9 @@ fn audit_vhdx(arc: &Arc<dyn Storage>, report: &mut CheckReport, fix: &mut Fixabl
                 view = Arc::new(OverlayStorage::new(view, writes, r.last_file_offset())?);
             }
             Ok(None) => {
-                report.warnings.push("log guid set but the log holds no valid entry".into());
+                report
+                    .warnings
+                    .push("log guid set but the log holds no valid entry".into());
                 fix.dirty_log = true;
             }
             Err(e) => report.errors.push(format!("log: {e}")),
@@ -203,7 +221,6 @@ fn audit_vhdx(arc: &Arc<dyn Storage>, report: &mut CheckReport, fix: &mut Fixabl
     }
     audit_regions_and_bat(view.as_ref(), &hdr, report, fix)
 }
-
 
 fn audit_regions_and_bat(
     s: &dyn Storage,
@@ -222,19 +239,25 @@ fn audit_regions_and_bat(
             a
         }
         (Ok(a), Err(e)) => {
-            report.warnings.push(format!("region table 2 at {REGION2_OFFSET:#x} is invalid ({e})"));
+            report.warnings.push(format!(
+                "region table 2 at {REGION2_OFFSET:#x} is invalid ({e})"
+            ));
             fix.bad_region_copy = Some(REGION2_OFFSET);
             fix.good_region = Some(r1b);
             a
         }
         (Err(e), Ok(b)) => {
-            report.warnings.push(format!("region table 1 at {REGION1_OFFSET:#x} is invalid ({e})"));
+            report.warnings.push(format!(
+                "region table 1 at {REGION1_OFFSET:#x} is invalid ({e})"
+            ));
             fix.bad_region_copy = Some(REGION1_OFFSET);
             fix.good_region = Some(r2b);
             b
         }
         (Err(e1), Err(e2)) => {
-            report.errors.push(format!("both region tables invalid: {e1}; {e2}"));
+            report
+                .errors
+                .push(format!("both region tables invalid: {e1}; {e2}"));
             return Ok(());
         }
     };
@@ -242,11 +265,19 @@ fn audit_regions_and_bat(
     let meta = match Metadata::parse(&read(s, regions.metadata.offset, mlen)?) {
         Ok(m) => m,
         Err(e) => {
-            report.errors.push(format!("metadata region at {:#x}: {e}", regions.metadata.offset));
+            report.errors.push(format!(
+                "metadata region at {:#x}: {e}",
+                regions.metadata.offset
+            ));
             return Ok(());
         }
     };
-    let layout = match Layout::new(meta.block_size, meta.logical_sector_size, meta.virtual_size, meta.has_parent) {
+    let layout = match Layout::new(
+        meta.block_size,
+        meta.logical_sector_size,
+        meta.virtual_size,
+        meta.has_parent,
+    ) {
         Ok(l) => l,
         Err(e) => {
             report.errors.push(format!("geometry: {e}"));
@@ -255,32 +286,53 @@ fn audit_regions_and_bat(
     };
     let n = layout.total_entries();
     if n * 8 > u64::from(regions.bat.length) {
-        report.errors.push(format!("bat region holds fewer than the {n} entries needed"));
+        report.errors.push(format!(
+            "bat region holds fewer than the {n} entries needed"
+        ));
         return Ok(());
     }
     let raw = read(s, regions.bat.offset, n * 8)?;
     let mut used: Vec<(u64, u64, String)> = vec![
         (0, MIB, "file header area".into()),
         (regions.bat.offset, regions.bat.end(), "bat region".into()),
-        (regions.metadata.offset, regions.metadata.end(), "metadata region".into()),
+        (
+            regions.metadata.offset,
+            regions.metadata.end(),
+            "metadata region".into(),
+        ),
     ];
     if hdr.log_length > 0 {
-        used.push((hdr.log_offset, hdr.log_offset + u64::from(hdr.log_length), "log".into()));
+        used.push((
+            hdr.log_offset,
+            hdr.log_offset + u64::from(hdr.log_length),
+            "log".into(),
+        ));
     }
     audit_entries(&layout, &raw, file_len, &mut used, report);
     used.sort_by_key(|u| u.0);
     for w in used.windows(2) {
         if w[1].0 < w[0].1 {
-            report.errors.push(format!("{} at {:#x} overlaps {} at {:#x}", w[1].2, w[1].0, w[0].2, w[0].0));
+            report.errors.push(format!(
+                "{} at {:#x} overlaps {} at {:#x}",
+                w[1].2, w[1].0, w[0].2, w[0].0
+            ));
         }
     }
     find_leaks(s, &used, file_len, report, fix)
 }
 
-fn audit_entries(layout: &Layout, raw: &[u8], file_len: u64, used: &mut Vec<(u64, u64, String)>, report: &mut CheckReport) {
+fn audit_entries(
+    layout: &Layout,
+    raw: &[u8],
+    file_len: u64,
+    used: &mut Vec<(u64, u64, String)>,
+    report: &mut CheckReport,
+) {
     let cr = layout.chunk_ratio();
-    let entries: Vec<bat::Entry> =
-        raw.chunks_exact(8).map(|c| bat::Entry(u64::from_le_bytes(c.try_into().expect("8 bytes")))).collect();
+    let entries: Vec<bat::Entry> = raw
+        .chunks_exact(8)
+        .map(|c| bat::Entry(u64::from_le_bytes(c.try_into().expect("8 bytes"))))
+        .collect();
     for (i, e) in entries.iter().enumerate() {
         let i = i as u64;
         let is_sb = bat::is_bitmap_index(layout, i);
@@ -289,7 +341,9 @@ fn audit_entries(layout: &Layout, raw: &[u8], file_len: u64, used: &mut Vec<(u64
                 bat::SB_BLOCK_NOT_PRESENT => (false, 0),
                 bat::SB_BLOCK_PRESENT if layout.has_parent => (true, bat::SECTOR_BITMAP_BLOCK_LEN),
                 st => {
-                    report.errors.push(format!("bat entry {i} (sector bitmap) has invalid state {st}"));
+                    report.errors.push(format!(
+                        "bat entry {i} (sector bitmap) has invalid state {st}"
+                    ));
                     continue;
                 }
             }
@@ -306,7 +360,9 @@ fn audit_entries(layout: &Layout, raw: &[u8], file_len: u64, used: &mut Vec<(u64
                 }
                 0..=3 | 5 => (false, 0),
                 st => {
-                    report.errors.push(format!("bat entry {i} has invalid state {st}"));
+                    report
+                        .errors
+                        .push(format!("bat entry {i} has invalid state {st}"));
                     continue;
                 }
             }
@@ -316,18 +372,30 @@ fn audit_entries(layout: &Layout, raw: &[u8], file_len: u64, used: &mut Vec<(u64
         }
         let start = e.file_offset();
         if start < MIB {
-            report.errors.push(format!("bat entry {i} points at {start:#x}, over the file headers"));
+            report.errors.push(format!(
+                "bat entry {i} points at {start:#x}, over the file headers"
+            ));
         } else if start >= file_len {
-            report.errors.push(format!("bat entry {i} points at {start:#x}, past the end of the {file_len}-byte file"));
+            report.errors.push(format!(
+                "bat entry {i} points at {start:#x}, past the end of the {file_len}-byte file"
+            ));
         } else if start + len > file_len {
-            report.warnings.push(format!("bat entry {i}: block at {start:#x} extends past the end of the file"));
+            report.warnings.push(format!(
+                "bat entry {i}: block at {start:#x} extends past the end of the file"
+            ));
         }
         used.push((start, start + len, format!("bat entry {i}")));
     }
 }
 
 /// Space below the end of the file that nothing references yet holds data (holes are free).
-fn find_leaks(s: &dyn Storage, used: &[(u64, u64, String)], file_len: u64, report: &mut CheckReport, fix: &mut Fixable) -> Result<()> {
+fn find_leaks(
+    s: &dyn Storage,
+    used: &[(u64, u64, String)],
+    file_len: u64,
+    report: &mut CheckReport,
+    fix: &mut Fixable,
+) -> Result<()> {
     let mut pos = 0u64;
     let mut gaps = Vec::new();
     for (start, end, _) in used {
@@ -353,7 +421,10 @@ fn find_leaks(s: &dyn Storage, used: &[(u64, u64, String)], file_len: u64, repor
         }
     }
     if report.leaked_bytes > 0 {
-        report.warnings.push(format!("{} bytes of unreferenced data in the file (leaked)", report.leaked_bytes));
+        report.warnings.push(format!(
+            "{} bytes of unreferenced data in the file (leaked)",
+            report.leaked_bytes
+        ));
     }
     Ok(())
 }
@@ -364,11 +435,19 @@ fn repair_vhdx(path: &Path, fix: &Fixable) -> Result<Vec<String>> {
         let s = open::open_storage(path, true)?;
         s.write_at(good, at)?;
         s.flush()?;
-        done.push(format!("rewrote region table at {at:#x} from the good copy"));
+        done.push(format!(
+            "rewrote region table at {at:#x} from the good copy"
+        ));
     }
     if fix.dirty_log || fix.bad_header_copy {
         let s = open::open_storage(path, true)?;
-        let img = VhdxImage::open(s, vx::OpenOptions { writable: true, path: Some(path.to_path_buf()) })?;
+        let img = VhdxImage::open(
+            s,
+            vx::OpenOptions {
+                writable: true,
+                path: Some(path.to_path_buf()),
+            },
+        )?;
         if fix.dirty_log {
             done.push("replayed the log into the file".into());
         }
@@ -382,7 +461,12 @@ fn repair_vhdx(path: &Path, fix: &Fixable) -> Result<Vec<String>> {
         let s = open::open_storage(path, true)?;
         let total: u64 = fix.leaks.iter().map(|l| l.1).sum();
         let last_end = fix.leaks.iter().map(|l| l.0 + l.1).max().unwrap_or(0);
-        let tail_start = fix.leaks.iter().filter(|l| l.0 + l.1 == last_end).map(|l| l.0).next();
+        let tail_start = fix
+            .leaks
+            .iter()
+            .filter(|l| l.0 + l.1 == last_end)
+            .map(|l| l.0)
+            .next();
         for &(off, len) in &fix.leaks {
             s.punch_hole(off, len)?;
         }

@@ -22,12 +22,19 @@ impl VhdxImage {
         let mut st = self.write_state();
         let seq = st.header.sequence_number + 1;
         let other = st.slot.other();
-        let first = Header { sequence_number: seq, ..new };
-        let second = Header { sequence_number: seq + 1, ..new };
+        let first = Header {
+            sequence_number: seq,
+            ..new
+        };
+        let second = Header {
+            sequence_number: seq + 1,
+            ..new
+        };
         let r = (|| {
             self.storage.write_at(&first.to_bytes(), other.offset())?;
             self.storage.flush()?;
-            self.storage.write_at(&second.to_bytes(), st.slot.offset())?;
+            self.storage
+                .write_at(&second.to_bytes(), st.slot.offset())?;
             self.storage.flush()
         })();
         self.durable(r)?;
@@ -73,7 +80,10 @@ impl VhdxImage {
             let sb = st.bat[self.layout.bitmap_index(chunk) as usize];
             let bm = &st.bitmaps[&chunk];
             let at = (p as usize) * SECTOR;
-            pages.push((sb.file_offset() + p * SECTOR as u64, bm[at..at + SECTOR].to_vec()));
+            pages.push((
+                sb.file_offset() + p * SECTOR as u64,
+                bm[at..at + SECTOR].to_vec(),
+            ));
         }
         for &p in st.dirty_bat.iter().rev() {
             let mut page = vec![0u8; SECTOR];
@@ -95,7 +105,11 @@ impl VhdxImage {
         }
         let (log_offset, log_len, log_guid) = {
             let st = self.read_state();
-            (st.header.log_offset, u64::from(st.header.log_length), st.header.log_guid)
+            (
+                st.header.log_offset,
+                u64::from(st.header.log_length),
+                st.header.log_guid,
+            )
         };
         for chunk in pages.chunks(max_pages(log_len).max(1)) {
             let r = (|| {
@@ -104,7 +118,8 @@ impl VhdxImage {
                 self.storage.flush()?;
                 let file_len = self.storage.len()?;
                 let seq = self.read_state().log_seq + 1;
-                let data: Vec<(u64, &[u8])> = chunk.iter().map(|(o, p)| (*o, p.as_slice())).collect();
+                let data: Vec<(u64, &[u8])> =
+                    chunk.iter().map(|(o, p)| (*o, p.as_slice())).collect();
                 let entry = NewEntry {
                     sequence_number: seq,
                     tail: 0,
@@ -149,12 +164,18 @@ impl VhdxImage {
     pub fn set_data_write_guid(&self, guid: vhdx::Guid) -> Result<()> {
         self.check_poisoned()?;
         if !self.writable {
-            return Err(crate::Error::new(crate::ErrorKind::ReadOnly, "vhdx image opened read-only"));
+            return Err(crate::Error::new(
+                crate::ErrorKind::ReadOnly,
+                "vhdx image opened read-only",
+            ));
         }
         let _g = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
         self.commit_locked()?;
         let h = self.read_state().header;
-        self.update_header(Header { data_write_guid: guid, ..h })
+        self.update_header(Header {
+            data_write_guid: guid,
+            ..h
+        })
     }
 
     /// Commit, fsync the in-place writes, then mark the log clean.
@@ -168,7 +189,10 @@ impl VhdxImage {
         }
         let r = self.storage.flush();
         self.durable(r)?;
-        self.update_header(Header { log_guid: vhdx::Guid::ZERO, ..h })?;
+        self.update_header(Header {
+            log_guid: vhdx::Guid::ZERO,
+            ..h
+        })?;
         self.write_state().session_started = false;
         Ok(())
     }

@@ -79,29 +79,46 @@ pub fn random_guid() -> Guid {
 pub fn create(storage: &Arc<dyn Storage>, opts: &CreateOptions) -> Result<()> {
     let bad = |m: String| Error::new(ErrorKind::InvalidArgument, m);
     if opts.size == 0 || opts.size > vhdx::MAX_VIRTUAL_SIZE {
-        return Err(bad(format!("size {} must be between 1 byte and 64 TiB", opts.size)));
+        return Err(bad(format!(
+            "size {} must be between 1 byte and 64 TiB",
+            opts.size
+        )));
     }
-    if opts.size % u64::from(opts.logical_sector_size) != 0 {
+    if !opts
+        .size
+        .is_multiple_of(u64::from(opts.logical_sector_size))
+    {
         return Err(bad(format!(
             "size {} is not a multiple of the {}-byte logical sector",
             opts.size, opts.logical_sector_size
         )));
     }
     if !matches!(opts.physical_sector_size, 512 | 4096) {
-        return Err(bad(format!("physical sector size {} must be 512 or 4096", opts.physical_sector_size)));
+        return Err(bad(format!(
+            "physical sector size {} must be 512 or 4096",
+            opts.physical_sector_size
+        )));
     }
     if opts.fixed && opts.parent.is_some() {
         return Err(bad("a differencing image cannot be fixed".into()));
     }
     let has_parent = opts.parent.is_some();
-    let layout = Layout::new(opts.block_size, opts.logical_sector_size, opts.size, has_parent)
-        .map_err(|e| Error::with_source(ErrorKind::InvalidArgument, "geometry", e))?;
+    let layout = Layout::new(
+        opts.block_size,
+        opts.logical_sector_size,
+        opts.size,
+        has_parent,
+    )
+    .map_err(|e| Error::with_source(ErrorKind::InvalidArgument, "geometry", e))?;
     let locator = opts.parent.as_ref().map(|p| {
         ParentLocator::new(
             p.linkage,
             &[
                 ("relative_path", p.relative_path.replace('/', "\\").as_str()),
-                ("absolute_win32_path", p.absolute_path.replace('/', "\\").as_str()),
+                (
+                    "absolute_win32_path",
+                    p.absolute_path.replace('/', "\\").as_str(),
+                ),
             ],
         )
         .to_bytes()
@@ -117,7 +134,11 @@ pub fn create(storage: &Arc<dyn Storage>, opts: &CreateOptions) -> Result<()> {
         parent_locator: locator,
     };
     let log_offset = MIB;
-    let meta_region = Region { offset: 2 * MIB, length: MIB as u32, required: true };
+    let meta_region = Region {
+        offset: 2 * MIB,
+        length: MIB as u32,
+        required: true,
+    };
     let bat_len = layout.region_len();
     let bat_region = Region {
         offset: 3 * MIB,
@@ -127,7 +148,10 @@ pub fn create(storage: &Arc<dyn Storage>, opts: &CreateOptions) -> Result<()> {
     let data_start = bat_region.end();
     storage.set_len(0)?;
     let mut head = vec![0u8; MIB as usize];
-    Ident { creator: opts.creator.clone() }.encode(&mut head);
+    Ident {
+        creator: opts.creator.clone(),
+    }
+    .encode(&mut head);
     let data_write_guid = opts.data_write_guid.unwrap_or_else(random_guid);
     let file_write_guid = random_guid();
     for (seq, at) in [(1u64, vhdx::HEADER1_OFFSET), (2, vhdx::HEADER2_OFFSET)] {
@@ -141,7 +165,10 @@ pub fn create(storage: &Arc<dyn Storage>, opts: &CreateOptions) -> Result<()> {
         };
         h.encode(&mut head[at as usize..]);
     }
-    let regions = RegionTable { bat: bat_region, metadata: meta_region };
+    let regions = RegionTable {
+        bat: bat_region,
+        metadata: meta_region,
+    };
     regions.encode(&mut head[vhdx::REGION1_OFFSET as usize..]);
     regions.encode(&mut head[vhdx::REGION2_OFFSET as usize..]);
     storage.write_at(&head, 0)?;

@@ -32,9 +32,19 @@ impl VhdxImage {
     }
 
     /// Maps `[off, off+len)` inside block `block` (len > 0, not crossing the block end).
-    fn map_block(&self, st: &State, block: u64, off: u64, len: u64) -> std::result::Result<Vec<(u64, Piece)>, NeedBitmap> {
+    fn map_block(
+        &self,
+        st: &State,
+        block: u64,
+        off: u64,
+        len: u64,
+    ) -> std::result::Result<Vec<(u64, Piece)>, NeedBitmap> {
         let e = st.bat[self.layout.payload_index(block) as usize];
-        let absent = if self.meta.has_parent { Piece::Parent } else { Piece::Zero };
+        let absent = if self.meta.has_parent {
+            Piece::Parent
+        } else {
+            Piece::Zero
+        };
         let whole = |p| Ok(vec![(len, p)]);
         match e.state() {
             bat::PAYLOAD_BLOCK_FULLY_PRESENT => whole(Piece::File(e.file_offset() + off)),
@@ -49,7 +59,11 @@ impl VhdxImage {
                 for (n, bit) in bitmap::runs(bm, first + s0, s1 - s0) {
                     let run_end = ((pos / ss) + n) * ss;
                     let run_end = run_end.min(off + len);
-                    let p = if bit { Piece::File(e.file_offset() + pos) } else { Piece::Parent };
+                    let p = if bit {
+                        Piece::File(e.file_offset() + pos)
+                    } else {
+                        Piece::Parent
+                    };
                     out.push((run_end - pos, p));
                     pos = run_end;
                 }
@@ -127,7 +141,10 @@ impl VhdxImage {
         let Some(parent) = self.parent.get() else {
             return Err(Error::new(
                 ErrorKind::ChainBroken,
-                format!("differencing image {:?} read at {offset:#x} needs its parent, which is not attached", self.path),
+                format!(
+                    "differencing image {:?} read at {offset:#x} needs its parent, which is not attached",
+                    self.path
+                ),
             ));
         };
         let psize = parent.size();
@@ -159,7 +176,10 @@ impl VhdxImage {
     fn check_writable(&self) -> Result<()> {
         self.check_poisoned()?;
         if !self.writable {
-            return Err(Error::new(ErrorKind::ReadOnly, "vhdx image opened read-only"));
+            return Err(Error::new(
+                ErrorKind::ReadOnly,
+                "vhdx image opened read-only",
+            ));
         }
         Ok(())
     }
@@ -171,7 +191,7 @@ impl VhdxImage {
             return Ok(());
         }
         let ss = self.sector();
-        if offset % ss != 0 || buf.len() as u64 % ss != 0 {
+        if !offset.is_multiple_of(ss) || !(buf.len() as u64).is_multiple_of(ss) {
             // Read-modify-write of the partial sectors at either end.
             let start = offset / ss * ss;
             let end = (offset + buf.len() as u64).div_ceil(ss) * ss;
@@ -225,7 +245,10 @@ impl VhdxImage {
                 self.ensure_bitmap_block(chunk)?;
                 let at = self.reserve(self.block_size())?;
                 self.storage.write_at(data, at + off)?;
-                self.set_entry(pi as u64, Entry::new(bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT, at));
+                self.set_entry(
+                    pi as u64,
+                    Entry::new(bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT, at),
+                );
                 self.set_bits(block, off, len)
             }
             _ => {
@@ -279,10 +302,14 @@ impl VhdxImage {
         // dirty pages would then be committed at file offset 0.
         self.ensure_bitmap_block(chunk)?;
         let ss = self.sector();
-        let first = (block % self.layout.chunk_ratio()) * self.layout.sectors_per_block() + off / ss;
+        let first =
+            (block % self.layout.chunk_ratio()) * self.layout.sectors_per_block() + off / ss;
         let count = len.div_ceil(ss);
         let mut st = self.write_state();
-        let bm = st.bitmaps.get_mut(&chunk).expect("bitmap loaded above under the alloc lock");
+        let bm = st
+            .bitmaps
+            .get_mut(&chunk)
+            .expect("bitmap loaded above under the alloc lock");
         bitmap::set_range(bm, first, count, true);
         let (p0, p1) = (first / 8 / 4096, (first + count - 1) / 8 / 4096);
         for page in p0..=p1 {
@@ -322,10 +349,14 @@ impl VhdxImage {
         let pi = self.layout.payload_index(block);
         let e = self.read_state().bat[pi as usize];
         let whole = off == 0 && len == self.block_size();
-        let present = matches!(e.state(), bat::PAYLOAD_BLOCK_FULLY_PRESENT | bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT);
+        let present = matches!(
+            e.state(),
+            bat::PAYLOAD_BLOCK_FULLY_PRESENT | bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT
+        );
         if whole && !self.meta.leave_blocks_allocated {
             if present {
-                self.storage.punch_hole(e.file_offset(), self.block_size())?;
+                self.storage
+                    .punch_hole(e.file_offset(), self.block_size())?;
             }
             if e.state() != bat::PAYLOAD_BLOCK_ZERO {
                 self.set_entry(pi, Entry::new(bat::PAYLOAD_BLOCK_ZERO, 0));

@@ -219,7 +219,11 @@ impl VhdxImage {
             metadata_region: (self.regions.metadata.offset, self.regions.metadata.length),
             block_states: counts,
             bitmap_blocks,
-            parent_locator: self.locator.as_ref().map(|l| l.pairs.clone()).unwrap_or_default(),
+            parent_locator: self
+                .locator
+                .as_ref()
+                .map(|l| l.pairs.clone())
+                .unwrap_or_default(),
             file_len: self.storage.len()?,
         })
     }
@@ -232,16 +236,25 @@ impl VhdxImage {
     /// image has no parent.
     pub fn attach_parent(&self, parent: Arc<dyn BlockDevice>) -> Result<()> {
         let Some(loc) = &self.locator else {
-            return Err(Error::new(ErrorKind::InvalidArgument, "image is not differencing"));
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "image is not differencing",
+            ));
         };
-        let accepted: Vec<Guid> = [loc.linkage(), loc.linkage2()].into_iter().flatten().collect();
+        let accepted: Vec<Guid> = [loc.linkage(), loc.linkage2()]
+            .into_iter()
+            .flatten()
+            .collect();
         let id = parent.linkage_id();
         if !id.is_some_and(|id| accepted.contains(&id)) {
             let found = id.map_or("none".to_string(), |g| g.to_string());
             let want: Vec<String> = accepted.iter().map(Guid::to_string).collect();
             return Err(Error::new(
                 ErrorKind::ChainBroken,
-                format!("parent identity mismatch: parent has {found}, child links to {}", want.join(" or ")),
+                format!(
+                    "parent identity mismatch: parent has {found}, child links to {}",
+                    want.join(" or ")
+                ),
             ));
         }
         let pg = parent.geometry();
@@ -277,7 +290,10 @@ impl VhdxImage {
     /// `ReadOnly`; I/O failures (the image is then poisoned).
     pub fn rewrite_headers(&self) -> Result<()> {
         if !self.writable {
-            return Err(Error::new(ErrorKind::ReadOnly, "vhdx image opened read-only"));
+            return Err(Error::new(
+                ErrorKind::ReadOnly,
+                "vhdx image opened read-only",
+            ));
         }
         let _g = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
         let h = self.read_state().header;
@@ -359,8 +375,15 @@ impl BlockDevice for VhdxImage {
 
     fn parent_ref(&self) -> Option<ParentRef> {
         let loc = self.locator.as_ref()?;
-        let linkage = [loc.linkage(), loc.linkage2()].into_iter().flatten().collect();
-        let dir = self.path.as_deref().and_then(Path::parent).unwrap_or(Path::new("."));
+        let linkage = [loc.linkage(), loc.linkage2()]
+            .into_iter()
+            .flatten()
+            .collect();
+        let dir = self
+            .path
+            .as_deref()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("."));
         let mut paths = Vec::new();
         if let Some(rel) = loc.get("relative_path") {
             paths.push(dir.join(windows_to_unix(rel, true)));
@@ -407,10 +430,11 @@ impl BlockDevice for VhdxImage {
 
 impl Drop for VhdxImage {
     fn drop(&mut self) {
-        if self.writable && !self.poisoned.load(Ordering::Acquire) {
-            if let Err(e) = self.commit_and_clean() {
-                tracing::warn!(error = %e, "closing vhdx image failed; the log will be replayed on next open");
-            }
+        if self.writable
+            && !self.poisoned.load(Ordering::Acquire)
+            && let Err(e) = self.commit_and_clean()
+        {
+            tracing::warn!(error = %e, "closing vhdx image failed; the log will be replayed on next open");
         }
     }
 }
@@ -423,12 +447,18 @@ pub(crate) fn windows_to_unix(p: &str, relative: bool) -> String {
         s = rest.to_string();
     }
     if s.starts_with("Volume{") {
-        s = s.find('}').map_or(String::new(), |i| s[i + 1..].to_string());
+        s = s
+            .find('}')
+            .map_or(String::new(), |i| s[i + 1..].to_string());
     }
     let b = s.as_bytes();
     if b.len() >= 2 && b[1] == b':' && b[0].is_ascii_alphabetic() {
         s = s[2..].to_string();
     }
     let s = s.replace('\\', "/");
-    if relative { s.trim_start_matches("./").to_string() } else { s }
+    if relative {
+        s.trim_start_matches("./").to_string()
+    } else {
+        s
+    }
 }

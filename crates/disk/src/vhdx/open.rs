@@ -60,11 +60,15 @@ impl VhdxImage {
             .map_err(|e| invalid("file identifier at offset 0", e))?;
         let h1 = read(storage.as_ref(), vhdx::HEADER1_OFFSET, HEADER_LEN as u64)?;
         let h2 = read(storage.as_ref(), vhdx::HEADER2_OFFSET, HEADER_LEN as u64)?;
-        let current = header::choose(&h1, &h2).map_err(|e| invalid("headers at 0x10000/0x20000", e))?;
+        let current =
+            header::choose(&h1, &h2).map_err(|e| invalid("headers at 0x10000/0x20000", e))?;
         let mut hdr = current.header;
         let mut warnings = Vec::new();
         if current.other_stale && header_valid(&h1) != header_valid(&h2) {
-            warnings.push(format!("one header copy is invalid; using the one at {:#x}", current.slot.offset()));
+            warnings.push(format!(
+                "one header copy is invalid; using the one at {:#x}",
+                current.slot.offset()
+            ));
         }
         let mut storage = storage;
         if !hdr.log_guid.is_zero() && hdr.log_length > 0 {
@@ -76,7 +80,8 @@ impl VhdxImage {
                 }
                 (Some(r), false) => {
                     let n = r.entries.len();
-                    let writes: Vec<Write> = r.entries.iter().flat_map(|e| e.writes.clone()).collect();
+                    let writes: Vec<Write> =
+                        r.entries.iter().flat_map(|e| e.writes.clone()).collect();
                     storage = Arc::new(OverlayStorage::new(storage, writes, r.last_file_offset())?);
                     warnings.push(format!(
                         "log holds {n} unreplayed entr{}; replayed in memory (read-only open); \
@@ -98,11 +103,19 @@ impl VhdxImage {
             }
         }
         let meta = read_metadata(storage.as_ref(), &regions)?;
-        let layout = Layout::new(meta.block_size, meta.logical_sector_size, meta.virtual_size, meta.has_parent)
-            .map_err(|e| invalid("metadata geometry", e))?;
+        let layout = Layout::new(
+            meta.block_size,
+            meta.logical_sector_size,
+            meta.virtual_size,
+            meta.has_parent,
+        )
+        .map_err(|e| invalid("metadata geometry", e))?;
         let entries = layout.total_entries();
         if entries > MAX_BAT_ENTRIES {
-            return Err(Error::new(ErrorKind::LimitExceeded, format!("bat of {entries} entries exceeds {MAX_BAT_ENTRIES}")));
+            return Err(Error::new(
+                ErrorKind::LimitExceeded,
+                format!("bat of {entries} entries exceeds {MAX_BAT_ENTRIES}"),
+            ));
         }
         let bat_bytes = (entries * 8).div_ceil(4096) * 4096;
         if bat_bytes > u64::from(regions.bat.length) {
@@ -170,12 +183,23 @@ fn header_valid(b: &[u8]) -> bool {
     header::Header::parse(b).is_ok()
 }
 
-fn find_replay(storage: &dyn Storage, hdr: &header::Header, file_len: u64) -> Result<Option<Replay>> {
+fn find_replay(
+    storage: &dyn Storage,
+    hdr: &header::Header,
+    file_len: u64,
+) -> Result<Option<Replay>> {
     let len = u64::from(hdr.log_length);
     if len > MAX_LOG_LEN {
-        return Err(Error::new(ErrorKind::LimitExceeded, format!("log of {len} bytes exceeds {MAX_LOG_LEN}")));
+        return Err(Error::new(
+            ErrorKind::LimitExceeded,
+            format!("log of {len} bytes exceeds {MAX_LOG_LEN}"),
+        ));
     }
-    if hdr.log_offset.checked_add(len).is_none_or(|end| end > file_len) {
+    if hdr
+        .log_offset
+        .checked_add(len)
+        .is_none_or(|end| end > file_len)
+    {
         return Err(corrupt(format!(
             "log at {:#x} length {len:#x} lies past the end of the {file_len}-byte file",
             hdr.log_offset
@@ -183,13 +207,13 @@ fn find_replay(storage: &dyn Storage, hdr: &header::Header, file_len: u64) -> Re
     }
     let buf = read(storage, hdr.log_offset, len)?;
     let replay = log::find_active(&buf, hdr.log_guid).map_err(|e| invalid("log", e))?;
-    if let Some(r) = &replay {
-        if file_len < r.flushed_file_offset() {
-            return Err(corrupt(format!(
-                "file is {file_len} bytes but the log says {} were flushed (truncated file)",
-                r.flushed_file_offset()
-            )));
-        }
+    if let Some(r) = &replay
+        && file_len < r.flushed_file_offset()
+    {
+        return Err(corrupt(format!(
+            "file is {file_len} bytes but the log says {} were flushed (truncated file)",
+            r.flushed_file_offset()
+        )));
     }
     Ok(replay)
 }
@@ -199,7 +223,10 @@ pub(crate) fn apply_replay(storage: &dyn Storage, r: &Replay) -> Result<()> {
     for e in &r.entries {
         for w in &e.writes {
             match w {
-                Write::Data { file_offset, sector } => storage.write_at(sector, *file_offset)?,
+                Write::Data {
+                    file_offset,
+                    sector,
+                } => storage.write_at(sector, *file_offset)?,
                 Write::Zero { file_offset, len } => storage.punch_hole(*file_offset, *len)?,
             }
         }
@@ -222,7 +249,9 @@ fn read_regions(storage: &dyn Storage, warnings: &mut Vec<String>) -> Result<Reg
                         format!("both region tables invalid: at {REGION1_OFFSET:#x}: {e1}; at {REGION2_OFFSET:#x}: {e2}"),
                     )
                 })?;
-            warnings.push(format!("region table 1 invalid ({e1}); using region table 2"));
+            warnings.push(format!(
+                "region table 1 invalid ({e1}); using region table 2"
+            ));
             Ok(t)
         }
     }
@@ -233,7 +262,12 @@ fn read_metadata(storage: &dyn Storage, regions: &RegionTable) -> Result<Metadat
     let file_len = storage.len()?;
     let len = len.min(file_len.saturating_sub(regions.metadata.offset));
     let b = read(storage, regions.metadata.offset, len)?;
-    Metadata::parse(&b).map_err(|e| invalid(&format!("metadata region at {:#x}", regions.metadata.offset), e))
+    Metadata::parse(&b).map_err(|e| {
+        invalid(
+            &format!("metadata region at {:#x}", regions.metadata.offset),
+            e,
+        )
+    })
 }
 
 /// Checks that no block or bitmap lies over the headers, a region or the log, past the end
@@ -248,10 +282,18 @@ fn validate_placement(
     let mut used: Vec<(u64, u64, String)> = vec![
         (0, MIB, "file header area".into()),
         (regions.bat.offset, regions.bat.end(), "bat region".into()),
-        (regions.metadata.offset, regions.metadata.end(), "metadata region".into()),
+        (
+            regions.metadata.offset,
+            regions.metadata.end(),
+            "metadata region".into(),
+        ),
     ];
     if hdr.log_length > 0 {
-        used.push((hdr.log_offset, hdr.log_offset + u64::from(hdr.log_length), "log".into()));
+        used.push((
+            hdr.log_offset,
+            hdr.log_offset + u64::from(hdr.log_length),
+            "log".into(),
+        ));
     }
     for (i, e) in bat.iter().enumerate() {
         let i = i as u64;
@@ -261,7 +303,10 @@ fn validate_placement(
             }
             bat::SECTOR_BITMAP_BLOCK_LEN
         } else {
-            if !matches!(e.state(), bat::PAYLOAD_BLOCK_FULLY_PRESENT | bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT) {
+            if !matches!(
+                e.state(),
+                bat::PAYLOAD_BLOCK_FULLY_PRESENT | bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT
+            ) {
                 continue;
             }
             u64::from(layout.block_size)
