@@ -224,13 +224,24 @@ impl VhdxImage {
         if let Some(at) = self.fast_target(block, off, data.len() as u64)? {
             return self.storage.write_at(data, at);
         }
+        let pi = self.layout.payload_index(block) as usize;
+        let len = data.len() as u64;
+        let before = self.read_state().bat[pi];
+        if before.state() == bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT {
+            // The data goes in place outside the allocation lock; only the bitmap update
+            // needs it. Data before bits: a crash can only leave the old bits.
+            self.storage.write_at(data, before.file_offset() + off)?;
+            let _g = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+            if self.read_state().bat[pi] == before {
+                return self.set_bits(block, off, len);
+            }
+            // A concurrent trim changed the block: fall through and write again under lock.
+        }
         let _g = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(at) = self.fast_target(block, off, data.len() as u64)? {
             return self.storage.write_at(data, at);
         }
-        let pi = self.layout.payload_index(block) as usize;
         let e = self.read_state().bat[pi];
-        let len = data.len() as u64;
         let whole_block = off == 0 && len == self.block_size();
         match e.state() {
             bat::PAYLOAD_BLOCK_FULLY_PRESENT => self.storage.write_at(data, e.file_offset() + off),
