@@ -292,22 +292,7 @@ fn audit_regions_and_bat(
         return Ok(());
     }
     let raw = read(s, regions.bat.offset, n * 8)?;
-    let mut used: Vec<(u64, u64, String)> = vec![
-        (0, MIB, "file header area".into()),
-        (regions.bat.offset, regions.bat.end(), "bat region".into()),
-        (
-            regions.metadata.offset,
-            regions.metadata.end(),
-            "metadata region".into(),
-        ),
-    ];
-    if hdr.log_length > 0 {
-        used.push((
-            hdr.log_offset,
-            hdr.log_offset + u64::from(hdr.log_length),
-            "log".into(),
-        ));
-    }
+    let mut used = crate::vhdx::fixed_structures(&regions, hdr);
     audit_entries(&layout, &raw, file_len, &mut used, report);
     used.sort_by_key(|u| u.0);
     for w in used.windows(2) {

@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 pub use create::{CreateOptions, ParentSpec, create};
 pub use open::MAX_LOG_LEN;
+pub(crate) use open::fixed_structures;
 use vhdx::bat::{Entry, Layout};
 use vhdx::header::{Header, Slot};
 use vhdx::metadata::Metadata;

@@ -270,15 +270,12 @@ fn read_metadata(storage: &dyn Storage, regions: &RegionTable) -> Result<Metadat
     })
 }
 
-/// Checks that no block or bitmap lies over the headers, a region or the log, past the end
-/// of the file, or over another; returns the first free 1 MiB-aligned offset for allocation.
-fn validate_placement(
-    layout: &Layout,
-    bat: &[bat::Entry],
+/// The file ranges the fixed structures occupy: the first 1 MiB (identifier, headers, region
+/// tables), the BAT and metadata regions, and the log. Shared with `check`.
+pub(crate) fn fixed_structures(
     regions: &RegionTable,
     hdr: &header::Header,
-    file_len: u64,
-) -> Result<u64> {
+) -> Vec<(u64, u64, String)> {
     let mut used: Vec<(u64, u64, String)> = vec![
         (0, MIB, "file header area".into()),
         (regions.bat.offset, regions.bat.end(), "bat region".into()),
@@ -295,6 +292,19 @@ fn validate_placement(
             "log".into(),
         ));
     }
+    used
+}
+
+/// Checks that no block or bitmap lies over the headers, a region or the log, past the end
+/// of the file, or over another; returns the first free 1 MiB-aligned offset for allocation.
+fn validate_placement(
+    layout: &Layout,
+    bat: &[bat::Entry],
+    regions: &RegionTable,
+    hdr: &header::Header,
+    file_len: u64,
+) -> Result<u64> {
+    let mut used = fixed_structures(regions, hdr);
     for (i, e) in bat.iter().enumerate() {
         let i = i as u64;
         let len = if bat::is_bitmap_index(layout, i) {
