@@ -154,6 +154,21 @@ impl Chain {
         self.layers[0].image.device()
     }
 
+    /// Turns off host read-ahead on every layer under the top: reads of a chain jump
+    /// between layers by sector bitmap, and read-ahead on a parent would read the ranges a
+    /// child overrides.
+    ///
+    /// # Errors
+    /// I/O failures of the advice call.
+    pub fn advise_random_below_top(&self) -> Result<()> {
+        for layer in &self.layers[1..] {
+            if let Image::Vhdx(i) = &layer.image {
+                i.storage().advise_random()?;
+            }
+        }
+        Ok(())
+    }
+
     /// Commits and cleanly closes a writable VHDX top.
     ///
     /// # Errors

@@ -33,6 +33,11 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
         }
         Ok(())
     }
+    /// Tells the store that reads will jump around (a chain layer read through a merge or a
+    /// server), so the host should not read ahead; the default does nothing.
+    fn advise_random(&self) -> Result<()> {
+        Ok(())
+    }
     /// Reserves real space for `[offset, offset+len)` (fallocate), where the store can.
     fn allocate(&self, _offset: u64, _len: u64) -> Result<()> {
         Ok(())
@@ -124,6 +129,11 @@ impl Storage for FileStorage {
             }
             Err(e) => Err(Error::io(format!("punch hole at {offset:#x}"), e.into())),
         }
+    }
+
+    fn advise_random(&self) -> Result<()> {
+        use rustix::fs::{Advice, fadvise};
+        fadvise(&self.file, 0, None, Advice::Random).map_err(|e| Error::io("fadvise", e.into()))
     }
 
     fn allocate(&self, offset: u64, len: u64) -> Result<()> {

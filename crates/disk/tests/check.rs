@@ -126,7 +126,12 @@ fn dirty_log_sample_is_replayed_by_repair() {
     let p = dir.path().join("dirty.vhdx");
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/vectors/qemu-iotest-dirtylog-10G-4M.vhdx.bz2");
-    let out = Command::new("bzip2").arg("-dc").arg(src).output().unwrap();
+    let out = Command::new("bzip2").arg("-dc").arg(&src).output().unwrap();
+    assert!(
+        out.status.success(),
+        "bzip2 -dc {} failed (is shared/ beside the repository?)",
+        src.display()
+    );
     std::fs::write(&p, out.stdout).unwrap();
     let r = check(&p, &CheckOptions::default()).unwrap();
     assert!(

@@ -35,6 +35,7 @@ use crate::{Error, ErrorKind, Result};
 pub fn merge_base(top: &Path, out: &Path, progress: &dyn Progress) -> Result<CopyStats> {
     check_vhdx_name(out)?;
     let chain = open::open(top, OpenOptions::default())?;
+    chain.advise_random_below_top()?;
     let dev = chain.top();
     progress.phase("merging");
     convert::copy_device(
@@ -56,6 +57,7 @@ pub fn merge_base(top: &Path, out: &Path, progress: &dyn Progress) -> Result<Cop
 pub fn merge_updates(top: &Path, out: &Path, progress: &dyn Progress) -> Result<CopyStats> {
     check_vhdx_name(out)?;
     let chain = open::open(top, OpenOptions::default())?;
+    chain.advise_random_below_top()?;
     let Some((base, versions)) = chain.layers.split_last().filter(|(_, v)| !v.is_empty()) else {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
