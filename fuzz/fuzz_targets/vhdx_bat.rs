@@ -7,7 +7,7 @@
 //! ```text
 //! byte 0       block size = 1 MiB << (byte % 9)           (1 MiB ..= 256 MiB)
 //! byte 1       bit 0: logical sector 4096 (else 512); bit 1: has_parent
-//! bytes 2..10  virtual size, u64 LE (any value; Layout::new does not bound it)
+//! bytes 2..10  virtual size, u64 LE (any value; Layout::new refuses 0 and > 64 TiB)
 //! bytes 10..14 start, count (u16 LE each) of a bitmap::runs call over the region bytes,
 //!              clamped to the bits present (runs indexes the caller's bitmap)
 //! ```
@@ -86,9 +86,12 @@ fuzz_target!(|data: &[u8]| {
     let sector_size = if prefix[1] & 1 != 0 { 4096 } else { 512 };
     let has_parent = prefix[1] & 2 != 0;
     let virtual_size = u64::from_le_bytes(prefix[2..10].try_into().expect("8 bytes"));
-    let layout = Layout::new(block_size, sector_size, virtual_size, has_parent)
-        .expect("the prefix only builds spec geometries");
-    check_bat(&layout, region);
+    // Block and sector sizes from the prefix are always valid; the virtual size is refused
+    // when zero or above 64 TiB, which must be an error, never a panic.
+    match Layout::new(block_size, sector_size, virtual_size, has_parent) {
+        Ok(layout) => check_bat(&layout, region),
+        Err(_) => assert!(virtual_size == 0 || virtual_size > vhdx::MAX_VIRTUAL_SIZE),
+    }
     let start = u64::from(u16::from_le_bytes([prefix[10], prefix[11]]));
     let count = u64::from(u16::from_le_bytes([prefix[12], prefix[13]]));
     check_runs(region, start, count);
