@@ -1,0 +1,821 @@
+//! The shared cache, its per-connection wrapper, single-flight fills and read-ahead workers.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Range;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
+
+use disk::device::{Geometry, LayerRun, ParentRef, check_bounds};
+use disk::{BlockDevice, Error, ErrorKind, Result};
+use vhdx::Guid;
+
+use crate::shard::{Claim, Key, Lookup, Published, Shard};
+use crate::stats::{BlockCacheStats, Counters};
+use crate::stream::Streams;
+use crate::{
+    CacheConfig, CacheError, ChainKey, ENTRY_OVERHEAD_BYTES, IDLE_CHAINS_MAX, SHARD_MIN_BLOCKS,
+    SHARDS_MAX,
+};
+
+/// A block buffer whose bytes are counted in `resident_bytes` while it lives.
+struct Block {
+    bytes: Box<[u8]>,
+    counters: Arc<Counters>,
+}
+
+impl Block {
+    fn zeroed(len: usize, counters: &Arc<Counters>) -> Block {
+        counters.resident_add(len as u64);
+        Block {
+            bytes: vec![0u8; len].into_boxed_slice(),
+            counters: counters.clone(),
+        }
+    }
+
+    fn copy_of(src: &[u8], counters: &Arc<Counters>) -> Block {
+        counters.resident_add(src.len() as u64);
+        Block {
+            bytes: src.into(),
+            counters: counters.clone(),
+        }
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        self.counters.resident_bytes.sub(self.bytes.len() as u64);
+    }
+}
+
+impl fmt::Debug for Block {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Block({} bytes)", self.bytes.len())
+    }
+}
+
+/// A ready block's bytes.
+#[derive(Debug, Clone)]
+enum Data {
+    Bytes(Arc<Block>),
+    /// All zeros: no buffer is kept.
+    Zero,
+}
+
+impl Data {
+    fn of(block: Block) -> Data {
+        if is_zero(&block.bytes) {
+            Data::Zero
+        } else {
+            Data::Bytes(Arc::new(block))
+        }
+    }
+
+    fn charge_bytes(&self) -> u64 {
+        match self {
+            Data::Bytes(b) => b.bytes.len() as u64 + ENTRY_OVERHEAD_BYTES,
+            Data::Zero => ENTRY_OVERHEAD_BYTES,
+        }
+    }
+
+    /// Copies the block's bytes `[at, at + dst.len())` into `dst`.
+    fn copy_to(&self, dst: &mut [u8], at: usize) {
+        match self {
+            Data::Bytes(b) => dst.copy_from_slice(&b.bytes[at..at + dst.len()]),
+            Data::Zero => dst.fill(0),
+        }
+    }
+}
+
+fn is_zero(b: &[u8]) -> bool {
+    // OR-folding fixed chunks vectorizes; the early exit is per chunk.
+    b.chunks(512)
+        .all(|c| c.iter().fold(0u8, |acc, &x| acc | x) == 0)
+}
+
+/// One fill in progress. The claimant finishes it; waiters block on `done`.
+#[derive(Debug)]
+struct Flight {
+    state: Mutex<FlightState>,
+    done: Condvar,
+}
+
+#[derive(Debug)]
+enum FlightState {
+    Pending,
+    Ready(Data),
+    Failed(ErrorKind, String),
+}
+
+impl Flight {
+    fn new() -> Arc<Flight> {
+        Arc::new(Flight {
+            state: Mutex::new(FlightState::Pending),
+            done: Condvar::new(),
+        })
+    }
+
+    fn finish(&self, outcome: FlightState) {
+        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = outcome;
+        self.done.notify_all();
+    }
+
+    fn wait(&self) -> Result<Data> {
+        let mut g = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while matches!(*g, FlightState::Pending) {
+            g = self.done.wait(g).unwrap_or_else(PoisonError::into_inner);
+        }
+        match &*g {
+            FlightState::Ready(d) => Ok(d.clone()),
+            FlightState::Failed(kind, msg) => Err(Error::new(*kind, msg.clone())),
+            FlightState::Pending => unreachable!("the loop above waits until the flight ends"),
+        }
+    }
+}
+
+type CacheShard = Shard<Data, Arc<Flight>>;
+
+/// Ownership of one claimed block: `publish` or `fail` it; dropping it unfinished (a panic
+/// in the store read) abandons the fill so waiters wake with an error instead of hanging.
+struct Claimed<'a> {
+    shared: &'a Shared,
+    key: Key,
+    flight: Arc<Flight>,
+    open: bool,
+}
+
+impl Claimed<'_> {
+    fn publish(mut self, data: Data) -> Published {
+        let charge = data.charge_bytes();
+        let p = self
+            .shared
+            .shard_of(self.key)
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .publish(self.key, data.clone(), charge);
+        self.flight.finish(FlightState::Ready(data));
+        self.open = false;
+        p
+    }
+
+    fn fail(mut self, kind: ErrorKind, msg: String) {
+        self.end(FlightState::Failed(kind, msg));
+    }
+
+    fn end(&mut self, outcome: FlightState) {
+        self.shared
+            .shard_of(self.key)
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .abandon(self.key);
+        self.flight.finish(outcome);
+        self.open = false;
+    }
+}
+
+impl Drop for Claimed<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            self.end(FlightState::Failed(
+                ErrorKind::Io,
+                "block fill abandoned".into(),
+            ));
+        }
+    }
+}
+
+/// What a reader found for a block.
+enum Found<'a> {
+    Ready(Data),
+    Wait(Arc<Flight>),
+    Claimed(Claimed<'a>),
+}
+
+/// Interned chain keys. Ids are never reused, so an entry can never be read under another
+/// chain's id. `token`'s strong count minus one is the number of live wrappers.
+#[derive(Debug, Default)]
+struct ChainTable {
+    next_id: u64,
+    tick: u64,
+    by_key: HashMap<ChainKey, ChainEntry>,
+}
+
+#[derive(Debug)]
+struct ChainEntry {
+    id: u64,
+    token: Arc<()>,
+    used_tick: u64,
+}
+
+impl ChainTable {
+    /// The id of `key` (a new one if unknown), a token to hold while wrapped, and the ids of
+    /// idle chains forgotten to stay under [`IDLE_CHAINS_MAX`] (their entries must be purged).
+    fn intern(&mut self, key: ChainKey) -> (u64, Arc<()>, Vec<u64>) {
+        self.tick += 1;
+        if let Some(e) = self.by_key.get_mut(&key) {
+            e.used_tick = self.tick;
+            return (e.id, e.token.clone(), Vec::new());
+        }
+        let mut forgotten = Vec::new();
+        while self.by_key.len() >= IDLE_CHAINS_MAX {
+            let oldest_idle = self
+                .by_key
+                .iter()
+                .filter(|(_, e)| Arc::strong_count(&e.token) == 1)
+                .min_by_key(|(_, e)| e.used_tick)
+                .map(|(k, _)| k.clone());
+            let Some(k) = oldest_idle else { break };
+            if let Some(e) = self.by_key.remove(&k) {
+                forgotten.push(e.id);
+            }
+        }
+        self.next_id += 1;
+        let e = ChainEntry {
+            id: self.next_id,
+            token: Arc::new(()),
+            used_tick: self.tick,
+        };
+        let out = (e.id, e.token.clone(), forgotten);
+        self.by_key.insert(key, e);
+        out
+    }
+}
+
+/// A read-ahead job: prefetch `blocks` of a chain.
+#[derive(Debug)]
+struct Job {
+    chain: Arc<ChainHandle>,
+    blocks: Range<u64>,
+}
+
+/// Everything the cache handle, wrappers and workers share.
+#[derive(Debug)]
+struct Shared {
+    config: CacheConfig,
+    block_bytes: u64,
+    shards: Box<[RwLock<CacheShard>]>,
+    counters: Arc<Counters>,
+    chains: Mutex<ChainTable>,
+    /// Read-ahead queue; `None` when read-ahead is off. Workers exit when it is dropped.
+    read_ahead: Option<SyncSender<Job>>,
+}
+
+/// One wrapped chain: the inner device and its interned id.
+#[derive(Debug)]
+struct ChainHandle {
+    shared: Arc<Shared>,
+    id: u64,
+    key: ChainKey,
+    inner: Arc<dyn BlockDevice>,
+    size: u64,
+    blocks: u64,
+    /// Keeps the chain "live" in the table while any wrapper of it exists.
+    _token: Arc<()>,
+}
+
+impl Shared {
+    fn shard_of(&self, key: Key) -> &RwLock<CacheShard> {
+        let h = (key.chain.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ key.block)
+            .wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        &self.shards[(h >> 32) as usize % self.shards.len()]
+    }
+
+    fn find_or_claim(&self, key: Key) -> Found<'_> {
+        let found = self
+            .shard_of(key)
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .lookup(key);
+        match found {
+            Lookup::Ready(d) => Found::Ready(d),
+            Lookup::Loading(f) => Found::Wait(f),
+            Lookup::Absent => self.claim(key),
+        }
+    }
+
+    fn claim(&self, key: Key) -> Found<'_> {
+        let flight = Flight::new();
+        let claim = self
+            .shard_of(key)
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .claim(key, flight.clone());
+        match claim {
+            Claim::Claimed => Found::Claimed(Claimed {
+                shared: self,
+                key,
+                flight,
+                open: true,
+            }),
+            Claim::Ready(d) => Found::Ready(d),
+            Claim::Loading(f) => Found::Wait(f),
+        }
+    }
+
+    /// Claims the absent blocks after `first` (already claimed), up to `end` and at most
+    /// `fill_blocks_max` in all, stopping at the first block that is not absent.
+    fn extend_run<'a>(&'a self, chain: &ChainHandle, run: &mut Vec<Claimed<'a>>, end: u64) {
+        let max = u64::from(self.config.fill_blocks_max);
+        let first = run[0].key.block;
+        while (run.len() as u64) < max && first + (run.len() as u64) < end {
+            let key = Key {
+                chain: chain.id,
+                block: first + run.len() as u64,
+            };
+            match self.claim(key) {
+                Found::Claimed(c) => run.push(c),
+                Found::Ready(_) | Found::Wait(_) => break,
+            }
+        }
+    }
+
+    /// Reads the claimed run from the store in one read and publishes each block, calling
+    /// `each(block, data)` as it does.
+    ///
+    /// # Errors
+    /// The store read's error; every claim of the run fails with it, so waiters see it too.
+    fn fill_run(
+        &self,
+        chain: &ChainHandle,
+        run: Vec<Claimed<'_>>,
+        mut each: impl FnMut(u64, &Data),
+    ) -> Result<()> {
+        let first = run[0].key.block;
+        let n = run.len() as u64;
+        let start = first * self.block_bytes;
+        let end = ((first + n) * self.block_bytes).min(chain.size);
+        // At most RUN_BLOCKS_LIMIT x BLOCK_BYTES_MAX = 1 GiB, which fits a usize.
+        let len = (end - start) as usize;
+        let mut buf = Block::zeroed(len, &self.counters);
+        if let Err(e) = chain.inner.read_at(&mut buf.bytes, start) {
+            let msg = format!("store read of blocks {first}..{} failed: {e}", first + n);
+            for c in run {
+                c.fail(e.kind(), msg.clone());
+            }
+            return Err(e);
+        }
+        self.counters.store_reads.add(1);
+        self.counters.store_read_bytes.add(len as u64);
+        if n == 1 {
+            let data = Data::of(buf);
+            for c in run {
+                self.publish(c, &data);
+            }
+            each(first, &data);
+            return Ok(());
+        }
+        let bs = self.block_bytes as usize;
+        for (i, c) in run.into_iter().enumerate() {
+            let piece = &buf.bytes[i * bs..((i + 1) * bs).min(len)];
+            let data = if is_zero(piece) {
+                Data::Zero
+            } else {
+                Data::Bytes(Arc::new(Block::copy_of(piece, &self.counters)))
+            };
+            self.publish(c, &data);
+            each(first + i as u64, &data);
+        }
+        Ok(())
+    }
+
+    fn publish(&self, claim: Claimed<'_>, data: &Data) {
+        let p = claim.publish(data.clone());
+        self.counters.evictions.add(p.evicted);
+    }
+
+    /// A demand read through the cache (bounds already checked, `buf` not empty).
+    fn read(&self, chain: &ChainHandle, buf: &mut [u8], offset: u64) -> Result<()> {
+        let bs = self.block_bytes;
+        let end = offset + buf.len() as u64;
+        let last = (end - 1) / bs;
+        let mut b = offset / bs;
+        while b <= last {
+            let key = Key {
+                chain: chain.id,
+                block: b,
+            };
+            match self.find_or_claim(key) {
+                Found::Ready(d) => {
+                    self.counters.hits.add(1);
+                    copy_block(buf, offset, b, bs, &d);
+                    b += 1;
+                }
+                Found::Wait(f) => {
+                    self.counters.inflight_waits.add(1);
+                    copy_block(buf, offset, b, bs, &f.wait()?);
+                    b += 1;
+                }
+                Found::Claimed(c) => {
+                    let mut run = vec![c];
+                    self.extend_run(chain, &mut run, last + 1);
+                    let n = run.len() as u64;
+                    self.counters.misses.add(n);
+                    self.fill_run(chain, run, |blk, d| copy_block(buf, offset, blk, bs, d))?;
+                    b += n;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Prefetches the absent blocks of `blocks` (a read-ahead job). Errors are counted and
+    /// dropped: the demand read that needs the block retries and reports.
+    fn prefetch(&self, chain: &ChainHandle, blocks: Range<u64>) {
+        let mut b = blocks.start;
+        while b < blocks.end {
+            let key = Key {
+                chain: chain.id,
+                block: b,
+            };
+            let present = self
+                .shard_of(key)
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(key);
+            if present {
+                b += 1;
+                continue;
+            }
+            let Found::Claimed(c) = self.claim(key) else {
+                b += 1;
+                continue;
+            };
+            let mut run = vec![c];
+            self.extend_run(chain, &mut run, blocks.end);
+            let n = run.len() as u64;
+            self.counters.read_ahead_blocks.add(n);
+            if let Err(e) = self.fill_run(chain, run, |_, _| {}) {
+                self.counters.read_ahead_errors.add(1);
+                tracing::debug!(chain = ?chain.key, block = b, error = %e, "read-ahead failed");
+                return;
+            }
+            b += n;
+        }
+    }
+}
+
+/// Copies the part of block `blk` (of `bs` bytes) that overlaps the request into `buf`.
+fn copy_block(buf: &mut [u8], offset: u64, blk: u64, bs: u64, data: &Data) {
+    let block_start = blk * bs;
+    let lo = block_start.max(offset);
+    let hi = (block_start + bs).min(offset + buf.len() as u64);
+    let dst = &mut buf[(lo - offset) as usize..(hi - offset) as usize];
+    data.copy_to(dst, (lo - block_start) as usize);
+}
+
+fn worker(rx: &Mutex<Receiver<Job>>) {
+    loop {
+        let job = rx.lock().unwrap_or_else(PoisonError::into_inner).recv();
+        match job {
+            Ok(job) => job.chain.shared.prefetch(&job.chain, job.blocks),
+            Err(_) => return,
+        }
+    }
+}
+
+/// The shared block cache. Cloning gives another handle to the same cache.
+#[derive(Clone)]
+pub struct BlockCache {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for BlockCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockCache")
+            .field("config", &self.shared.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl BlockCache {
+    /// A cache of `budget_bytes` with `block_bytes` granules and default read-ahead.
+    ///
+    /// # Errors
+    /// [`CacheError::InvalidConfig`] for a bad granule; [`CacheError::SpawnWorker`].
+    pub fn new(budget_bytes: u64, block_bytes: u32) -> std::result::Result<Self, CacheError> {
+        BlockCache::with_config(CacheConfig {
+            budget_bytes,
+            block_bytes,
+            ..CacheConfig::default()
+        })
+    }
+
+    /// A cache from a full configuration; starts the read-ahead workers.
+    ///
+    /// # Errors
+    /// [`CacheError::InvalidConfig`]; [`CacheError::SpawnWorker`].
+    pub fn with_config(config: CacheConfig) -> std::result::Result<Self, CacheError> {
+        config.validate()?;
+        let block_bytes = u64::from(config.block_bytes);
+        let shard_count = (config.budget_bytes / (block_bytes * SHARD_MIN_BLOCKS))
+            .clamp(1, SHARDS_MAX as u64) as usize;
+        let per_shard = config.budget_bytes / shard_count as u64;
+        let shards = (0..shard_count)
+            .map(|_| RwLock::new(Shard::new(per_shard)))
+            .collect();
+        let (tx, rx) = if config.read_ahead_enabled() {
+            let (tx, rx) = sync_channel(config.read_ahead_queue);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let threads = config.read_ahead_threads;
+        let shared = Arc::new(Shared {
+            config,
+            block_bytes,
+            shards,
+            counters: Arc::default(),
+            chains: Mutex::default(),
+            read_ahead: tx,
+        });
+        if let Some(rx) = rx {
+            let rx = Arc::new(Mutex::new(rx));
+            for i in 0..threads {
+                let rx = rx.clone();
+                std::thread::Builder::new()
+                    .name(format!("ferry-readahead-{i}"))
+                    .spawn(move || worker(&rx))
+                    .map_err(CacheError::SpawnWorker)?;
+            }
+        }
+        Ok(BlockCache { shared })
+    }
+
+    /// Puts a caching, read-only wrapper in front of `dev`, an opened read-only chain whose
+    /// identity is `key`. Call once per connection: the wrapper carries that connection's
+    /// read-ahead state, while entries are shared by every wrapper of the same key.
+    ///
+    /// The caller guarantees that nothing writes the chain's files while a key for them is
+    /// in use (the key changes when they are written through Ferry's VHDX writer).
+    pub fn wrap(&self, key: ChainKey, dev: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+        self.wrap_device(key, dev)
+    }
+
+    /// [`BlockCache::wrap`], returning the concrete wrapper.
+    pub fn wrap_device(&self, key: ChainKey, dev: Arc<dyn BlockDevice>) -> Arc<CachedDevice> {
+        let (id, token, forgotten) = self
+            .shared
+            .chains
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .intern(key.clone());
+        for old in forgotten {
+            self.purge(old);
+        }
+        let geometry = dev.geometry();
+        let chain = ChainHandle {
+            shared: self.shared.clone(),
+            id,
+            key,
+            inner: dev,
+            size: geometry.size,
+            blocks: geometry.size.div_ceil(self.shared.block_bytes),
+            _token: token,
+        };
+        Arc::new(CachedDevice {
+            chain: Arc::new(chain),
+            streams: Mutex::default(),
+            geometry,
+        })
+    }
+
+    /// Forgets `key`: drops its entries now; wrappers made later get a fresh id. Use it when
+    /// a chain's files are about to change. Returns the entries dropped.
+    pub fn invalidate(&self, key: &ChainKey) -> u64 {
+        let removed = self
+            .shared
+            .chains
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .by_key
+            .remove(key);
+        removed.map_or(0, |e| self.purge(e.id))
+    }
+
+    fn purge(&self, chain: u64) -> u64 {
+        let mut n = 0;
+        for shard in &self.shared.shards {
+            n += shard
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove_chain(chain)
+                .0;
+        }
+        n
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> BlockCacheStats {
+        let c = &self.shared.counters;
+        let (mut cached_bytes, mut cached_blocks) = (0, 0);
+        for shard in &self.shared.shards {
+            let s = shard.read().unwrap_or_else(PoisonError::into_inner);
+            cached_bytes += s.charged_bytes();
+            cached_blocks += s.ready_len() as u64;
+        }
+        let chains = self
+            .shared
+            .chains
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .by_key
+            .len() as u64;
+        BlockCacheStats {
+            hits: c.hits.get(),
+            misses: c.misses.get(),
+            inflight_waits: c.inflight_waits.get(),
+            store_reads: c.store_reads.get(),
+            store_read_bytes: c.store_read_bytes.get(),
+            evictions: c.evictions.get(),
+            read_ahead_jobs: c.read_ahead_jobs.get(),
+            read_ahead_dropped: c.read_ahead_dropped.get(),
+            read_ahead_blocks: c.read_ahead_blocks.get(),
+            read_ahead_errors: c.read_ahead_errors.get(),
+            cached_bytes,
+            cached_blocks,
+            resident_bytes: c.resident_bytes.get(),
+            resident_bytes_max: c.resident_bytes_max.get(),
+            budget_bytes: self.shared.config.budget_bytes,
+            block_bytes: self.shared.block_bytes,
+            chains,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CacheConfig {
+        &self.shared.config
+    }
+}
+
+/// A read-only, caching view of a chain for one connection (see [`BlockCache::wrap`]).
+/// Geometry, allocation map, parent and linkage identity are the inner device's, so a
+/// differencing child can attach to it and block status walks through it.
+pub struct CachedDevice {
+    chain: Arc<ChainHandle>,
+    /// This connection's sequential streams (read-ahead detection).
+    streams: Mutex<Streams>,
+    geometry: Geometry,
+}
+
+impl fmt::Debug for CachedDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachedDevice")
+            .field("key", &self.chain.key)
+            .field("chain_id", &self.chain.id)
+            .field("inner", &self.chain.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CachedDevice {
+    /// The key this wrapper caches under.
+    pub fn key(&self) -> &ChainKey {
+        &self.chain.key
+    }
+
+    /// The wrapped device.
+    pub fn inner(&self) -> &Arc<dyn BlockDevice> {
+        &self.chain.inner
+    }
+
+    /// Feeds the stream detector and queues read-ahead it asks for.
+    fn read_ahead(&self, offset: u64, len: u64) {
+        let shared = &self.chain.shared;
+        let Some(tx) = &shared.read_ahead else {
+            return;
+        };
+        let bs = shared.block_bytes;
+        let (first, last) = (offset / bs, (offset + len - 1) / bs);
+        let window_max = u64::from(shared.config.read_ahead_blocks_max);
+        let wanted = self
+            .streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .on_read(first, last, self.chain.blocks, window_max);
+        let Some(blocks) = wanted else {
+            return;
+        };
+        let job = Job {
+            chain: self.chain.clone(),
+            blocks,
+        };
+        match tx.try_send(job) {
+            Ok(()) => shared.counters.read_ahead_jobs.add(1),
+            Err(TrySendError::Full(_)) => shared.counters.read_ahead_dropped.add(1),
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+}
+
+fn read_only() -> Error {
+    Error::new(
+        ErrorKind::ReadOnly,
+        "cached export is read-only (writes go to a write cache)",
+    )
+}
+
+impl BlockDevice for CachedDevice {
+    fn geometry(&self) -> Geometry {
+        self.geometry.clone()
+    }
+
+    fn format(&self) -> &'static str {
+        self.chain.inner.format()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        check_bounds(self.geometry.size, offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.read_ahead(offset, buf.len() as u64);
+        self.chain.shared.read(&self.chain, buf, offset)
+    }
+
+    fn write_at(&self, _buf: &[u8], _offset: u64) -> Result<()> {
+        Err(read_only())
+    }
+
+    fn trim(&self, _offset: u64, _len: u64) -> Result<()> {
+        Err(read_only())
+    }
+
+    fn write_zeroes(&self, _offset: u64, _len: u64) -> Result<()> {
+        Err(read_only())
+    }
+
+    fn can_write(&self) -> bool {
+        false
+    }
+
+    fn map_layer(&self, offset: u64, len: u64) -> Result<Vec<LayerRun>> {
+        self.chain.inner.map_layer(offset, len)
+    }
+
+    fn parent(&self) -> Option<Arc<dyn BlockDevice>> {
+        self.chain.inner.parent()
+    }
+
+    fn parent_ref(&self) -> Option<ParentRef> {
+        self.chain.inner.parent_ref()
+    }
+
+    fn linkage_id(&self) -> Option<Guid> {
+        self.chain.inner.linkage_id()
+    }
+
+    fn allocated_bytes(&self) -> Result<u64> {
+        self.chain.inner.allocated_bytes()
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.chain.inner.warnings()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> ChainKey {
+        ChainKey::new(name, None)
+    }
+
+    #[test]
+    fn interning_the_same_key_gives_the_same_id() {
+        let mut t = ChainTable::default();
+        let (a, _ta, _) = t.intern(key("a"));
+        let (b, _tb, _) = t.intern(key("a"));
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn idle_chains_past_the_limit_are_forgotten_oldest_first() {
+        let mut t = ChainTable::default();
+        let (first, token, _) = t.intern(key("0"));
+        drop(token);
+        for i in 1..IDLE_CHAINS_MAX {
+            t.intern(key(&i.to_string()));
+        }
+        let (_, _, forgotten) = t.intern(key("new"));
+        assert_eq!(forgotten, vec![first]);
+    }
+
+    #[test]
+    fn live_chains_are_not_forgotten() {
+        let mut t = ChainTable::default();
+        let tokens: Vec<_> = (0..IDLE_CHAINS_MAX)
+            .map(|i| t.intern(key(&i.to_string())).1)
+            .collect();
+        let (_, _, forgotten) = t.intern(key("new"));
+        assert!(forgotten.is_empty() && tokens.len() == IDLE_CHAINS_MAX);
+    }
+
+    #[test]
+    fn zero_detection_sees_a_late_nonzero_byte() {
+        let mut b = vec![0u8; 4096];
+        b[4095] = 1;
+        assert!(!is_zero(&b));
+    }
+}

@@ -1,0 +1,342 @@
+//! One shard of the cache: a map from key to entry, plus a CLOCK ring over the ready entries.
+//!
+//! Pure: no I/O, no threads, no time. The caller holds the shard's lock (`&self` methods
+//! under a read lock, `&mut self` under the write lock) and does the store reads itself, in
+//! between [`Shard::claim`] and [`Shard::publish`] / [`Shard::abandon`].
+//!
+//! Generic over the ready data `D` and the pending token `P` (the cache stores its block
+//! data and an `Arc<Flight>`), so the tests below use plain integers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// What a block entry is keyed by: the interned chain id and the block index in that chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    /// The chain's id, unique for the cache's lifetime (never reused).
+    pub chain: u64,
+    /// The block index (virtual offset / block bytes).
+    pub block: u64,
+}
+
+/// The state of a key as a reader finds it.
+#[derive(Debug)]
+pub(crate) enum Lookup<D, P> {
+    /// Ready data.
+    Ready(D),
+    /// Someone is filling it; wait on the token.
+    Loading(P),
+    /// Neither.
+    Absent,
+}
+
+/// The outcome of trying to become the one filler of a key.
+#[derive(Debug)]
+pub(crate) enum Claim<D, P> {
+    /// The caller now owns the fill and must `publish` or `abandon` the key.
+    Claimed,
+    /// Already ready.
+    Ready(D),
+    /// Someone else is filling it.
+    Loading(P),
+}
+
+/// What a `publish` did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Published {
+    /// False when the entry alone is larger than the shard's budget (served, not kept).
+    pub inserted: bool,
+    /// Entries evicted to make room.
+    pub evicted: u64,
+    /// Their charged bytes.
+    pub evicted_bytes: u64,
+}
+
+#[derive(Debug)]
+enum Entry<P> {
+    /// Index into the ring.
+    Ready(usize),
+    Loading(P),
+}
+
+#[derive(Debug)]
+struct Slot<D> {
+    key: Key,
+    data: D,
+    charge_bytes: u64,
+    /// The CLOCK bit: set by hits (under the read lock, hence atomic), cleared by the hand.
+    referenced: AtomicBool,
+}
+
+/// One shard. Invariants: `charged_bytes` is the sum of the ready slots' charges and never
+/// exceeds `budget_bytes`; every `Entry::Ready(i)` points at `ring[i] == Some(slot)` with
+/// `slot.key` its key, and every occupied slot has exactly one such entry.
+#[derive(Debug)]
+pub(crate) struct Shard<D, P> {
+    map: HashMap<Key, Entry<P>>,
+    ring: Vec<Option<Slot<D>>>,
+    /// Empty ring positions, reused before the ring grows.
+    free: Vec<usize>,
+    hand: usize,
+    charged_bytes: u64,
+    budget_bytes: u64,
+}
+
+impl<D: Clone, P: Clone> Shard<D, P> {
+    /// An empty shard that keeps at most `budget_bytes` of charged entries.
+    pub fn new(budget_bytes: u64) -> Self {
+        Shard {
+            map: HashMap::new(),
+            ring: Vec::new(),
+            free: Vec::new(),
+            hand: 0,
+            charged_bytes: 0,
+            budget_bytes,
+        }
+    }
+
+    /// Looks `key` up; a ready hit sets its CLOCK bit.
+    pub fn lookup(&self, key: Key) -> Lookup<D, P> {
+        match self.map.get(&key) {
+            Some(Entry::Ready(i)) => {
+                let slot = self.slot(*i);
+                // Load first: a hot block's bit is usually set already, and a plain load
+                // keeps its cache line shared between the cores that read it.
+                if !slot.referenced.load(Ordering::Relaxed) {
+                    slot.referenced.store(true, Ordering::Relaxed);
+                }
+                Lookup::Ready(slot.data.clone())
+            }
+            Some(Entry::Loading(p)) => Lookup::Loading(p.clone()),
+            None => Lookup::Absent,
+        }
+    }
+
+    /// True when `key` is ready or loading; does not touch the CLOCK bit (read-ahead uses
+    /// it, and a prefetch must not protect a block from eviction).
+    pub fn contains(&self, key: Key) -> bool {
+        self.map.contains_key(&key)
+    }
+
+    /// Makes the caller the filler of `key` unless it is ready or loading. Does not set the
+    /// CLOCK bit (read-ahead claims too).
+    pub fn claim(&mut self, key: Key, token: P) -> Claim<D, P> {
+        match self.map.get(&key) {
+            Some(Entry::Ready(i)) => Claim::Ready(self.slot(*i).data.clone()),
+            Some(Entry::Loading(p)) => Claim::Loading(p.clone()),
+            None => {
+                self.map.insert(key, Entry::Loading(token));
+                Claim::Claimed
+            }
+        }
+    }
+
+    /// Turns the claimed `key` into a ready entry charged `charge_bytes`, evicting by CLOCK
+    /// until it fits. New entries start with a clear bit: a block read once is the first to
+    /// go, and a block read again (a second connection, a second boot) earns a second chance.
+    pub fn publish(&mut self, key: Key, data: D, charge_bytes: u64) -> Published {
+        let was = self.map.remove(&key);
+        debug_assert!(
+            matches!(was, Some(Entry::Loading(_))),
+            "publish of a key that was not claimed"
+        );
+        let mut out = Published::default();
+        if charge_bytes > self.budget_bytes {
+            return out;
+        }
+        while self.charged_bytes + charge_bytes > self.budget_bytes {
+            let Some(bytes) = self.evict_one() else {
+                unreachable!("charged bytes exceed the budget with nothing to evict");
+            };
+            out.evicted += 1;
+            out.evicted_bytes += bytes;
+        }
+        let slot = Slot {
+            key,
+            data,
+            charge_bytes,
+            referenced: AtomicBool::new(false),
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.ring[i] = Some(slot);
+                i
+            }
+            None => {
+                self.ring.push(Some(slot));
+                self.ring.len() - 1
+            }
+        };
+        self.map.insert(key, Entry::Ready(i));
+        self.charged_bytes += charge_bytes;
+        debug_assert!(self.charged_bytes <= self.budget_bytes);
+        out.inserted = true;
+        out
+    }
+
+    /// Drops the claim on `key` after a failed fill; later readers retry.
+    pub fn abandon(&mut self, key: Key) {
+        if let Some(Entry::Loading(_)) = self.map.get(&key) {
+            self.map.remove(&key);
+        }
+    }
+
+    /// Drops every ready entry of `chain`; returns (entries, charged bytes) dropped.
+    /// Loading entries stay: their fillers publish them under the old id, which no new
+    /// wrapper uses, and CLOCK ages them out.
+    pub fn remove_chain(&mut self, chain: u64) -> (u64, u64) {
+        let (mut n, mut bytes) = (0, 0);
+        for i in 0..self.ring.len() {
+            if self.ring[i].as_ref().is_some_and(|s| s.key.chain == chain) {
+                bytes += self.remove_slot(i);
+                n += 1;
+            }
+        }
+        (n, bytes)
+    }
+
+    /// Charged bytes of the ready entries.
+    pub fn charged_bytes(&self) -> u64 {
+        self.charged_bytes
+    }
+
+    /// The number of ready entries.
+    pub fn ready_len(&self) -> usize {
+        self.ring.len() - self.free.len()
+    }
+
+    fn slot(&self, i: usize) -> &Slot<D> {
+        match &self.ring[i] {
+            Some(s) => s,
+            None => unreachable!("a ready map entry points at an occupied ring slot"),
+        }
+    }
+
+    /// One sweep of the hand: clears set bits and evicts the first clear one. Two passes
+    /// at most, since the first clears every bit it passes.
+    fn evict_one(&mut self) -> Option<u64> {
+        let n = self.ring.len();
+        for _ in 0..2 * n {
+            let i = self.hand;
+            self.hand = (self.hand + 1) % n;
+            let Some(slot) = self.ring[i].as_mut() else {
+                continue;
+            };
+            if *slot.referenced.get_mut() {
+                *slot.referenced.get_mut() = false;
+                continue;
+            }
+            return Some(self.remove_slot(i));
+        }
+        None
+    }
+
+    fn remove_slot(&mut self, i: usize) -> u64 {
+        let Some(slot) = self.ring[i].take() else {
+            unreachable!("remove_slot is called on occupied slots only");
+        };
+        self.map.remove(&slot.key);
+        self.free.push(i);
+        self.charged_bytes -= slot.charge_bytes;
+        slot.charge_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(block: u64) -> Key {
+        Key { chain: 1, block }
+    }
+
+    /// A shard of 3 entries of 10 bytes, holding blocks 0, 1, 2 (bits clear).
+    fn full_shard() -> Shard<u64, u32> {
+        let mut s = Shard::new(30);
+        for b in 0..3 {
+            assert!(matches!(s.claim(key(b), 0), Claim::Claimed));
+            s.publish(key(b), b * 100, 10);
+        }
+        s
+    }
+
+    #[test]
+    fn claim_of_loading_key_returns_its_token() {
+        let mut s: Shard<u64, u32> = Shard::new(100);
+        s.claim(key(7), 42);
+        assert!(matches!(s.claim(key(7), 43), Claim::Loading(42)));
+    }
+
+    #[test]
+    fn publish_makes_lookup_ready() {
+        let mut s: Shard<u64, u32> = Shard::new(100);
+        s.claim(key(7), 1);
+        s.publish(key(7), 700, 10);
+        assert!(matches!(s.lookup(key(7)), Lookup::Ready(700)));
+    }
+
+    #[test]
+    fn publish_past_budget_evicts_oldest_unreferenced() {
+        let mut s = full_shard();
+        s.claim(key(3), 0);
+        let p = s.publish(key(3), 300, 10);
+        assert_eq!(p.evicted, 1);
+        assert!(matches!(s.lookup(key(0)), Lookup::Absent));
+    }
+
+    #[test]
+    fn referenced_entry_gets_second_chance() {
+        let mut s = full_shard();
+        let _ = s.lookup(key(0)); // sets block 0's bit
+        s.claim(key(3), 0);
+        s.publish(key(3), 300, 10);
+        assert!(matches!(s.lookup(key(0)), Lookup::Ready(0)));
+        assert!(matches!(s.lookup(key(1)), Lookup::Absent));
+    }
+
+    #[test]
+    fn contains_does_not_set_the_bit() {
+        let mut s = full_shard();
+        assert!(s.contains(key(0)));
+        s.claim(key(3), 0);
+        s.publish(key(3), 300, 10);
+        assert!(!s.contains(key(0)));
+    }
+
+    #[test]
+    fn entry_larger_than_budget_is_not_kept() {
+        let mut s: Shard<u64, u32> = Shard::new(5);
+        s.claim(key(1), 0);
+        let p = s.publish(key(1), 1, 10);
+        assert!(!p.inserted);
+        assert_eq!(s.charged_bytes(), 0);
+    }
+
+    #[test]
+    fn abandon_lets_the_next_reader_claim() {
+        let mut s: Shard<u64, u32> = Shard::new(100);
+        s.claim(key(1), 5);
+        s.abandon(key(1));
+        assert!(matches!(s.claim(key(1), 6), Claim::Claimed));
+    }
+
+    #[test]
+    fn remove_chain_drops_only_that_chain() {
+        let mut s = full_shard();
+        let other = Key { chain: 2, block: 0 };
+        s.claim(other, 0);
+        s.publish(other, 9, 0);
+        assert_eq!(s.remove_chain(1), (3, 30));
+        assert_eq!((s.ready_len(), s.charged_bytes()), (1, 0));
+    }
+
+    #[test]
+    fn freed_slots_are_reused() {
+        let mut s = full_shard();
+        for b in 3..10 {
+            s.claim(key(b), 0);
+            s.publish(key(b), b, 10);
+        }
+        assert_eq!(s.ring.len(), 3);
+    }
+}

@@ -1,0 +1,86 @@
+//! Counters of the cache, and the snapshot the metrics endpoint renders.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A monotonic or gauge counter; relaxed ordering (counters order nothing).
+#[derive(Debug, Default)]
+pub(crate) struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn sub(&self, n: u64) {
+        self.0.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The live counters, shared by the cache, its wrappers, workers and block buffers.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub hits: Counter,
+    pub misses: Counter,
+    pub inflight_waits: Counter,
+    pub store_reads: Counter,
+    pub store_read_bytes: Counter,
+    pub evictions: Counter,
+    pub read_ahead_jobs: Counter,
+    pub read_ahead_dropped: Counter,
+    pub read_ahead_blocks: Counter,
+    pub read_ahead_errors: Counter,
+    /// Bytes of block buffers alive (cached, in flight, or being copied out).
+    pub resident_bytes: Counter,
+    /// The high-water mark of `resident_bytes`.
+    pub resident_bytes_max: Counter,
+}
+
+impl Counters {
+    pub fn resident_add(&self, n: u64) {
+        let now = self.resident_bytes.0.fetch_add(n, Ordering::Relaxed) + n;
+        self.resident_bytes_max.0.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+/// A snapshot of the cache's counters. Hits, misses and waits count blocks, not requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockCacheStats {
+    /// Block lookups served from a ready entry.
+    pub hits: u64,
+    /// Blocks a reader had to fill from the store itself.
+    pub misses: u64,
+    /// Block lookups that waited for another reader's (or read-ahead's) fill.
+    pub inflight_waits: u64,
+    /// Reads issued to the store (one per coalesced run of blocks).
+    pub store_reads: u64,
+    /// Bytes read from the store.
+    pub store_read_bytes: u64,
+    /// Entries evicted to stay within the budget.
+    pub evictions: u64,
+    /// Read-ahead jobs queued.
+    pub read_ahead_jobs: u64,
+    /// Read-ahead jobs dropped because the queue was full.
+    pub read_ahead_dropped: u64,
+    /// Blocks filled by read-ahead.
+    pub read_ahead_blocks: u64,
+    /// Read-ahead fills that failed (the demand read retries and reports).
+    pub read_ahead_errors: u64,
+    /// Bytes charged to the budget now (data plus per-entry overhead).
+    pub cached_bytes: u64,
+    /// Entries cached now.
+    pub cached_blocks: u64,
+    /// Bytes of block buffers alive now, cached or not.
+    pub resident_bytes: u64,
+    /// The most `resident_bytes` has been.
+    pub resident_bytes_max: u64,
+    /// The budget.
+    pub budget_bytes: u64,
+    /// The granule.
+    pub block_bytes: u64,
+    /// Chains the cache knows (live or idle).
+    pub chains: u64,
+}

@@ -1,0 +1,434 @@
+//! The block cache against its inner device: equality (property), single-flight under
+//! concurrency, the memory budget, read-ahead, sharing, invalidation and errors.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
+
+use block_cache::{BlockCache, CacheConfig, ChainKey, ENTRY_OVERHEAD_BYTES};
+use disk::device::Geometry;
+use disk::raw::RawDisk;
+use disk::{BlockDevice, Error, ErrorKind, Result};
+use proptest::prelude::*;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use testkit::SimDisk;
+
+/// The inner device of every test: bytes in memory behind a wrapper that counts store
+/// reads per `granule`-sized block, can be slowed down, and can be made to fail.
+#[derive(Debug)]
+struct Counting {
+    inner: RawDisk,
+    granule: u64,
+    delay: Duration,
+    fail: AtomicBool,
+    reads: AtomicU64,
+    bytes: AtomicU64,
+    per_block: Mutex<HashMap<u64, u32>>,
+}
+
+impl Counting {
+    fn new(bytes: Vec<u8>, granule: u64) -> Arc<Counting> {
+        Counting::slow(bytes, granule, Duration::ZERO)
+    }
+
+    fn slow(bytes: Vec<u8>, granule: u64, delay: Duration) -> Arc<Counting> {
+        let storage = Arc::new(SimDisk::from_bytes(bytes));
+        Arc::new(Counting {
+            inner: RawDisk::open(storage, false).expect("raw over memory"),
+            granule,
+            delay,
+            fail: AtomicBool::new(false),
+            reads: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            per_block: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn bytes_read(&self) -> u64 {
+        self.bytes.load(Ordering::SeqCst)
+    }
+
+    fn block_reads(&self) -> HashMap<u64, u32> {
+        self.per_block.lock().unwrap().clone()
+    }
+}
+
+impl BlockDevice for Counting {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+
+    fn format(&self) -> &'static str {
+        "counting"
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(Error::new(ErrorKind::Io, "injected store failure"));
+        }
+        std::thread::sleep(self.delay);
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.bytes.fetch_add(buf.len() as u64, Ordering::SeqCst);
+        if !buf.is_empty() {
+            let mut m = self.per_block.lock().unwrap();
+            let end = offset + buf.len() as u64;
+            for b in offset / self.granule..=(end - 1) / self.granule {
+                *m.entry(b).or_default() += 1;
+            }
+        }
+        self.inner.read_at(buf, offset)
+    }
+}
+
+/// Bytes from a seed: random, with about a third of the 4 KiB pieces all zero.
+fn content(seed: u64, len: usize) -> Vec<u8> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut v = vec![0u8; len];
+    for chunk in v.chunks_mut(4096) {
+        if rng.gen_range(0..3) != 0 {
+            rng.fill(chunk);
+        }
+    }
+    v
+}
+
+fn key(name: &str) -> ChainKey {
+    ChainKey::new(name, None)
+}
+
+const KIB: u64 = 1024;
+
+/// No read-ahead and one block per store read: every store read is one demand miss.
+fn plain(budget_bytes: u64, block_bytes: u32) -> CacheConfig {
+    CacheConfig {
+        budget_bytes,
+        block_bytes,
+        fill_blocks_max: 1,
+        read_ahead_blocks_max: 0,
+        read_ahead_threads: 0,
+        ..CacheConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Any reads through the cache (any budget, coalescing and read-ahead on) return the
+    /// inner device's bytes, and the charged bytes never exceed the budget.
+    #[test]
+    fn cached_reads_equal_uncached(
+        seed in any::<u64>(),
+        size in 1u64..200_000,
+        budget_blocks in 0u64..48,
+        fill_max in 1u32..8,
+        reads in prop::collection::vec((any::<u64>(), 0u64..40_000, any::<bool>()), 1..40),
+    ) {
+        let size = size.next_multiple_of(512);
+        let dev = Counting::new(content(seed, size as usize), 4096);
+        let cfg = CacheConfig {
+            budget_bytes: budget_blocks * (4096 + ENTRY_OVERHEAD_BYTES),
+            block_bytes: 4096,
+            fill_blocks_max: fill_max,
+            read_ahead_blocks_max: 8,
+            read_ahead_threads: 1,
+            read_ahead_queue: 4,
+        };
+        let cache = BlockCache::with_config(cfg).unwrap();
+        let cached = cache.wrap(key("a"), dev.clone());
+        let mut next = 0u64;
+        for (pos, len, sequential) in reads {
+            let offset = if sequential { next % size } else { pos % size };
+            let len = len.min(size - offset);
+            let mut want = vec![0u8; len as usize];
+            let mut got = vec![0xAAu8; len as usize];
+            dev.inner.read_at(&mut want, offset).unwrap();
+            cached.read_at(&mut got, offset).unwrap();
+            prop_assert!(want == got, "read {len} bytes at {offset}");
+            prop_assert!(cache.stats().cached_bytes <= cache.stats().budget_bytes);
+            next = offset + len;
+        }
+    }
+}
+
+/// 16 threads read the same 64 blocks at once, each in its own order, through a slow
+/// store: with read-ahead and coalescing off, the store sees exactly one read per block.
+#[test]
+fn sixteen_threads_read_each_block_from_the_store_once() {
+    const BLOCK: u64 = 64 * KIB;
+    const BLOCKS: u64 = 64;
+    const THREADS: usize = 16;
+    let dev = Counting::slow(
+        content(1, (BLOCK * BLOCKS) as usize),
+        BLOCK,
+        Duration::from_millis(2),
+    );
+    let cache = BlockCache::with_config(plain(1 << 30, BLOCK as u32)).unwrap();
+    let start = Arc::new(Barrier::new(THREADS));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let wrapped = cache.wrap(key("golden"), dev.clone());
+            let start = start.clone();
+            std::thread::spawn(move || {
+                let mut order: Vec<u64> = (0..BLOCKS).collect();
+                order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(t as u64 % 4));
+                start.wait();
+                let mut buf = vec![0u8; 4096];
+                for b in order {
+                    wrapped.read_at(&mut buf, b * BLOCK + 8192).unwrap();
+                }
+            })
+        })
+        .collect();
+    handles.into_iter().for_each(|h| h.join().unwrap());
+    let s = cache.stats();
+    assert_eq!(
+        dev.reads.load(Ordering::SeqCst),
+        BLOCKS,
+        "store reads == unique blocks"
+    );
+    assert_eq!(s.misses, BLOCKS);
+    assert_eq!(s.hits + s.inflight_waits, BLOCKS * (THREADS as u64 - 1));
+    assert!(
+        s.inflight_waits > 0,
+        "the slow store made readers wait on each other"
+    );
+}
+
+/// The same storm with the default coalescing and read-ahead: still every block is read
+/// from the store exactly once, and the store reads only the device's bytes.
+#[test]
+fn storm_with_read_ahead_reads_each_block_once() {
+    const BLOCK: u64 = 64 * KIB;
+    const BLOCKS: u64 = 128;
+    const THREADS: usize = 16;
+    let dev = Counting::slow(
+        content(2, (BLOCK * BLOCKS) as usize),
+        BLOCK,
+        Duration::from_millis(1),
+    );
+    let cache = BlockCache::new(1 << 30, BLOCK as u32).unwrap();
+    let start = Arc::new(Barrier::new(THREADS));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let wrapped = cache.wrap(key("golden"), dev.clone());
+            let start = start.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                let mut buf = vec![0u8; 16 * KIB as usize];
+                for off in (0..BLOCK * BLOCKS).step_by(buf.len()) {
+                    wrapped.read_at(&mut buf, off).unwrap();
+                }
+            })
+        })
+        .collect();
+    handles.into_iter().for_each(|h| h.join().unwrap());
+    let per_block = dev.block_reads();
+    assert_eq!(per_block.len() as u64, BLOCKS);
+    assert!(per_block.values().all(|&n| n == 1), "{per_block:?}");
+    assert_eq!(dev.bytes_read(), BLOCK * BLOCKS);
+}
+
+/// Resident block memory under 8 random readers stays within the budget plus one block per
+/// thread (no coalescing, no read-ahead); the charged bytes stay within the budget.
+#[test]
+fn memory_stays_within_budget_plus_one_block_per_thread() {
+    const BLOCK: u64 = 64 * KIB;
+    const THREADS: u64 = 8;
+    let budget = 16 * (BLOCK + ENTRY_OVERHEAD_BYTES);
+    let dev = Counting::new(content(3, (256 * BLOCK) as usize), BLOCK);
+    let cache = BlockCache::with_config(plain(budget, BLOCK as u32)).unwrap();
+    random_readers(&cache, &dev, THREADS, 300);
+    let s = cache.stats();
+    assert!(s.evictions > 0);
+    assert!(s.cached_bytes <= budget);
+    assert!(
+        s.resident_bytes_max <= budget + THREADS * BLOCK,
+        "resident max {} > budget {budget} + {THREADS} blocks",
+        s.resident_bytes_max
+    );
+}
+
+/// With coalescing and read-ahead on, each reader and each worker adds at most one store
+/// read buffer (`fill_blocks_max` blocks) and one block.
+#[test]
+fn memory_with_read_ahead_stays_within_budget_plus_run_buffers() {
+    const BLOCK: u64 = 64 * KIB;
+    const THREADS: u64 = 8;
+    let cfg = CacheConfig {
+        budget_bytes: 32 * (BLOCK + ENTRY_OVERHEAD_BYTES),
+        block_bytes: BLOCK as u32,
+        ..CacheConfig::default()
+    };
+    let run = u64::from(cfg.fill_blocks_max) * BLOCK;
+    let workers = cfg.read_ahead_threads as u64;
+    let budget = cfg.budget_bytes;
+    let dev = Counting::new(content(4, (256 * BLOCK) as usize), BLOCK);
+    let cache = BlockCache::with_config(cfg).unwrap();
+    random_readers(&cache, &dev, THREADS, 300);
+    let s = cache.stats();
+    assert!(s.cached_bytes <= budget);
+    assert!(s.resident_bytes_max <= budget + (THREADS + workers) * (run + BLOCK));
+}
+
+/// `threads` readers, each with its own wrapper, doing `reads` random reads of up to
+/// 256 KiB, half of them continuing sequentially, checked against the inner device.
+fn random_readers(cache: &BlockCache, dev: &Arc<Counting>, threads: u64, reads: usize) {
+    let size = dev.size();
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let wrapped = cache.wrap(key("golden"), dev.clone());
+            let dev = dev.clone();
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(100 + t);
+                let mut next = 0;
+                for _ in 0..reads {
+                    let offset = if rng.gen_bool(0.5) {
+                        next
+                    } else {
+                        rng.gen_range(0..size)
+                    };
+                    let len = rng.gen_range(1..=256 * KIB).min(size - offset);
+                    let (mut got, mut want) = (vec![0u8; len as usize], vec![0u8; len as usize]);
+                    wrapped.read_at(&mut got, offset).unwrap();
+                    dev.inner.read_at(&mut want, offset).unwrap();
+                    assert!(got == want, "read {len} at {offset}");
+                    next = (offset + len) % size;
+                }
+            })
+        })
+        .collect();
+    handles.into_iter().for_each(|h| h.join().unwrap());
+}
+
+#[test]
+fn second_wrapper_of_same_key_reads_nothing_from_the_store() {
+    let dev = Counting::new(content(5, 1 << 20), 4096);
+    let cache = BlockCache::with_config(plain(1 << 30, 64 * 1024)).unwrap();
+    let mut buf = vec![0u8; 300_000];
+    cache
+        .wrap(key("a"), dev.clone())
+        .read_at(&mut buf, 1000)
+        .unwrap();
+    let before = dev.bytes_read();
+    cache
+        .wrap(key("a"), dev.clone())
+        .read_at(&mut buf, 1000)
+        .unwrap();
+    assert_eq!(dev.bytes_read(), before);
+}
+
+#[test]
+fn different_keys_do_not_share_entries() {
+    let dev = Counting::new(content(6, 1 << 20), 4096);
+    let cache = BlockCache::with_config(plain(1 << 30, 64 * 1024)).unwrap();
+    let mut buf = vec![0u8; 4096];
+    cache
+        .wrap(key("a"), dev.clone())
+        .read_at(&mut buf, 0)
+        .unwrap();
+    cache
+        .wrap(key("b"), dev.clone())
+        .read_at(&mut buf, 0)
+        .unwrap();
+    assert_eq!(dev.reads.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn invalidate_makes_the_next_read_go_to_the_store() {
+    let dev = Counting::new(content(7, 1 << 20), 4096);
+    let cache = BlockCache::with_config(plain(1 << 30, 64 * 1024)).unwrap();
+    let mut buf = vec![0u8; 4096];
+    cache
+        .wrap(key("a"), dev.clone())
+        .read_at(&mut buf, 0)
+        .unwrap();
+    assert_eq!(cache.invalidate(&key("a")), 1);
+    cache
+        .wrap(key("a"), dev.clone())
+        .read_at(&mut buf, 0)
+        .unwrap();
+    assert_eq!(dev.reads.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn store_error_is_returned_and_not_cached() {
+    let dev = Counting::new(content(8, 1 << 20), 4096);
+    let cache = BlockCache::with_config(plain(1 << 30, 64 * 1024)).unwrap();
+    let wrapped = cache.wrap(key("a"), dev.clone());
+    let mut buf = vec![0u8; 4096];
+    dev.fail.store(true, Ordering::SeqCst);
+    let err = wrapped.read_at(&mut buf, 0).unwrap_err();
+    dev.fail.store(false, Ordering::SeqCst);
+    assert_eq!(err.kind(), ErrorKind::Io);
+    assert!(wrapped.read_at(&mut buf, 0).is_ok());
+}
+
+#[test]
+fn writes_trims_and_zeroes_are_refused() {
+    let dev = Counting::new(vec![0u8; 1 << 20], 4096);
+    let cache = BlockCache::new(1 << 20, 64 * 1024).unwrap();
+    let wrapped = cache.wrap(key("a"), dev);
+    let kinds = [
+        wrapped.write_at(&[1], 0).unwrap_err().kind(),
+        wrapped.trim(0, 4096).unwrap_err().kind(),
+        wrapped.write_zeroes(0, 4096).unwrap_err().kind(),
+    ];
+    assert_eq!(kinds, [ErrorKind::ReadOnly; 3]);
+    assert!(!wrapped.can_write());
+}
+
+/// A sequential 4 KiB reader gets its later blocks from read-ahead: most blocks are hits
+/// or waits on a prefetch, not demand misses.
+#[test]
+fn sequential_reader_is_served_by_read_ahead() {
+    const BLOCK: u64 = 64 * KIB;
+    let dev = Counting::slow(
+        content(9, (64 * BLOCK) as usize),
+        BLOCK,
+        Duration::from_micros(200),
+    );
+    let cache = BlockCache::new(1 << 30, BLOCK as u32).unwrap();
+    let wrapped = cache.wrap(key("a"), dev.clone());
+    let mut buf = vec![0u8; 4096];
+    for off in (0..64 * BLOCK).step_by(4096) {
+        wrapped.read_at(&mut buf, off).unwrap();
+    }
+    let s = cache.stats();
+    assert!(s.read_ahead_blocks > 32, "{s:?}");
+    assert!(s.misses < 16, "{s:?}");
+}
+
+/// All-zero blocks keep no buffer: they are charged the entry overhead only.
+#[test]
+fn zero_blocks_are_charged_only_their_entry() {
+    let dev = Counting::new(vec![0u8; 1 << 20], 4096);
+    let cache = BlockCache::with_config(plain(1 << 30, 64 * 1024)).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    cache.wrap(key("a"), dev).read_at(&mut buf, 0).unwrap();
+    assert_eq!(cache.stats().cached_bytes, 16 * ENTRY_OVERHEAD_BYTES);
+}
+
+/// The last block of a device whose size is not a multiple of the granule is short.
+#[test]
+fn short_last_block_reads_correctly() {
+    let bytes = content(10, 100_000);
+    let dev = Counting::new(bytes.clone(), 4096);
+    let cache = BlockCache::with_config(plain(1 << 30, 64 * 1024)).unwrap();
+    let mut buf = vec![0u8; 100_000 - 65_000];
+    cache.wrap(key("a"), dev).read_at(&mut buf, 65_000).unwrap();
+    assert!(buf == bytes[65_000..]);
+}
+
+#[test]
+fn read_past_the_end_is_out_of_bounds() {
+    let dev = Counting::new(vec![0u8; 8192], 4096);
+    let cache = BlockCache::new(1 << 20, 64 * 1024).unwrap();
+    let mut buf = vec![0u8; 2];
+    let err = cache
+        .wrap(key("a"), dev)
+        .read_at(&mut buf, 8191)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutOfBounds);
+}

@@ -1,0 +1,718 @@
+//! The export registry: turns an NBD export name into a device, as the server's
+//! [`ExportSource`].
+//!
+//! ```text
+//!   export = vdisk ["@" version]                       read-only, through the block cache
+//!          | vdisk ["@" version] "+" device            server cache (discarded on release)
+//!          | vdisk ["@" version] "+" device "+persistent"   server cache, persistent
+//!          | vdisk "+private"                          the newest file itself, one writer
+//! ```
+//!
+//! Read-only chains are opened once per file and shared by every connection while any is
+//! open (the top is kept through a `Weak`, re-opened when the file's identity changes), and
+//! every connection gets its own [`block_cache::CachedDevice`] over it, so entries are
+//! shared and read-ahead is per connection. Writable per-device exports put a write cache
+//! ([`crate::writecache`]) over such a cached wrapper.
+//!
+//! **Private mode and readers.** A private writer rewrites the newest file in place, so it
+//! is exclusive with every other user of that file: `NAME+private` is refused (`Busy`)
+//! while any export (read-only or a write cache on it) reads the file, and while it is
+//! held, `NAME`, `NAME@newest` and write caches on the newest version are refused (`Busy`)
+//! rather than served from a cache that would go stale; older versions stay available.
+//! This is PVS's rule (a private-mode vDisk has one device). The in-process table enforces
+//! it here, `flock` against other processes. When the writer is done, the file's
+//! DataWriteGuid has changed, so readers get a new cache key and never see stale blocks.
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use block_cache::{BlockCache, ChainKey};
+use disk::BlockDevice;
+use disk::error::chain_to_string;
+use disk::vhdx::VhdxImage;
+
+use crate::nbd::{ExportHandle, ExportInfo, ExportSource, OpenError};
+use crate::store::{Resolved, Store, StoreError, check_vdisk_name, split_version};
+use crate::writecache::{
+    self, CacheMode, Counted, FileLock, WriteCache, WriteCacheError, WriteCacheTarget,
+    WriteCounters,
+};
+
+/// The most exports `list` returns.
+pub const EXPORTS_LIST_MAX: usize = 10_000;
+
+/// How an export is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Read-only, through the block cache.
+    ReadOnly,
+    /// Writes go to a per-device file, discarded on release.
+    ServerCache {
+        /// The device name.
+        device: String,
+    },
+    /// Writes go to a per-device file, kept.
+    Persistent {
+        /// The device name.
+        device: String,
+    },
+    /// Writes go to the vDisk's newest file itself.
+    Private,
+}
+
+impl Mode {
+    /// The metrics label of the mode.
+    pub fn label(&self) -> &'static str {
+        MODE_LABELS[self.index()]
+    }
+
+    fn index(&self) -> usize {
+        match self {
+            Mode::ReadOnly => 0,
+            Mode::ServerCache { .. } => 1,
+            Mode::Persistent { .. } => 2,
+            Mode::Private => 3,
+        }
+    }
+}
+
+/// Metrics labels of the modes, in [`RegistryStats::open`] order.
+pub const MODE_LABELS: [&str; 4] = ["read_only", "server_cache", "persistent", "private"];
+
+/// A parsed export name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportSpec {
+    /// The vDisk.
+    pub vdisk: String,
+    /// The version (`None`: the newest).
+    pub version: Option<u32>,
+    /// How it is served.
+    pub mode: Mode,
+}
+
+/// Parses an export name (grammar in the module docs).
+///
+/// # Errors
+/// [`StoreError::InvalidName`].
+pub fn parse_export_name(name: &str) -> Result<ExportSpec, StoreError> {
+    let bad = |why| StoreError::InvalidName {
+        name: name.to_string(),
+        why,
+    };
+    let mut parts = name.split('+');
+    let head = parts.next().unwrap_or("");
+    let rest: Vec<&str> = parts.collect();
+    let (vdisk, version) = split_version(head)?;
+    check_vdisk_name(vdisk)?;
+    let mode = match rest.as_slice() {
+        [] => Mode::ReadOnly,
+        ["private"] if version.is_some() => {
+            return Err(bad("private mode writes the newest version; drop '@N'"));
+        }
+        ["private"] => Mode::Private,
+        [device] => Mode::ServerCache {
+            device: device.to_string(),
+        },
+        [device, "persistent"] => Mode::Persistent {
+            device: device.to_string(),
+        },
+        _ => {
+            return Err(bad(
+                "expected NAME[@N][+DEVICE[+persistent]] or NAME+private",
+            ));
+        }
+    };
+    if let Mode::ServerCache { device } | Mode::Persistent { device } = &mode {
+        writecache::check_device_name(device).map_err(|_| bad("invalid device name"))?;
+    }
+    Ok(ExportSpec {
+        vdisk: vdisk.to_string(),
+        version,
+        mode,
+    })
+}
+
+/// Where the registry finds vDisks and keeps write caches.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    /// The store directory.
+    pub store_dir: PathBuf,
+    /// The write-cache directory (created if missing); best on a local disk.
+    pub write_cache_dir: PathBuf,
+}
+
+/// Errors of building a registry.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// The store cannot be read.
+    #[error("open store")]
+    Store(#[from] StoreError),
+    /// The write-cache directory cannot be made or swept.
+    #[error("prepare write-cache directory")]
+    WriteCacheDir(#[from] WriteCacheError),
+}
+
+/// A snapshot of the registry's counters, for metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RegistryStats {
+    /// Open exports by mode, in [`MODE_LABELS`] order.
+    pub open: [u64; 4],
+    /// Successful opens.
+    pub opens_total: u64,
+    /// Opens refused as busy.
+    pub busy_total: u64,
+    /// Opens of unknown names.
+    pub not_found_total: u64,
+    /// Opens failed otherwise.
+    pub open_errors_total: u64,
+    /// Write-cache files open now.
+    pub write_cache_files: u64,
+    /// Their bytes on disk now.
+    pub write_cache_bytes: u64,
+    /// Bytes written by guests, by mode, in [`MODE_LABELS`] order (read-only stays 0).
+    pub written_bytes_total: [u64; 4],
+    /// Store directory scans.
+    pub store_scans: u64,
+    /// vDisks found by the last scan.
+    pub vdisks: u64,
+}
+
+/// The identity of a file's current contents, as far as `stat` tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+}
+
+impl FileId {
+    fn of(path: &Path) -> std::io::Result<FileId> {
+        let m = std::fs::metadata(path)?;
+        Ok(FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        })
+    }
+}
+
+/// A read-only chain shared by the connections that serve it.
+#[derive(Debug)]
+struct OpenChain {
+    top: Weak<dyn BlockDevice>,
+    key: ChainKey,
+    id: FileId,
+}
+
+/// How a store file is used in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FileUse {
+    Readers(u64),
+    Writer,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    open: [AtomicU64; 4],
+    opens_total: AtomicU64,
+    busy_total: AtomicU64,
+    not_found_total: AtomicU64,
+    open_errors_total: AtomicU64,
+    written: [Arc<WriteCounters>; 4],
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Store,
+    cache: BlockCache,
+    write_cache_dir: PathBuf,
+    /// Shared read-only chains by canonical top path.
+    chains: Mutex<HashMap<PathBuf, OpenChain>>,
+    /// Virtual sizes for `list`, by path, valid while the file's identity holds.
+    sizes: Mutex<HashMap<PathBuf, (FileId, u64)>>,
+    /// Readers and writers of store files in this process (see the module docs).
+    uses: Mutex<HashMap<PathBuf, FileUse>>,
+    /// Open write caches, for the bytes-on-disk gauge.
+    write_caches: Mutex<HashMap<PathBuf, Weak<VhdxImage>>>,
+    counters: Counters,
+}
+
+/// The export registry. Cloning gives another handle to the same registry.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    inner: Arc<Inner>,
+}
+
+impl Registry {
+    /// A registry over a store, serving read-only chains through `cache`. Deletes discard
+    /// caches left by a server that stopped without releasing them.
+    ///
+    /// # Errors
+    /// [`RegistryError`].
+    pub fn new(config: RegistryConfig, cache: BlockCache) -> Result<Registry, RegistryError> {
+        let store = Store::open(&config.store_dir)?;
+        let dir = &config.write_cache_dir;
+        std::fs::create_dir_all(dir).map_err(|source| WriteCacheError::Io {
+            op: "create directory",
+            path: dir.clone(),
+            source,
+        })?;
+        let swept = writecache::sweep_discarded(dir)?;
+        if swept > 0 {
+            tracing::info!(swept, dir = %dir.display(), "deleted stale server-cache files");
+        }
+        Ok(Registry {
+            inner: Arc::new(Inner {
+                store,
+                cache,
+                write_cache_dir: config.write_cache_dir,
+                chains: Mutex::default(),
+                sizes: Mutex::default(),
+                uses: Mutex::default(),
+                write_caches: Mutex::default(),
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    /// The shared block cache.
+    pub fn cache(&self) -> &BlockCache {
+        &self.inner.cache
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// A snapshot of the counters and gauges.
+    pub fn stats(&self) -> RegistryStats {
+        let c = &self.inner.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (mut files, mut bytes) = (0, 0);
+        let mut live = lock(&self.inner.write_caches);
+        live.retain(|_, w| w.strong_count() > 0);
+        for image in live.values().filter_map(Weak::upgrade) {
+            files += 1;
+            bytes += image.storage().len().unwrap_or(0);
+        }
+        drop(live);
+        RegistryStats {
+            open: std::array::from_fn(|i| load(&c.open[i])),
+            opens_total: load(&c.opens_total),
+            busy_total: load(&c.busy_total),
+            not_found_total: load(&c.not_found_total),
+            open_errors_total: load(&c.open_errors_total),
+            write_cache_files: files,
+            write_cache_bytes: bytes,
+            written_bytes_total: std::array::from_fn(|i| load(&c.written[i].bytes)),
+            store_scans: self.inner.store.scans(),
+            vdisks: self.inner.store.vdisks_seen(),
+        }
+    }
+}
+
+impl ExportSource for Registry {
+    fn list(&self) -> Vec<ExportInfo> {
+        match self.inner.list() {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %chain_to_string(&e), "listing exports failed");
+                Vec::new()
+            }
+        }
+    }
+
+    fn open(&self, name: &str) -> Result<ExportHandle, OpenError> {
+        let r = self.inner.open(name);
+        let c = &self.inner.counters;
+        let counter = match &r {
+            Ok(_) => &c.opens_total,
+            Err(OpenError::Busy(_)) => &c.busy_total,
+            Err(OpenError::NotFound(_)) => &c.not_found_total,
+            Err(OpenError::Other(_)) => &c.open_errors_total,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = &r {
+            tracing::info!(export = name, error = %e, "export open refused");
+        }
+        r
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn store_err(e: StoreError) -> OpenError {
+    match e {
+        StoreError::NotFound(_) | StoreError::NoVersion { .. } | StoreError::InvalidName { .. } => {
+            OpenError::NotFound(e.to_string())
+        }
+        _ => OpenError::Other(chain_to_string(&e)),
+    }
+}
+
+fn wc_err(e: WriteCacheError) -> OpenError {
+    match e {
+        WriteCacheError::Busy(_) => OpenError::Busy(e.to_string()),
+        WriteCacheError::InvalidDevice { .. } => OpenError::NotFound(e.to_string()),
+        _ => OpenError::Other(chain_to_string(&e)),
+    }
+}
+
+fn disk_err(path: &Path) -> impl FnOnce(disk::Error) -> OpenError {
+    let path = path.to_path_buf();
+    move |e| OpenError::Other(format!("{}: {}", path.display(), chain_to_string(&e)))
+}
+
+/// What one open export holds; dropping it (the handle's release) undoes the open in
+/// order: commit and close (and delete a discard cache), unlock, end the use.
+#[derive(Debug)]
+struct Lease {
+    inner: Arc<Inner>,
+    mode: usize,
+    path: PathBuf,
+    writer: bool,
+    lock: Option<FileLock>,
+    write_cache: Option<WriteCache>,
+    private: Option<Arc<VhdxImage>>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(wc) = self.write_cache.take() {
+            let path = wc.path().to_path_buf();
+            if let Err(e) = wc.release() {
+                tracing::warn!(path = %path.display(), error = %chain_to_string(&e), "releasing write cache failed");
+            }
+        }
+        if let Some(image) = self.private.take()
+            && let Err(e) = image.close()
+        {
+            tracing::warn!(path = %self.path.display(), error = %chain_to_string(&e), "closing private image failed");
+        }
+        self.lock.take();
+        let mut uses = lock(&self.inner.uses);
+        match uses.get_mut(&self.path) {
+            Some(FileUse::Readers(n)) if !self.writer && *n > 1 => *n -= 1,
+            Some(FileUse::Readers(_)) if !self.writer => {
+                uses.remove(&self.path);
+            }
+            Some(FileUse::Writer) if self.writer => {
+                uses.remove(&self.path);
+            }
+            other => debug_assert!(false, "lease of {:?} found use {other:?}", self.path),
+        }
+        drop(uses);
+        self.inner.counters.open[self.mode].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Inner {
+    fn open(self: &Arc<Self>, name: &str) -> Result<ExportHandle, OpenError> {
+        let spec = parse_export_name(name).map_err(store_err)?;
+        if spec.mode == Mode::Private {
+            let res = self.store.resolve_version(&spec.vdisk, None);
+            return self.open_private(res.map_err(store_err)?);
+        }
+        let res = self
+            .store
+            .resolve_version(&spec.vdisk, spec.version)
+            .map_err(store_err)?;
+        let mut lease = self.begin_use(&res.path, spec.mode.index(), false)?;
+        lease.lock = Some(FileLock::shared(&res.path).map_err(wc_err)?);
+        let cached = self.cached_chain(&res.path)?;
+        let cache_mode = match spec.mode {
+            Mode::ServerCache { device } => (device, CacheMode::Discard),
+            Mode::Persistent { device } => (device, CacheMode::Persistent),
+            Mode::ReadOnly | Mode::Private => {
+                return Ok(ExportHandle {
+                    device: cached,
+                    writable: false,
+                    release: Some(Box::new(move || drop(lease))),
+                });
+            }
+        };
+        let wc = self.open_write_cache(&res, &cache_mode.0, cache_mode.1, cached)?;
+        let device = Arc::new(Counted::new(
+            wc.image().clone(),
+            self.counters.written[lease.mode].clone(),
+        ));
+        lease.write_cache = Some(wc);
+        Ok(ExportHandle {
+            device,
+            writable: true,
+            release: Some(Box::new(move || drop(lease))),
+        })
+    }
+
+    fn open_write_cache(
+        &self,
+        res: &Resolved,
+        device: &str,
+        mode: CacheMode,
+        parent: Arc<dyn BlockDevice>,
+    ) -> Result<WriteCache, OpenError> {
+        let target = WriteCacheTarget {
+            dir: &self.write_cache_dir,
+            device,
+            vdisk: &res.vdisk,
+            version: res.version,
+            mode,
+        };
+        let wc = WriteCache::open(target, parent, &res.path).map_err(wc_err)?;
+        lock(&self.write_caches).insert(wc.path().to_path_buf(), Arc::downgrade(wc.image()));
+        Ok(wc)
+    }
+
+    fn open_private(self: &Arc<Self>, res: Resolved) -> Result<ExportHandle, OpenError> {
+        let mut lease = self.begin_use(&res.path, Mode::Private.index(), true)?;
+        let image = writecache::open_private(&res.path).map_err(wc_err)?;
+        // Entries cached under the file's current identity go stale with the first write.
+        let path = canonical(&res.path)?;
+        self.cache
+            .invalidate(&ChainKey::new(path.clone(), image.linkage_id()));
+        lock(&self.chains).remove(&path);
+        if let Some(pref) = image.parent_ref() {
+            let parent = self.cached_parent(&pref)?;
+            image.attach_parent(parent).map_err(disk_err(&res.path))?;
+        }
+        let image = Arc::new(image);
+        lease.private = Some(image.clone());
+        let device = Arc::new(Counted::new(
+            image,
+            self.counters.written[lease.mode].clone(),
+        ));
+        Ok(ExportHandle {
+            device,
+            writable: true,
+            release: Some(Box::new(move || drop(lease))),
+        })
+    }
+
+    /// Records a use of `path` (refused as busy against a private writer, or, for a
+    /// writer, against anyone) and returns the lease that ends it.
+    fn begin_use(
+        self: &Arc<Self>,
+        path: &Path,
+        mode: usize,
+        writer: bool,
+    ) -> Result<Lease, OpenError> {
+        let mut uses = lock(&self.uses);
+        let busy = |why: String| Err(OpenError::Busy(format!("{}: {why}", path.display())));
+        match (uses.get_mut(path), writer) {
+            (Some(FileUse::Writer), _) => return busy("open in private mode".into()),
+            (Some(FileUse::Readers(n)), true) => {
+                return busy(format!(
+                    "{n} export(s) read it; private mode needs it alone"
+                ));
+            }
+            (Some(FileUse::Readers(n)), false) => *n += 1,
+            (None, true) => {
+                uses.insert(path.to_path_buf(), FileUse::Writer);
+            }
+            (None, false) => {
+                uses.insert(path.to_path_buf(), FileUse::Readers(1));
+            }
+        }
+        drop(uses);
+        self.counters.open[mode].fetch_add(1, Ordering::Relaxed);
+        Ok(Lease {
+            inner: self.clone(),
+            mode,
+            path: path.to_path_buf(),
+            writer,
+            lock: None,
+            write_cache: None,
+            private: None,
+        })
+    }
+
+    /// A new connection's cached wrapper of the read-only chain whose top is `path`.
+    fn cached_chain(&self, path: &Path) -> Result<Arc<dyn BlockDevice>, OpenError> {
+        let (top, key) = self.shared_chain(path)?;
+        Ok(self.cache.wrap(key, top))
+    }
+
+    /// The shared read-only chain of `path`, opened if no connection holds it or the file
+    /// changed since.
+    fn shared_chain(&self, path: &Path) -> Result<(Arc<dyn BlockDevice>, ChainKey), OpenError> {
+        let path = canonical(path)?;
+        let id = FileId::of(&path)
+            .map_err(|e| OpenError::Other(format!("stat {}: {e}", path.display())))?;
+        {
+            let mut chains = lock(&self.chains);
+            chains.retain(|_, c| c.top.strong_count() > 0);
+            if let Some(c) = chains.get(&path)
+                && c.id == id
+                && let Some(top) = c.top.upgrade()
+            {
+                return Ok((top, c.key.clone()));
+            }
+        }
+        let chain =
+            disk::open::open(&path, disk::open::OpenOptions::default()).map_err(disk_err(&path))?;
+        if let Err(e) = chain.advise_random_below_top() {
+            tracing::debug!(path = %path.display(), error = %e, "fadvise failed");
+        }
+        let top = chain.top();
+        let key = ChainKey::of_device(path.clone(), top.as_ref());
+        let entry = OpenChain {
+            top: Arc::downgrade(&top),
+            key: key.clone(),
+            id,
+        };
+        lock(&self.chains).insert(path, entry);
+        Ok((top, key))
+    }
+
+    /// The cached parent a differencing image names: the first candidate path whose chain
+    /// has an accepted identity.
+    fn cached_parent(
+        &self,
+        pref: &disk::device::ParentRef,
+    ) -> Result<Arc<dyn BlockDevice>, OpenError> {
+        let mut tried = Vec::new();
+        for cand in pref.paths.iter().filter(|p| p.exists()) {
+            match self.shared_chain(cand) {
+                Ok((top, key)) if top.linkage_id().is_some_and(|g| pref.linkage.contains(&g)) => {
+                    return Ok(self.cache.wrap(key, top));
+                }
+                Ok(_) => tried.push(format!("{} (identity mismatch)", cand.display())),
+                Err(e) => tried.push(format!("{} ({e})", cand.display())),
+            }
+        }
+        Err(OpenError::Other(format!(
+            "parent not found; tried: {}",
+            tried.join("; ")
+        )))
+    }
+
+    fn list(&self) -> Result<Vec<ExportInfo>, StoreError> {
+        let mut out = Vec::new();
+        for vd in self.store.scan()? {
+            let Some(newest) = vd.newest() else { continue };
+            for (&version, path) in &vd.versions {
+                let Some(size) = self.size_of(path) else {
+                    continue;
+                };
+                if version == newest {
+                    out.push(ExportInfo {
+                        name: vd.name.clone(),
+                        description: format!("vDisk {} (newest: version {version})", vd.name),
+                        size,
+                    });
+                }
+                out.push(ExportInfo {
+                    name: format!("{}@{version}", vd.name),
+                    description: format!("vDisk {} version {version}", vd.name),
+                    size,
+                });
+                if out.len() >= EXPORTS_LIST_MAX {
+                    return Ok(out);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The virtual size of a store file (cached while the file is unchanged); `None`, with
+    /// a warning, for a file that does not open.
+    fn size_of(&self, path: &Path) -> Option<u64> {
+        let id = FileId::of(path).ok()?;
+        if let Some((known, size)) = lock(&self.sizes).get(path)
+            && *known == id
+        {
+            return Some(*size);
+        }
+        match disk::open::open_one(path, disk::open::OpenOptions::default()) {
+            Ok(layer) => {
+                let size = layer.image.device().size();
+                lock(&self.sizes).insert(path.to_path_buf(), (id, size));
+                Some(size)
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %chain_to_string(&e), "store file does not open");
+                None
+            }
+        }
+    }
+}
+
+fn canonical(path: &Path) -> Result<PathBuf, OpenError> {
+    std::fs::canonicalize(path)
+        .map_err(|e| OpenError::Other(format!("resolve {}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(vdisk: &str, version: Option<u32>, mode: Mode) -> ExportSpec {
+        ExportSpec {
+            vdisk: vdisk.into(),
+            version,
+            mode,
+        }
+    }
+
+    #[test]
+    fn plain_name_is_newest_read_only() {
+        assert_eq!(
+            parse_export_name("golden").unwrap(),
+            spec("golden", None, Mode::ReadOnly)
+        );
+    }
+
+    #[test]
+    fn versioned_device_name_is_server_cache() {
+        let dev = Mode::ServerCache {
+            device: "pc-01".into(),
+        };
+        assert_eq!(
+            parse_export_name("golden@1+pc-01").unwrap(),
+            spec("golden", Some(1), dev)
+        );
+    }
+
+    #[test]
+    fn persistent_suffix_is_persistent() {
+        let dev = Mode::Persistent {
+            device: "pc-01".into(),
+        };
+        assert_eq!(
+            parse_export_name("golden+pc-01+persistent").unwrap(),
+            spec("golden", None, dev)
+        );
+    }
+
+    #[test]
+    fn private_is_private() {
+        assert_eq!(
+            parse_export_name("golden+private").unwrap(),
+            spec("golden", None, Mode::Private)
+        );
+    }
+
+    #[test]
+    fn private_of_a_version_is_invalid() {
+        assert!(parse_export_name("golden@1+private").is_err());
+    }
+
+    #[test]
+    fn unknown_suffix_is_invalid() {
+        assert!(parse_export_name("golden+pc+forever").is_err());
+    }
+
+    #[test]
+    fn device_with_slash_is_invalid() {
+        assert!(parse_export_name("golden+../x").is_err());
+    }
+}

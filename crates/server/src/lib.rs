@@ -1,0 +1,20 @@
+//! Ferry's streaming server library.
+//!
+//! ```text
+//!   TCP / unix listeners ──► nbd::Handler (one task per connection)
+//!                                  │  requests decoded by the pure `nbd-proto` codec
+//!                                  ▼
+//!                         ExportSource::open(name) ──► Arc<dyn disk::BlockDevice>
+//!                                  │  disk calls on a bounded blocking pool
+//!                                  ▼
+//!                         replies ──► one writer task per connection
+//! ```
+//!
+//! The NBD transport ([`nbd`]) knows nothing about stores or caches: it asks an
+//! [`nbd::ExportSource`] for a device by export name and reports to an [`nbd::NbdMetrics`].
+
+pub mod exports;
+pub mod metrics;
+pub mod nbd;
+pub mod store;
+pub mod writecache;

@@ -1,0 +1,636 @@
+//! One connection's transmission phase.
+//!
+//! # Design notes
+//!
+//! ```text
+//!  socket ─► reader (this task) ──spawn──► request task ──► spawn_blocking(disk call)
+//!               │  takes a slot            (global Semaphore        │
+//!               │  (+ payload bytes)        `max_blocking`)          ▼
+//!               │                                      mpsc (capacity = slots) ─► writer task
+//!               └─ early errors go straight to the mpsc                 └─► BufWriter ─► socket
+//! ```
+//!
+//! Invariants:
+//! * Every request holds one *slot* (a permit of a per-connection Semaphore of
+//!   `max_in_flight`) from before its header is read until its reply has been written to the
+//!   writer's buffer; reads and writes also hold their payload length in permits of a
+//!   per-connection byte Semaphore. So a connection never holds more than `max_in_flight`
+//!   requests nor `max_in_flight_bytes` of payload, however fast it sends.
+//! * Each request produces exactly one message on the mpsc, whose capacity is the number of
+//!   slots, so sending a reply never waits. A client that stops reading stalls its writer;
+//!   the writer keeps the slots; the reader stops reading new requests. Nothing else waits.
+//! * Each request task also holds a clone of a drop-to-complete `mpsc::Sender<()>` until its
+//!   disk call has returned, so the end of the connection can wait for every disk call
+//!   (and then flush and release) without waiting for a client that will never read.
+//!
+//! The simpler design, a disk call inline in the reader, was rejected: it serializes a
+//! connection's requests and blocks the reactor.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Instant;
+
+use disk::{BlockDevice, ExtentKind};
+use nbd_proto::reply::{Chunk, ChunkPayload, Descriptor, SimpleReply, encode_offset_data_header};
+use nbd_proto::{
+    Command, NBD_EINVAL, NBD_EIO, NBD_ENOSPC, NBD_EOVERFLOW, NBD_EPERM, NBD_STATE_HOLE,
+    NBD_STATE_ZERO, REQUEST_LEN, Request,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+
+use super::listener::{ConnCtx, Shutdown};
+use super::negotiate::{Negotiated, release_blocking};
+use super::{MAX_BLOCK_STATUS_EXTENTS, MAX_BLOCK_STATUS_QUERY, MAX_PAYLOAD, to_nbd_errno};
+
+/// Bytes of the writer's buffer.
+const WRITE_BUFFER_BYTES: usize = 256 << 10;
+/// Bytes of the scratch buffer that discards an oversized write's payload.
+const DISCARD_BUFFER_BYTES: usize = 64 << 10;
+/// Bytes per step of `NBD_CMD_WRITE_ZEROES` with `NBD_CMD_FLAG_NO_HOLE` and of
+/// `NBD_CMD_CACHE`.
+const ZERO_STEP_BYTES: usize = 1 << 20;
+
+/// What one connection serves.
+#[derive(Debug, Clone)]
+struct Export {
+    device: Arc<dyn BlockDevice>,
+    size: u64,
+    writable: bool,
+    structured: bool,
+    meta_context: Option<u32>,
+}
+
+/// The result of one request, before encoding.
+#[derive(Debug)]
+enum Frame {
+    /// Success without data.
+    Ok,
+    /// Read data.
+    Data { offset: u64, data: Vec<u8> },
+    /// A read that returned only zeros (structured replies only).
+    Hole { offset: u64, len: u32 },
+    /// Failure.
+    Error { errno: u32, message: String },
+    /// `base:allocation` descriptors.
+    BlockStatus {
+        context_id: u32,
+        descriptors: Vec<Descriptor>,
+    },
+}
+
+/// A reply on its way to the writer, with the budget it holds until written.
+#[derive(Debug)]
+struct Outgoing {
+    cookie: u64,
+    is_read: bool,
+    frame: Frame,
+    _slot: OwnedSemaphorePermit,
+    _bytes: Option<OwnedSemaphorePermit>,
+}
+
+/// Why the reader stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Disc,
+    Eof,
+    Shutdown,
+    WriterGone,
+    Protocol,
+}
+
+/// Serves transmission until the client disconnects, breaks the protocol, or the server
+/// shuts down; then finishes in-flight requests, flushes, and releases the export.
+pub(crate) async fn serve<R, W>(
+    mut reader: R,
+    writer: W,
+    neg: Negotiated,
+    ctx: &Arc<ConnCtx>,
+    shutdown: &mut Shutdown,
+    peer: &str,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let Negotiated {
+        handle,
+        name,
+        size,
+        writable,
+        structured,
+        meta_context,
+    } = neg;
+    let export = Export {
+        device: Arc::clone(&handle.device),
+        size,
+        writable,
+        structured,
+        meta_context,
+    };
+    tracing::debug!(%peer, export = %name, size, writable, structured, "transmission");
+    let cfg = &ctx.config;
+    let slots_n = cfg.max_in_flight.max(1);
+    let (tx, rx) = mpsc::channel::<Outgoing>(slots_n);
+    let mut writer_task = tokio::spawn(write_replies(rx, writer, structured));
+    let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
+    let budget = Budget {
+        slots: Arc::new(Semaphore::new(slots_n)),
+        bytes: Arc::new(Semaphore::new(
+            cfg.max_in_flight_bytes.max(MAX_PAYLOAD as usize),
+        )),
+    };
+    let end = read_requests(&mut reader, &export, ctx, &budget, &tx, &done_tx, shutdown).await;
+    tracing::debug!(%peer, export = %name, ?end, "transmission ended");
+    drop(tx);
+    drop(done_tx);
+    // Every disk call has returned once every request task dropped its clone.
+    let _ = done_rx.recv().await;
+    if writable {
+        let dev = Arc::clone(&export.device);
+        match tokio::task::spawn_blocking(move || dev.flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(%peer, export = %name, error = %e, "final flush failed"),
+            Err(e) => tracing::error!(%peer, export = %name, error = %e, "final flush panicked"),
+        }
+    }
+    drop(export);
+    release_blocking(handle).await;
+    // The client has `drain_timeout` to read its last replies.
+    if tokio::time::timeout(cfg.drain_timeout, &mut writer_task)
+        .await
+        .is_err()
+    {
+        tracing::debug!(%peer, "client did not read its last replies; dropping it");
+        writer_task.abort();
+    }
+}
+
+/// The per-connection limits.
+#[derive(Debug)]
+struct Budget {
+    slots: Arc<Semaphore>,
+    bytes: Arc<Semaphore>,
+}
+
+/// Reads requests until the connection ends, starting one task per request.
+async fn read_requests<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    export: &Export,
+    ctx: &Arc<ConnCtx>,
+    budget: &Budget,
+    tx: &mpsc::Sender<Outgoing>,
+    done: &mpsc::Sender<()>,
+    shutdown: &mut Shutdown,
+) -> End {
+    loop {
+        let slot = tokio::select! {
+            biased;
+            () = shutdown.recv() => return End::Shutdown,
+            () = tx.closed() => return End::WriterGone,
+            p = Arc::clone(&budget.slots).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return End::WriterGone,
+            },
+        };
+        let mut head = [0u8; REQUEST_LEN];
+        let read = tokio::select! {
+            biased;
+            () = shutdown.recv() => return End::Shutdown,
+            () = tx.closed() => return End::WriterGone,
+            r = reader.read_exact(&mut head) => r,
+        };
+        if read.is_err() {
+            return End::Eof;
+        }
+        let req = match Request::parse(&head) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "closing connection: bad request");
+                ctx.metrics.protocol_error("request magic");
+                return End::Protocol;
+            }
+        };
+        match admit(reader, req, export, ctx, budget, slot, tx, done, shutdown).await {
+            Ok(()) => {}
+            Err(end) => return end,
+        }
+    }
+}
+
+/// Reads a request's payload, validates it, and starts its task (or queues its error).
+#[allow(clippy::too_many_arguments)]
+async fn admit<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    req: Request,
+    export: &Export,
+    ctx: &Arc<ConnCtx>,
+    budget: &Budget,
+    slot: OwnedSemaphorePermit,
+    tx: &mpsc::Sender<Outgoing>,
+    done: &mpsc::Sender<()>,
+    shutdown: &mut Shutdown,
+) -> Result<(), End> {
+    let is_read = req.command == Command::Read;
+    let reply_now = |frame: Frame, slot: OwnedSemaphorePermit| Outgoing {
+        cookie: req.cookie,
+        is_read,
+        frame,
+        _slot: slot,
+        _bytes: None,
+    };
+    if req.command == Command::Disc {
+        return Err(End::Disc);
+    }
+    if req.command == Command::Write && req.len > MAX_PAYLOAD {
+        // Keep the stream in sync without buffering the payload, then refuse.
+        tokio::select! {
+            biased;
+            () = shutdown.recv() => return Err(End::Shutdown),
+            r = discard(reader, u64::from(req.len)) => r.map_err(|_| End::Eof)?,
+        }
+        ctx.metrics
+            .request("write", 0, std::time::Duration::ZERO, false);
+        let f = error(
+            NBD_EOVERFLOW,
+            format!("write of {} bytes over {MAX_PAYLOAD}", req.len),
+        );
+        return tx
+            .send(reply_now(f, slot))
+            .await
+            .map_err(|_| End::WriterGone);
+    }
+    let payload_bytes = match req.command {
+        Command::Read | Command::Write if req.len <= MAX_PAYLOAD => req.len,
+        _ => 0,
+    };
+    let bytes = if payload_bytes > 0 {
+        tokio::select! {
+            biased;
+            () = shutdown.recv() => return Err(End::Shutdown),
+            p = Arc::clone(&budget.bytes).acquire_many_owned(payload_bytes) => {
+                Some(p.map_err(|_| End::WriterGone)?)
+            }
+        }
+    } else {
+        None
+    };
+    let mut payload = Vec::new();
+    if req.command == Command::Write {
+        payload = vec![0u8; req.len as usize];
+        tokio::select! {
+            biased;
+            () = shutdown.recv() => return Err(End::Shutdown),
+            r = reader.read_exact(&mut payload) => r.map_err(|_| End::Eof)?,
+        };
+    }
+    if let Err(f) = validate(&req, export) {
+        ctx.metrics
+            .request(req.command.name(), 0, std::time::Duration::ZERO, false);
+        return tx
+            .send(reply_now(f, slot))
+            .await
+            .map_err(|_| End::WriterGone);
+    }
+    let job = Job {
+        req,
+        export: export.clone(),
+        payload,
+        out: Outgoing {
+            cookie: req.cookie,
+            is_read,
+            frame: Frame::Ok,
+            _slot: slot,
+            _bytes: bytes,
+        },
+    };
+    tokio::spawn(run_job(job, Arc::clone(ctx), tx.clone(), done.clone()));
+    Ok(())
+}
+
+async fn discard<R: AsyncRead + Unpin>(reader: &mut R, mut left: u64) -> io::Result<()> {
+    let mut scratch = vec![0u8; DISCARD_BUFFER_BYTES];
+    while left > 0 {
+        let n = scratch
+            .len()
+            .min(usize::try_from(left).unwrap_or(usize::MAX));
+        reader.read_exact(&mut scratch[..n]).await?;
+        left -= n as u64;
+    }
+    Ok(())
+}
+
+fn error(errno: u32, message: impl Into<String>) -> Frame {
+    Frame::Error {
+        errno,
+        message: message.into(),
+    }
+}
+
+/// Checks a request against the export before any disk call.
+fn validate(req: &Request, e: &Export) -> Result<(), Frame> {
+    let cmd = req.command;
+    if let Command::Unknown(c) = cmd {
+        return Err(error(NBD_EINVAL, format!("unknown command {c}")));
+    }
+    let bad = req.unknown_flags();
+    if bad != 0 || (req.flags.df() && !e.structured) || req.flags.fast_zero() {
+        return Err(error(
+            NBD_EINVAL,
+            format!("flags {:#x} not valid for {}", req.flags.0, cmd.name()),
+        ));
+    }
+    let writes = matches!(cmd, Command::Write | Command::Trim | Command::WriteZeroes);
+    if writes && !e.writable {
+        return Err(error(NBD_EPERM, "export is read-only"));
+    }
+    match cmd {
+        Command::Read | Command::Cache if req.len > MAX_PAYLOAD => {
+            return Err(error(
+                NBD_EOVERFLOW,
+                format!("{} of {} bytes over {MAX_PAYLOAD}", cmd.name(), req.len),
+            ));
+        }
+        Command::BlockStatus if e.meta_context.is_none() => {
+            return Err(error(NBD_EINVAL, "no metadata context negotiated"));
+        }
+        Command::BlockStatus if req.len == 0 => {
+            return Err(error(NBD_EINVAL, "zero-length block status"));
+        }
+        Command::Flush => return Ok(()),
+        _ => {}
+    }
+    match req.end() {
+        Some(end) if end <= e.size => Ok(()),
+        _ => {
+            let errno = if matches!(cmd, Command::Write | Command::WriteZeroes) {
+                NBD_ENOSPC
+            } else {
+                NBD_EINVAL
+            };
+            Err(error(
+                errno,
+                format!(
+                    "{} at {:#x}+{:#x} past the end ({:#x})",
+                    cmd.name(),
+                    req.offset,
+                    req.len,
+                    e.size
+                ),
+            ))
+        }
+    }
+}
+
+/// A validated request on its way to the blocking pool.
+#[derive(Debug)]
+struct Job {
+    req: Request,
+    export: Export,
+    payload: Vec<u8>,
+    out: Outgoing,
+}
+
+async fn run_job(job: Job, ctx: Arc<ConnCtx>, tx: mpsc::Sender<Outgoing>, done: mpsc::Sender<()>) {
+    let Job {
+        req,
+        export,
+        payload,
+        mut out,
+    } = job;
+    let start = Instant::now();
+    let frame = match Arc::clone(&ctx.blocking).acquire_owned().await {
+        Ok(permit) => {
+            let r = tokio::task::spawn_blocking(move || {
+                let f = execute(&req, &export, payload);
+                drop(permit);
+                f
+            })
+            .await;
+            r.unwrap_or_else(|e| {
+                tracing::error!(error = %e, "disk call panicked");
+                error(NBD_EIO, "internal error")
+            })
+        }
+        Err(_) => error(NBD_EIO, "server is shutting down"),
+    };
+    drop(done);
+    let ok = !matches!(frame, Frame::Error { .. });
+    let bytes = match req.command {
+        Command::Read | Command::Write => u64::from(req.len),
+        _ => 0,
+    };
+    ctx.metrics
+        .request(req.command.name(), bytes, start.elapsed(), ok);
+    out.frame = frame;
+    // Never waits: the channel has a place for every slot.
+    let _ = tx.send(out).await;
+}
+
+/// The disk call of one request (on the blocking pool).
+fn execute(req: &Request, e: &Export, payload: Vec<u8>) -> Frame {
+    let dev = e.device.as_ref();
+    let r = match req.command {
+        Command::Read => return read(dev, req, e.structured),
+        Command::Write => dev.write_at(&payload, req.offset),
+        Command::Flush => dev.flush(),
+        Command::Trim => dev.trim(req.offset, u64::from(req.len)),
+        Command::WriteZeroes if req.flags.no_hole() => write_zeros(dev, req),
+        Command::WriteZeroes => dev.write_zeroes(req.offset, u64::from(req.len)),
+        Command::Cache => cache(dev, req),
+        Command::BlockStatus => return block_status(dev, req, e),
+        Command::Disc | Command::Unknown(_) => {
+            // validate() refuses unknown commands and admit() never queues DISC.
+            unreachable!("command {:?} is never executed", req.command)
+        }
+    };
+    let r = r.and_then(|()| {
+        let writes = matches!(
+            req.command,
+            Command::Write | Command::Trim | Command::WriteZeroes
+        );
+        if writes && req.flags.fua() {
+            dev.flush()
+        } else {
+            Ok(())
+        }
+    });
+    match r {
+        Ok(()) => Frame::Ok,
+        Err(err) => disk_error(req, &err),
+    }
+}
+
+fn disk_error(req: &Request, err: &disk::Error) -> Frame {
+    tracing::warn!(command = req.command.name(), offset = req.offset, len = req.len,
+        error = %disk::error::chain_to_string(err), "disk call failed");
+    error(to_nbd_errno(err), err.to_string())
+}
+
+fn read(dev: &dyn BlockDevice, req: &Request, structured: bool) -> Frame {
+    if req.len == 0 {
+        return Frame::Ok;
+    }
+    let mut data = vec![0u8; req.len as usize];
+    if let Err(err) = dev.read_at(&mut data, req.offset) {
+        return disk_error(req, &err);
+    }
+    if structured && data.iter().all(|&b| b == 0) {
+        return Frame::Hole {
+            offset: req.offset,
+            len: req.len,
+        };
+    }
+    Frame::Data {
+        offset: req.offset,
+        data,
+    }
+}
+
+fn write_zeros(dev: &dyn BlockDevice, req: &Request) -> disk::Result<()> {
+    let len = u64::from(req.len);
+    let zeros = vec![0u8; ZERO_STEP_BYTES.min(req.len as usize)];
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(zeros.len() as u64);
+        dev.write_at(&zeros[..n as usize], req.offset + done)?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// `NBD_CMD_CACHE`: reads the range (warming any cache below) and drops the bytes.
+fn cache(dev: &dyn BlockDevice, req: &Request) -> disk::Result<()> {
+    let len = u64::from(req.len);
+    let mut buf = vec![0u8; ZERO_STEP_BYTES.min(req.len as usize)];
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64);
+        dev.read_at(&mut buf[..n as usize], req.offset + done)?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// The `base:allocation` flags of an extent kind.
+fn allocation_flags(kind: ExtentKind) -> u32 {
+    match kind {
+        ExtentKind::Data => 0,
+        ExtentKind::Zero => NBD_STATE_ZERO,
+        ExtentKind::Hole => NBD_STATE_HOLE | NBD_STATE_ZERO,
+    }
+}
+
+fn block_status(dev: &dyn BlockDevice, req: &Request, e: &Export) -> Frame {
+    let Some(context_id) = e.meta_context else {
+        return error(NBD_EINVAL, "no metadata context negotiated");
+    };
+    let len = req.len.min(MAX_BLOCK_STATUS_QUERY);
+    let extents = match disk::device::extents(dev, req.offset, u64::from(len)) {
+        Ok(x) => x,
+        Err(err) => return disk_error(req, &err),
+    };
+    let limit = if req.flags.req_one() {
+        1
+    } else {
+        MAX_BLOCK_STATUS_EXTENTS
+    };
+    // Each extent lies inside the query, so its length fits the request's 32 bits.
+    let descriptors: Vec<Descriptor> = extents
+        .iter()
+        .filter(|x| x.len > 0)
+        .take(limit)
+        .map(|x| Descriptor {
+            len: u32::try_from(x.len).unwrap_or(u32::MAX),
+            flags: allocation_flags(x.kind),
+        })
+        .collect();
+    if descriptors.is_empty() {
+        return error(NBD_EIO, "no extents for a nonempty range");
+    }
+    Frame::BlockStatus {
+        context_id,
+        descriptors,
+    }
+}
+
+/// Writes replies in the order they complete; flushes when none is waiting.
+async fn write_replies<W: AsyncWrite + Unpin>(
+    mut rx: mpsc::Receiver<Outgoing>,
+    w: W,
+    structured: bool,
+) -> io::Result<()> {
+    let mut w = BufWriter::with_capacity(WRITE_BUFFER_BYTES, w);
+    let mut head = Vec::with_capacity(64);
+    while let Some(out) = rx.recv().await {
+        head.clear();
+        let data = encode(&out, structured, &mut head);
+        w.write_all(&head).await?;
+        if let Some(d) = data {
+            w.write_all(d).await?;
+        }
+        // Releases the request's slot and bytes.
+        drop(out);
+        if rx.is_empty() {
+            w.flush().await?;
+        }
+    }
+    w.flush().await?;
+    w.shutdown().await
+}
+
+/// Encodes a reply's header into `head`; returns the data to write after it, if any.
+fn encode<'a>(out: &'a Outgoing, structured: bool, head: &mut Vec<u8>) -> Option<&'a [u8]> {
+    let cookie = out.cookie;
+    let chunk = |payload| Chunk {
+        done: true,
+        cookie,
+        payload,
+    };
+    let simple = |error| SimpleReply { error, cookie };
+    // Chunk payloads here are bounded (descriptors, 4096-byte messages), so encoding cannot
+    // fail; a failure would be a bug, reported as a dropped reply by the client's timeout.
+    let put = |c: Chunk, head: &mut Vec<u8>| {
+        if let Err(e) = c.encode(head) {
+            tracing::error!(error = %e, "reply not encodable");
+        }
+    };
+    match &out.frame {
+        Frame::Ok if structured && out.is_read => put(chunk(ChunkPayload::None), head),
+        Frame::Ok => simple(0).encode(head),
+        Frame::Data { offset, data } => {
+            if structured {
+                // At most MAX_PAYLOAD bytes: the length fits.
+                let _ = encode_offset_data_header(cookie, *offset, data.len(), true, head);
+            } else {
+                simple(0).encode(head);
+            }
+            return Some(data);
+        }
+        Frame::Hole { offset, len } => put(
+            chunk(ChunkPayload::OffsetHole {
+                offset: *offset,
+                len: *len,
+            }),
+            head,
+        ),
+        Frame::Error { errno, message } if structured => put(
+            chunk(ChunkPayload::Error {
+                error: *errno,
+                message: message.clone(),
+            }),
+            head,
+        ),
+        Frame::Error { errno, .. } => simple(*errno).encode(head),
+        Frame::BlockStatus {
+            context_id,
+            descriptors,
+        } => put(
+            chunk(ChunkPayload::BlockStatus {
+                context_id: *context_id,
+                descriptors: descriptors.clone(),
+            }),
+            head,
+        ),
+    }
+    None
+}

@@ -1,0 +1,519 @@
+//! Server-side write caches ("server cache" and "server cache, persistent" in DESIGN.md),
+//! the private-image writer, and the file locks that keep one writer per file.
+//!
+//! ```text
+//!   <write_cache_dir>/<device>/<vdisk>.<version>.avhdx              server cache: made on
+//!        │ parent (attached in memory)                              open, deleted on release
+//!        ▼
+//!   CachedDevice ──► <store>/<vdisk>.<version file>  (read-only chain, shared block cache)
+//!
+//!   <write_cache_dir>/<device>/<vdisk>.<version>.persistent.avhdx   persistent: kept, and
+//!                                                                   reopened if its parent
+//!                                                                   linkage still matches
+//! ```
+//!
+//! A write cache is a differencing VHDX made like `disk::version::new_version` (linked to
+//! the parent's DataWriteGuid, locator pointing at the store file) but with
+//! [`WRITE_CACHE_BLOCK_BYTES`] blocks: a guest's scattered small writes then allocate 2 MiB,
+//! not the golden image's 32 MiB. Its parent is attached in memory to the caller's
+//! (cached) device after the identity check of `VhdxImage::attach_parent`, so the golden
+//! part of every read comes from the shared block cache. Flush is durable (the VHDX log
+//! commit), which is what a persistent cache needs across a server crash.
+//!
+//! Persistent and non-persistent files have different names on purpose: connecting a
+//! device in server-cache mode must never discard its persistent cache.
+//!
+//! Locks: the writer holds `flock(LOCK_EX|LOCK_NB)` on the file it writes, through the very
+//! descriptor the image uses, so the lock lives exactly as long as the image; read-only
+//! users hold `LOCK_SH` on the store file they read. The registry also keeps an in-process
+//! table, because on NFS `flock` becomes a POSIX lock, which does not exclude the same
+//! process.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use disk::device::{Geometry, LayerRun, ParentRef};
+use disk::vhdx::{CreateOptions, ParentSpec, VhdxImage};
+use disk::{BlockDevice, FileStorage, Storage};
+use rustix::fs::{FlockOperation, flock};
+use vhdx::Guid;
+
+/// The longest device name, in bytes.
+pub const DEVICE_NAME_BYTES_MAX: usize = 64;
+/// The payload block size of write-cache files (Hyper-V's for differencing disks).
+pub const WRITE_CACHE_BLOCK_BYTES: u32 = 2 << 20;
+/// Attempts to lock a path whose file is being replaced by another writer.
+const LOCK_ATTEMPTS: usize = 4;
+/// The most entries the startup sweep looks at.
+const SWEEP_ENTRIES_MAX: usize = 100_000;
+/// The suffix of persistent write-cache files.
+const PERSISTENT_SUFFIX: &str = ".persistent.avhdx";
+
+/// Errors of write caches and private images.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WriteCacheError {
+    /// Another writer (in this process or another) holds the file.
+    #[error("{} is in use by another writer", .0.display())]
+    Busy(PathBuf),
+    /// The device name cannot name a write cache.
+    #[error("invalid device name {name:?}: {why}")]
+    InvalidDevice {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A persistent cache exists but does not fit its parent (the version was rewritten).
+    #[error("persistent write cache {} does not fit its parent", path.display())]
+    ParentChanged {
+        /// The cache file.
+        path: PathBuf,
+        /// The mismatch.
+        #[source]
+        source: disk::Error,
+    },
+    /// A file-system call failed.
+    #[error("{op} {}", path.display())]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The image library failed.
+    #[error("{}", path.display())]
+    Disk {
+        /// The image.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: disk::Error,
+    },
+}
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> WriteCacheError {
+    let path = path.to_path_buf();
+    move |source| WriteCacheError::Io { op, path, source }
+}
+
+fn disk_err(path: &Path) -> impl FnOnce(disk::Error) -> WriteCacheError {
+    let path = path.to_path_buf();
+    move |source| WriteCacheError::Disk { path, source }
+}
+
+/// Takes a non-blocking flock; a held lock is [`WriteCacheError::Busy`].
+fn try_flock(file: &File, op: FlockOperation, path: &Path) -> Result<(), WriteCacheError> {
+    match flock(file, op) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(WriteCacheError::Busy(path.to_path_buf())),
+        Err(e) => Err(io_err("lock", path)(e.into())),
+    }
+}
+
+/// A shared lock on a store file, held while a read-only user serves it. Dropping it
+/// closes the descriptor, which releases the lock.
+#[derive(Debug)]
+pub struct FileLock {
+    _file: File,
+}
+
+impl FileLock {
+    /// Takes `LOCK_SH` on `path`.
+    ///
+    /// # Errors
+    /// [`WriteCacheError::Busy`] while a writer holds it; `Io`.
+    pub fn shared(path: &Path) -> Result<FileLock, WriteCacheError> {
+        let file = File::open(path).map_err(io_err("open", path))?;
+        try_flock(&file, FlockOperation::NonBlockingLockShared, path)?;
+        Ok(FileLock { _file: file })
+    }
+}
+
+/// Opens `path` read-write (creating it when `create`) and takes `LOCK_EX` on it. Retries
+/// when the path was unlinked or replaced between the open and the lock (a discarded cache
+/// deleted by its previous writer), so the lock is always on the file the path names.
+///
+/// # Errors
+/// [`WriteCacheError::Busy`]; `Io`.
+pub fn lock_for_write(path: &Path, create: bool) -> Result<File, WriteCacheError> {
+    for _ in 0..LOCK_ATTEMPTS {
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(path)
+            .map_err(io_err("open", path))?;
+        try_flock(&file, FlockOperation::NonBlockingLockExclusive, path)?;
+        let held = file.metadata().map_err(io_err("stat", path))?;
+        let named = std::fs::metadata(path);
+        if named.is_ok_and(|m| m.dev() == held.dev() && m.ino() == held.ino()) {
+            return Ok(file);
+        }
+    }
+    Err(WriteCacheError::Busy(path.to_path_buf()))
+}
+
+/// Checks a device name: 1 to [`DEVICE_NAME_BYTES_MAX`] bytes of `[A-Za-z0-9._-]`, not
+/// starting with '.', and not a mode word of export names (`private`, `persistent`).
+///
+/// # Errors
+/// [`WriteCacheError::InvalidDevice`].
+pub fn check_device_name(name: &str) -> Result<(), WriteCacheError> {
+    let bad = |why| {
+        Err(WriteCacheError::InvalidDevice {
+            name: name.to_string(),
+            why,
+        })
+    };
+    if name.is_empty() || name.len() > DEVICE_NAME_BYTES_MAX {
+        return bad("a device name has 1 to 64 bytes");
+    }
+    if name.starts_with('.') {
+        return bad("a device name does not start with '.'");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return bad("a device name has only letters, digits, '.', '_' and '-'");
+    }
+    if name == "private" || name == "persistent" {
+        return bad("'private' and 'persistent' are export modes");
+    }
+    Ok(())
+}
+
+/// Whether a write cache outlives its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheMode {
+    /// "Server cache": made on open, deleted on release.
+    Discard,
+    /// "Server cache, persistent": kept across connections and server restarts.
+    Persistent,
+}
+
+/// One device's open write cache.
+#[derive(Debug)]
+pub struct WriteCache {
+    image: Arc<VhdxImage>,
+    path: PathBuf,
+    mode: CacheMode,
+}
+
+/// Where an opened write cache lives and whom it serves.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteCacheTarget<'a> {
+    /// The write-cache directory.
+    pub dir: &'a Path,
+    /// The device name.
+    pub device: &'a str,
+    /// The vDisk name.
+    pub vdisk: &'a str,
+    /// The version the cache sits on.
+    pub version: u32,
+    /// Discard or persistent.
+    pub mode: CacheMode,
+}
+
+impl WriteCacheTarget<'_> {
+    /// The cache file's path.
+    pub fn path(&self) -> PathBuf {
+        let name = match self.mode {
+            CacheMode::Discard => format!("{}.{}.avhdx", self.vdisk, self.version),
+            CacheMode::Persistent => format!("{}.{}{PERSISTENT_SUFFIX}", self.vdisk, self.version),
+        };
+        self.dir.join(self.device).join(name)
+    }
+}
+
+impl WriteCache {
+    /// Opens the write cache of `target` over `parent` (a cached read-only chain whose top
+    /// file is `parent_path`): a fresh file in discard mode (any leftover is overwritten);
+    /// in persistent mode the existing file, or a new one.
+    ///
+    /// # Errors
+    /// `InvalidDevice`; `Busy` while another connection holds the file; `ParentChanged`
+    /// when a persistent cache links to another parent identity or size; `Disk`, `Io`.
+    pub fn open(
+        target: WriteCacheTarget<'_>,
+        parent: Arc<dyn BlockDevice>,
+        parent_path: &Path,
+    ) -> Result<WriteCache, WriteCacheError> {
+        check_device_name(target.device)?;
+        let path = target.path();
+        let dir = target.dir.join(target.device);
+        std::fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
+        let file = lock_for_write(&path, true)?;
+        let len = file.metadata().map_err(io_err("stat", &path))?.len();
+        let storage: Arc<dyn Storage> = Arc::new(FileStorage::new(file));
+        if target.mode == CacheMode::Discard || len == 0 {
+            storage.set_len(0).map_err(disk_err(&path))?;
+            let opts = create_options(parent.as_ref(), parent_path, &path)?;
+            disk::vhdx::create(&storage, &opts).map_err(disk_err(&path))?;
+        }
+        let opts = disk::vhdx::OpenOptions {
+            writable: true,
+            path: Some(path.clone()),
+        };
+        let image = VhdxImage::open(storage, opts).map_err(disk_err(&path))?;
+        let changed = |source| WriteCacheError::ParentChanged {
+            path: path.clone(),
+            source,
+        };
+        if image.size() != parent.size() {
+            return Err(changed(disk::Error::new(
+                disk::ErrorKind::ChainBroken,
+                format!(
+                    "cache is {} bytes, parent {} bytes",
+                    image.size(),
+                    parent.size()
+                ),
+            )));
+        }
+        image.attach_parent(parent).map_err(changed)?;
+        Ok(WriteCache {
+            image: Arc::new(image),
+            path,
+            mode: target.mode,
+        })
+    }
+
+    /// The image (a writable differencing VHDX over the cached parent).
+    pub fn image(&self) -> &Arc<VhdxImage> {
+        &self.image
+    }
+
+    /// The cache file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Discard or persistent.
+    pub fn mode(&self) -> CacheMode {
+        self.mode
+    }
+
+    /// Commits and closes the image, then deletes the file in discard mode. The lock is
+    /// released when the last holder of the image drops it.
+    ///
+    /// # Errors
+    /// The close's error (a discard cache is deleted anyway); `Io` of the delete.
+    pub fn release(self) -> Result<(), WriteCacheError> {
+        let closed = self.image.close().map_err(disk_err(&self.path));
+        if self.mode == CacheMode::Discard {
+            std::fs::remove_file(&self.path).map_err(io_err("delete", &self.path))?;
+        }
+        closed
+    }
+}
+
+/// The creation parameters of a write cache over `parent`, as `disk::version` makes a
+/// version, with write-cache-sized blocks.
+fn create_options(
+    parent: &dyn BlockDevice,
+    parent_path: &Path,
+    child: &Path,
+) -> Result<CreateOptions, WriteCacheError> {
+    let g = parent.geometry();
+    let Some(linkage) = parent.linkage_id() else {
+        return Err(disk_err(parent_path)(disk::Error::new(
+            disk::ErrorKind::Unsupported,
+            "a write cache needs a vhdx or vhd parent with an identity",
+        )));
+    };
+    Ok(CreateOptions {
+        size: g.size,
+        block_size: WRITE_CACHE_BLOCK_BYTES,
+        logical_sector_size: g.logical_sector_size,
+        physical_sector_size: g.physical_sector_size,
+        parent: Some(ParentSpec {
+            linkage,
+            relative_path: disk::version::relative_path(child, parent_path),
+            absolute_path: parent_path.display().to_string(),
+        }),
+        ..CreateOptions::default()
+    })
+}
+
+/// Opens a store file for its one private-mode writer: `LOCK_EX` on the file, then a
+/// writable open (a dirty log is replayed). A differencing image still needs its parent
+/// attached.
+///
+/// # Errors
+/// `Busy`; `Disk`, `Io`.
+pub fn open_private(path: &Path) -> Result<VhdxImage, WriteCacheError> {
+    let file = lock_for_write(path, false)?;
+    let opts = disk::vhdx::OpenOptions {
+        writable: true,
+        path: Some(path.to_path_buf()),
+    };
+    VhdxImage::open(Arc::new(FileStorage::new(file)), opts).map_err(disk_err(path))
+}
+
+/// Deletes the discard-mode caches left in `dir` by a server that stopped without
+/// releasing them (persistent caches and files in use are kept). Returns how many.
+///
+/// # Errors
+/// `Io` reading the directory.
+pub fn sweep_discarded(dir: &Path) -> Result<u64, WriteCacheError> {
+    let mut removed = 0;
+    let mut seen = 0;
+    for device in std::fs::read_dir(dir).map_err(io_err("read directory", dir))? {
+        let device = device.map_err(io_err("read directory", dir))?.path();
+        if !device.is_dir() {
+            continue;
+        }
+        let entries = std::fs::read_dir(&device).map_err(io_err("read directory", &device))?;
+        for entry in entries {
+            seen += 1;
+            if seen > SWEEP_ENTRIES_MAX {
+                return Ok(removed);
+            }
+            let path = entry.map_err(io_err("read directory", &device))?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if !name.ends_with(".avhdx") || name.ends_with(PERSISTENT_SUFFIX) {
+                continue;
+            }
+            if lock_for_write(&path, false).is_ok() {
+                std::fs::remove_file(&path).map_err(io_err("delete", &path))?;
+                removed += 1;
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// Bytes and requests written through [`Counted`] devices.
+#[derive(Debug, Default)]
+pub struct WriteCounters {
+    /// Payload bytes written.
+    pub bytes: AtomicU64,
+    /// Write requests.
+    pub writes: AtomicU64,
+}
+
+/// A decorator that counts the bytes written to a writable export.
+#[derive(Debug)]
+pub struct Counted {
+    inner: Arc<dyn BlockDevice>,
+    counters: Arc<WriteCounters>,
+}
+
+impl Counted {
+    /// Counts writes to `inner` into `counters`.
+    pub fn new(inner: Arc<dyn BlockDevice>, counters: Arc<WriteCounters>) -> Counted {
+        Counted { inner, counters }
+    }
+}
+
+impl BlockDevice for Counted {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+
+    fn format(&self) -> &'static str {
+        self.inner.format()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> disk::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> disk::Result<()> {
+        self.inner.write_at(buf, offset)?;
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn flush(&self) -> disk::Result<()> {
+        self.inner.flush()
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> disk::Result<()> {
+        self.inner.trim(offset, len)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> disk::Result<()> {
+        self.inner.write_zeroes(offset, len)
+    }
+
+    fn can_write(&self) -> bool {
+        self.inner.can_write()
+    }
+
+    fn map_layer(&self, offset: u64, len: u64) -> disk::Result<Vec<LayerRun>> {
+        self.inner.map_layer(offset, len)
+    }
+
+    fn parent(&self) -> Option<Arc<dyn BlockDevice>> {
+        self.inner.parent()
+    }
+
+    fn parent_ref(&self) -> Option<ParentRef> {
+        self.inner.parent_ref()
+    }
+
+    fn linkage_id(&self) -> Option<Guid> {
+        self.inner.linkage_id()
+    }
+
+    fn allocated_bytes(&self) -> disk::Result<u64> {
+        self.inner.allocated_bytes()
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.inner.warnings()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mac_style_device_name_is_valid() {
+        assert!(check_device_name("00-15-5d-01-02-03").is_ok());
+    }
+
+    #[test]
+    fn device_name_with_slash_is_invalid() {
+        assert!(check_device_name("../etc").is_err());
+    }
+
+    #[test]
+    fn mode_words_are_not_device_names() {
+        assert!(check_device_name("persistent").is_err());
+    }
+
+    #[test]
+    fn persistent_and_discard_caches_have_different_files() {
+        let t = |mode| WriteCacheTarget {
+            dir: Path::new("/wc"),
+            device: "pc1",
+            vdisk: "golden",
+            version: 2,
+            mode,
+        };
+        assert_eq!(
+            (
+                t(CacheMode::Discard).path(),
+                t(CacheMode::Persistent).path()
+            ),
+            (
+                PathBuf::from("/wc/pc1/golden.2.avhdx"),
+                PathBuf::from("/wc/pc1/golden.2.persistent.avhdx")
+            )
+        );
+    }
+}

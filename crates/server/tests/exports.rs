@@ -1,0 +1,437 @@
+//! The export registry on a real store: name resolution, the three write-cache modes, crash
+//! safety of the persistent cache, private-mode exclusion and block-cache sharing.
+//!
+//! Every test builds a store of `golden.vhdx` (base), `golden.1.avhdx` and `golden.2.avhdx`
+//! with the disk library, each layer writing its own pseudo-random ranges, and keeps a model
+//! of what every version must read as.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use block_cache::BlockCache;
+use disk::BlockDevice;
+use disk::vhdx::CreateOptions;
+use server::exports::{Registry, RegistryConfig};
+use server::nbd::{ExportHandle, ExportSource, OpenError};
+use sha2::{Digest, Sha256};
+
+const MIB: u64 = 1 << 20;
+/// The vDisk's virtual size.
+const SIZE: u64 = 8 * MIB;
+/// Writes of each layer: (offset, length, seed). Ranges overlap across layers and cross
+/// the base's 1 MiB block boundaries.
+const BASE_WRITES: &[(u64, u64, u64)] = &[(0, 2 * MIB, 10), (5 * MIB + 512, 4096, 11)];
+const V1_WRITES: &[(u64, u64, u64)] = &[(MIB + 4096, 2 * MIB, 20)];
+const V2_WRITES: &[(u64, u64, u64)] = &[(2 * MIB + 512, MIB + 1024, 30), (7 * MIB, 512, 31)];
+
+/// Pseudo-random bytes from a seed (xorshift; the content only has to differ per seed).
+fn pattern(seed: u64, len: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn apply(model: &mut [u8], writes: &[(u64, u64, u64)]) {
+    for &(off, len, seed) in writes {
+        model[off as usize..(off + len) as usize].copy_from_slice(&pattern(seed, len));
+    }
+}
+
+fn write_layer(path: &Path, writes: &[(u64, u64, u64)]) {
+    let opts = disk::open::OpenOptions {
+        writable: true,
+        format: None,
+    };
+    let chain = disk::open::open(path, opts).unwrap();
+    for &(off, len, seed) in writes {
+        chain.top().write_at(&pattern(seed, len), off).unwrap();
+    }
+    chain.close().unwrap();
+}
+
+/// A temp dir holding `store/` (base + 2 versions) and `wc/`, and the expected contents of
+/// versions 0, 1 and 2.
+struct Fixture {
+    dir: tempfile::TempDir,
+    expected: Vec<Vec<u8>>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        std::fs::create_dir(&store).unwrap();
+        let base = store.join("golden.vhdx");
+        let f = std::fs::File::create_new(&base).unwrap();
+        let storage: Arc<dyn disk::Storage> = Arc::new(disk::FileStorage::new(f));
+        let opts = CreateOptions {
+            size: SIZE,
+            block_size: MIB as u32,
+            ..CreateOptions::default()
+        };
+        disk::vhdx::create(&storage, &opts).unwrap();
+        write_layer(&base, BASE_WRITES);
+        disk::version::new_version(&base, &store.join("golden.1.avhdx")).unwrap();
+        write_layer(&store.join("golden.1.avhdx"), V1_WRITES);
+        disk::version::new_version(&store.join("golden.1.avhdx"), &store.join("golden.2.avhdx"))
+            .unwrap();
+        write_layer(&store.join("golden.2.avhdx"), V2_WRITES);
+        let mut model = vec![0u8; SIZE as usize];
+        let mut expected = Vec::new();
+        for writes in [BASE_WRITES, V1_WRITES, V2_WRITES] {
+            apply(&mut model, writes);
+            expected.push(model.clone());
+        }
+        Fixture { dir, expected }
+    }
+
+    fn store(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    fn wc(&self) -> PathBuf {
+        self.dir.path().join("wc")
+    }
+
+    /// A registry over this store: a new one is what a restarted server builds.
+    fn registry(&self) -> Registry {
+        registry_at(self.dir.path())
+    }
+}
+
+fn registry_at(dir: &Path) -> Registry {
+    let config = RegistryConfig {
+        store_dir: dir.join("store"),
+        write_cache_dir: dir.join("wc"),
+    };
+    Registry::new(config, BlockCache::new(64 * MIB, 64 << 10).unwrap()).unwrap()
+}
+
+fn read_all(dev: &dyn BlockDevice) -> Vec<u8> {
+    let mut out = vec![0u8; dev.size() as usize];
+    for (i, chunk) in out.chunks_mut(MIB as usize).enumerate() {
+        dev.read_at(chunk, i as u64 * MIB).unwrap();
+    }
+    out
+}
+
+fn open(reg: &Registry, name: &str) -> ExportHandle {
+    reg.open(name)
+        .unwrap_or_else(|e| panic!("open {name}: {e}"))
+}
+
+/// sha256 of every file in `dir`, by name.
+fn hashes(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, Sha256::digest(std::fs::read(&p).unwrap()).to_vec())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn is_busy<T>(r: Result<T, OpenError>) -> bool {
+    matches!(r, Err(OpenError::Busy(_)))
+}
+
+fn is_not_found<T>(r: Result<T, OpenError>) -> bool {
+    matches!(r, Err(OpenError::NotFound(_)))
+}
+
+#[test]
+fn names_resolve_to_versions() {
+    let fx = Fixture::new();
+    let reg = fx.registry();
+    let got: Vec<bool> = [
+        ("golden", 2),
+        ("golden@0", 0),
+        ("golden@1", 1),
+        ("golden@2", 2),
+    ]
+    .iter()
+    .map(|&(name, v)| read_all(open(&reg, name).device.as_ref()) == fx.expected[v])
+    .collect();
+    assert_eq!(got, [true; 4]);
+}
+
+#[test]
+fn read_only_exports_are_not_writable() {
+    let fx = Fixture::new();
+    let h = open(&fx.registry(), "golden");
+    assert!(!h.writable && !h.device.can_write());
+    assert!(h.device.write_at(&[1], 0).is_err());
+}
+
+#[test]
+fn unknown_vdisk_version_or_syntax_is_not_found() {
+    let fx = Fixture::new();
+    let reg = fx.registry();
+    let names = [
+        "nope",
+        "golden@3",
+        "golden@x",
+        "golden+a+b+c",
+        "golden@1+private",
+        "",
+    ];
+    assert!(names.iter().all(|n| is_not_found(reg.open(n))));
+}
+
+#[test]
+fn list_shows_newest_and_every_version_with_sizes() {
+    let fx = Fixture::new();
+    let list = fx.registry().list();
+    let names: BTreeSet<&str> = list.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["golden", "golden@0", "golden@1", "golden@2"])
+    );
+    assert!(list.iter().all(|e| e.size == SIZE));
+}
+
+#[test]
+fn new_version_is_served_without_restart() {
+    let fx = Fixture::new();
+    let reg = fx.registry();
+    read_all(open(&reg, "golden").device.as_ref());
+    let v3 = fx.store().join("golden.3.avhdx");
+    disk::version::new_version(&fx.store().join("golden.2.avhdx"), &v3).unwrap();
+    write_layer(&v3, &[(0, 4096, 40)]);
+    let mut want = fx.expected[2].clone();
+    apply(&mut want, &[(0, 4096, 40)]);
+    assert!(read_all(open(&reg, "golden").device.as_ref()) == want);
+}
+
+#[test]
+fn server_cache_writes_go_to_the_device_file_and_are_discarded() {
+    let fx = Fixture::new();
+    let reg = fx.registry();
+    let before = hashes(&fx.store());
+    let h = open(&reg, "golden+pc1");
+    let writes = [(3 * MIB + 100, 300 << 10, 50), (6 * MIB + 7, 3, 51)];
+    for &(off, len, seed) in &writes {
+        h.device.write_at(&pattern(seed, len), off).unwrap();
+    }
+    h.device.flush().unwrap();
+    let mut want = fx.expected[2].clone();
+    apply(&mut want, &writes);
+    let cache_file = fx.wc().join("pc1/golden.2.avhdx");
+    let stats = reg.stats();
+    assert!(h.writable && read_all(h.device.as_ref()) == want);
+    assert!(cache_file.exists());
+    assert_eq!((stats.open[1], stats.write_cache_files), (1, 1));
+    assert_eq!(stats.written_bytes_total[1], (300 << 10) + 3);
+    assert_eq!(hashes(&fx.store()), before, "golden files are untouched");
+    drop(h);
+    assert!(!cache_file.exists(), "released cache is deleted");
+    assert_eq!(reg.stats().open[1], 0);
+    let again = open(&reg, "golden+pc1");
+    assert!(read_all(again.device.as_ref()) == fx.expected[2]);
+}
+
+#[test]
+fn server_cache_of_a_version_sits_on_that_version() {
+    let fx = Fixture::new();
+    let h = open(&fx.registry(), "golden@0+pc1");
+    h.device.write_at(&[0xEE; 512], 0).unwrap();
+    let mut want = fx.expected[0].clone();
+    want[..512].fill(0xEE);
+    assert!(read_all(h.device.as_ref()) == want);
+}
+
+#[test]
+fn second_connection_of_the_same_device_cache_is_busy() {
+    let fx = Fixture::new();
+    let reg = fx.registry();
+    let _h = open(&reg, "golden+pc1");
+    assert!(is_busy(reg.open("golden+pc1")));
+}
+
+#[test]
+fn persistent_writes_survive_release_reopen_and_restart() {
+    let fx = Fixture::new();
+    let writes = [(MIB - 512, 8192, 60)];
+    {
+        let h = open(&fx.registry(), "golden@1+pc2+persistent");
+        h.device.write_at(&pattern(60, 8192), MIB - 512).unwrap();
+    }
+    let mut want = fx.expected[1].clone();
+    apply(&mut want, &writes);
+    let reg = fx.registry();
+    let reopened = read_all(open(&reg, "golden@1+pc2+persistent").device.as_ref());
+    let restarted = read_all(
+        open(&fx.registry(), "golden@1+pc2+persistent")
+            .device
+            .as_ref(),
+    );
+    assert!(fx.wc().join("pc2/golden.1.persistent.avhdx").exists());
+    assert!(reopened == want && restarted == want);
+}
+
+#[test]
+fn persistent_cache_on_a_rewritten_version_is_refused() {
+    let fx = Fixture::new();
+    let reg = fx.registry();
+    open(&reg, "golden+pc3+persistent")
+        .device
+        .write_at(&[1; 512], 0)
+        .unwrap();
+    open(&reg, "golden+private")
+        .device
+        .write_at(&[2; 512], 4096)
+        .unwrap();
+    assert!(matches!(
+        reg.open("golden+pc3+persistent"),
+        Err(OpenError::Other(_))
+    ));
+}
+
+/// The environment variable that makes the child test below do its part.
+const CRASH_DIR_VAR: &str = "FERRY_EXPORTS_CRASH_DIR";
+/// The flushed write of the crash test: (offset, length, seed).
+const FLUSHED: (u64, u64, u64) = (4 * MIB + 512, 64 << 10, 70);
+
+/// The child of `persistent_flushed_writes_survive_a_crash`: writes and flushes through a
+/// persistent cache, writes more without flushing, and aborts (no release, no close).
+#[test]
+#[ignore = "run by persistent_flushed_writes_survive_a_crash in a child process"]
+fn crash_child_writes_flushes_and_aborts() {
+    let Ok(dir) = std::env::var(CRASH_DIR_VAR) else {
+        return;
+    };
+    let reg = registry_at(Path::new(&dir));
+    let h = open(&reg, "golden+pc9+persistent");
+    let (off, len, seed) = FLUSHED;
+    h.device.write_at(&pattern(seed, len), off).unwrap();
+    h.device.flush().unwrap();
+    h.device.write_at(&pattern(71, 4096), 6 * MIB).unwrap();
+    std::process::abort();
+}
+
+#[test]
+fn persistent_flushed_writes_survive_a_crash() {
+    let fx = Fixture::new();
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "crash_child_writes_flushes_and_aborts",
+            "--exact",
+            "--ignored",
+        ])
+        .args(["--nocapture", "--test-threads=1"])
+        .env(CRASH_DIR_VAR, fx.dir.path())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the child aborts");
+    let h = open(&fx.registry(), "golden+pc9+persistent");
+    let mut got = read_all(h.device.as_ref());
+    let mut want = fx.expected[2].clone();
+    apply(&mut want, &[FLUSHED]);
+    // The unflushed write may or may not have survived; compare everything else.
+    let unflushed = 6 * MIB as usize..(6 * MIB + 4096) as usize;
+    got[unflushed.clone()].fill(0);
+    want[unflushed].fill(0);
+    assert!(got == want);
+}
+
+#[test]
+fn private_mode_has_one_writer_and_excludes_readers_of_that_file() {
+    let fx = Fixture::new();
+    let reg = fx.registry();
+    let other_process = fx.registry();
+    let writer = open(&reg, "golden+private");
+    let refused = [
+        is_busy(reg.open("golden+private")),
+        is_busy(reg.open("golden")),
+        is_busy(reg.open("golden@2")),
+        is_busy(reg.open("golden+pc1")),
+        is_busy(other_process.open("golden+private")),
+        is_busy(other_process.open("golden")),
+    ];
+    assert_eq!(refused, [true; 6]);
+    assert!(writer.writable && reg.open("golden@1").is_ok());
+    drop(writer);
+    assert!(reg.open("golden").is_ok());
+}
+
+#[test]
+fn private_mode_is_refused_while_the_file_is_read() {
+    let fx = Fixture::new();
+    let reg = fx.registry();
+    let _reader = open(&reg, "golden");
+    assert!(is_busy(reg.open("golden+private")));
+}
+
+#[test]
+fn private_writes_are_seen_by_later_readers_not_stale_cache() {
+    let fx = Fixture::new();
+    let reg = fx.registry();
+    let before = hashes(&fx.store());
+    read_all(open(&reg, "golden").device.as_ref());
+    let writes = [(2 * MIB + 512, 4096, 80)];
+    {
+        let w = open(&reg, "golden+private");
+        w.device
+            .write_at(&pattern(80, 4096), 2 * MIB + 512)
+            .unwrap();
+    }
+    let mut want = fx.expected[2].clone();
+    apply(&mut want, &writes);
+    let changed: Vec<String> = hashes(&fx.store())
+        .into_iter()
+        .zip(before)
+        .filter(|(a, b)| a != b)
+        .map(|(a, _)| a.0)
+        .collect();
+    assert!(read_all(open(&reg, "golden").device.as_ref()) == want);
+    assert_eq!(changed, ["golden.2.avhdx"]);
+}
+
+#[test]
+fn block_cache_is_shared_across_two_handles_of_one_export() {
+    let fx = Fixture::new();
+    let reg = fx.registry();
+    let (a, b) = (open(&reg, "golden"), open(&reg, "golden"));
+    let mut buf = vec![0u8; MIB as usize];
+    a.device.read_at(&mut buf, MIB + 4096).unwrap();
+    let first = reg.cache().stats();
+    b.device.read_at(&mut buf, MIB + 4096).unwrap();
+    let second = reg.cache().stats();
+    assert!(first.store_read_bytes > 0);
+    assert_eq!(second.store_read_bytes, first.store_read_bytes);
+    assert!(second.hits > first.hits);
+}
+
+#[test]
+fn server_cache_reads_of_the_golden_part_hit_the_block_cache() {
+    let fx = Fixture::new();
+    let reg = fx.registry();
+    read_all(open(&reg, "golden").device.as_ref());
+    let before = reg.cache().stats().store_read_bytes;
+    let h = open(&reg, "golden+pc1");
+    assert!(read_all(h.device.as_ref()) == fx.expected[2]);
+    assert_eq!(reg.cache().stats().store_read_bytes, before);
+}
+
+#[test]
+fn stale_server_cache_files_are_swept_at_start_and_persistent_kept() {
+    let fx = Fixture::new();
+    std::fs::create_dir_all(fx.wc().join("pc5")).unwrap();
+    let stale = fx.wc().join("pc5/golden.2.avhdx");
+    let kept = fx.wc().join("pc5/golden.2.persistent.avhdx");
+    std::fs::write(&stale, b"left by a crash").unwrap();
+    std::fs::write(&kept, b"a device's data").unwrap();
+    let _reg = fx.registry();
+    assert_eq!((stale.exists(), kept.exists()), (false, true));
+}
