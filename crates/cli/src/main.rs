@@ -7,6 +7,7 @@
 //! vdisk.rs       `ferry vdisk create|info|check|version|read|write` and the dispatcher
 //! copy.rs        `ferry vdisk merge|convert|capture|compact` (long work: bars and summaries)
 //! quickstart.rs  `ferry quickstart`: a demo vDisk with one version, then its info
+//! server.rs      `ferry server`: NBD + metrics over a store, until SIGINT/SIGTERM
 //! progress.rs    indicatif bars behind `disk::ops::Progress`
 //! size.rs        "10G", "512M", "32MiB" parsing
 //! ```
@@ -33,6 +34,7 @@ macro_rules! outln {
 mod copy;
 mod progress;
 mod quickstart;
+mod server;
 mod size;
 mod vdisk;
 
@@ -53,7 +55,8 @@ const EXIT_PROBLEMS: u8 = 2;
     version,
     about = "Ferry: stream VHDX golden images (vDisks) to diskless machines",
     after_help = "Examples:\n  ferry quickstart\n  ferry vdisk create golden.vhdx --size 40G\n  \
-                  ferry vdisk info golden.vhdx --json\n\n\
+                  ferry vdisk info golden.vhdx --json\n  \
+                  ferry server --store ferry-data\n\n\
                   Logging: -v (info), -vv (debug), -vvv (trace), or RUST_LOG=disk=debug."
 )]
 struct Cli {
@@ -84,6 +87,20 @@ enum Command {
     /// Create a demo vDisk with one version in a data directory and print its info.
     #[command(after_help = "Example:\n  ferry quickstart --data-dir /tmp/ferry-demo")]
     Quickstart(quickstart::Args),
+    /// Serve the vDisks of a store over NBD (with a shared block cache, per-device write
+    /// caches and Prometheus metrics) until SIGINT or SIGTERM.
+    #[command(after_help = "Exports:\n  \
+        NAME                        the newest version, read-only\n  \
+        NAME@N                      version N (NAME@0 is the base), read-only\n  \
+        NAME[@N]+DEVICE             writable; writes go to a server cache, discarded on \
+        disconnect\n  \
+        NAME[@N]+DEVICE+persistent  writable; the server cache is kept\n  \
+        NAME+private                writes go to the vDisk itself; one writer\n\n\
+        Examples:\n  ferry server --store ferry-data\n  \
+        nbdinfo nbd://127.0.0.1/demo\n  \
+        ferry server --config /etc/ferry/ferry.toml --cache-ram 8G\n  \
+        curl http://127.0.0.1:9810/metrics")]
+    Server(server::Args),
 }
 
 /// Options every command sees.
@@ -107,11 +124,19 @@ fn main() -> ExitCode {
             };
         }
     };
-    init_logging(cli.verbose);
+    // A server reports what it serves and when it stops: info unless --quiet.
+    let serving = matches!(cli.command, Command::Server(_));
+    let verbose = if serving && !cli.quiet {
+        cli.verbose.max(1)
+    } else {
+        cli.verbose
+    };
+    init_logging(verbose);
     let global = Global { quiet: cli.quiet };
     let result = match cli.command {
         Command::Vdisk { command } => vdisk::run(command, global),
         Command::Quickstart(args) => quickstart::run(&args, global),
+        Command::Server(args) => server::run(&args, global),
     };
     match result {
         Ok(code) => code,

@@ -2,7 +2,8 @@
 //!
 //! In `--data-dir` (default `./ferry-data`) it creates `demo.vhdx` (1 GiB, dynamic) holding a
 //! boot-sector-like first sector and a marked block, then the version `demo.1.avhdx` with a
-//! few sectors changed, and prints `info` of the version, which shows the whole chain.
+//! few sectors changed, and prints `info` of the version, which shows the whole chain, then
+//! the commands to try next (among them `ferry server --store DIR`; it starts no server).
 //!
 //! It is idempotent: a file that exists is kept as it is (writing the base again would change
 //! its identity and break the version above it), and the info is printed again.
@@ -91,6 +92,9 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
             version.display()
         );
         outln!("      ferry vdisk check {}", version.display());
+        outln!();
+        outln!("Serve it: ferry server --store {}", a.data_dir.display());
+        outln!("then try: nbdinfo nbd://127.0.0.1/demo");
     }
     Ok(ExitCode::SUCCESS)
 }

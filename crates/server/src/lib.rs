@@ -13,7 +13,9 @@
 //! The NBD transport ([`nbd`]) knows nothing about stores or caches: it asks an
 //! [`nbd::ExportSource`] for a device by export name and reports to an [`nbd::NbdMetrics`].
 
+pub mod config;
 pub mod exports;
+pub mod http;
 pub mod metrics;
 pub mod nbd;
 pub mod store;

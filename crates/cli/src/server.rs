@@ -1,0 +1,195 @@
+//! `ferry server`: serve the vDisks of a store over NBD, with metrics over HTTP.
+//!
+//! The settings come from an optional TOML file (`--config`, see docs/config.md) and the
+//! flags, which override the file; `--store DIR` alone is enough. The command builds the
+//! block cache, the export [`Registry`] and the [`Metrics`], binds the NBD listeners and the
+//! metrics endpoint (so a bad address fails before anything is served), logs the exports,
+//! and serves until SIGINT or SIGTERM. Then it stops accepting, lets every connection finish
+//! and flush, releases write caches (discarding the non-persistent ones) and exits 0.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args as ClapArgs;
+use server::config::{FerryConfig, Resolved};
+use server::exports::Registry;
+use server::metrics::Metrics;
+use server::nbd::{ExportSource, Listener, NbdMetrics};
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use crate::Global;
+use crate::size::parse_size;
+
+/// Exports named one by one in the startup log; the rest are counted.
+const LOGGED_EXPORTS_MAX: usize = 50;
+/// How long the runtime waits for disk calls still running after the server stopped.
+const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Arguments of `server`.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// TOML configuration file (see docs/config.md); flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Store directory holding NAME.vhdx and its versions NAME.N.avhdx ([store] dir).
+    #[arg(long, value_name = "DIR")]
+    pub store: Option<PathBuf>,
+    /// NBD TCP address ([nbd] listen; default 0.0.0.0:10809; "" turns TCP off).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub nbd_listen: Option<String>,
+    /// NBD unix socket path ([nbd] socket).
+    #[arg(long, value_name = "PATH")]
+    pub nbd_socket: Option<PathBuf>,
+    /// Metrics HTTP address for GET /metrics ([metrics] listen; default 127.0.0.1:9810;
+    /// "" turns it off).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics_listen: Option<String>,
+    /// Block cache RAM budget, e.g. 4G ([cache] ram_bytes; default: a quarter of RAM).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub cache_ram: Option<u64>,
+}
+
+impl Args {
+    /// The file's settings (or none) with the flags applied over them.
+    fn config(&self) -> anyhow::Result<FerryConfig> {
+        let mut c = match &self.config {
+            Some(path) => FerryConfig::load(path)?,
+            None => FerryConfig::default(),
+        };
+        if let Some(dir) = &self.store {
+            c.store.dir = Some(dir.clone());
+        }
+        if let Some(listen) = &self.nbd_listen {
+            c.nbd.listen = Some(listen.clone());
+        }
+        if let Some(socket) = &self.nbd_socket {
+            c.nbd.socket = Some(socket.clone());
+        }
+        if let Some(listen) = &self.metrics_listen {
+            c.metrics.listen = Some(listen.clone());
+        }
+        if let Some(bytes) = self.cache_ram {
+            c.cache.ram_bytes = Some(bytes);
+        }
+        Ok(c)
+    }
+}
+
+/// Runs `ferry server` until SIGINT or SIGTERM.
+///
+/// # Errors
+/// Configuration, store, bind and signal-handler errors.
+pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
+    let resolved = a.config()?.resolve()?;
+    let cache = resolved.block_cache().context("build block cache")?;
+    let registry = Registry::new(resolved.registry.clone(), cache)
+        .with_context(|| format!("serve store {}", resolved.registry.store_dir.display()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ferry-server")
+        .build()
+        .context("start async runtime")?;
+    let result = runtime.block_on(serve(resolved, registry, Arc::new(Metrics::new())));
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
+    result?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve(r: Resolved, registry: Registry, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    watch_signals(stop_tx)?;
+    let nbd = Listener::bind(r.nbd.clone())
+        .await
+        .context("bind NBD listener")?;
+    let metrics_listener = match r.metrics_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("bind metrics endpoint {addr}"))?,
+        ),
+        None => None,
+    };
+    log_startup(&r, &registry, &nbd, metrics_listener.as_ref()).await;
+    let metrics_task = metrics_listener.map(|l| {
+        let (reg, m) = (registry.clone(), Arc::clone(&metrics));
+        let render: server::http::Render =
+            Arc::new(move || m.render(&reg.cache().stats(), &reg.stats()));
+        tokio::spawn(server::http::serve_metrics(
+            l,
+            render,
+            stopped(stop_rx.clone()),
+        ))
+    });
+    let source: Arc<dyn ExportSource> = Arc::new(registry);
+    let sink: Arc<dyn NbdMetrics> = metrics;
+    nbd.serve(source, sink, stopped(stop_rx)).await;
+    if let Some(task) = metrics_task {
+        let _ = task.await;
+    }
+    tracing::info!("server stopped");
+    Ok(())
+}
+
+/// Completes once `stop` turns true (or its sender is gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Turns the first SIGINT or SIGTERM into `stop = true`.
+fn watch_signals(stop: watch::Sender<bool>) -> anyhow::Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
+    tokio::spawn(async move {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "shutting down: finishing open connections");
+        let _ = stop.send(true);
+    });
+    Ok(())
+}
+
+async fn log_startup(
+    r: &Resolved,
+    registry: &Registry,
+    nbd: &Listener,
+    metrics: Option<&TcpListener>,
+) {
+    let store = r.registry.store_dir.display().to_string();
+    let reg = registry.clone();
+    let exports = tokio::task::spawn_blocking(move || reg.list())
+        .await
+        .unwrap_or_default();
+    tracing::info!(
+        %store,
+        write_cache = %r.registry.write_cache_dir.display(),
+        cache_ram_bytes = r.cache.budget_bytes,
+        cache_block_bytes = r.cache.block_bytes,
+        exports = exports.len(),
+        "serving store"
+    );
+    for e in exports.iter().take(LOGGED_EXPORTS_MAX) {
+        tracing::info!(export = %e.name, size_bytes = e.size, "export");
+    }
+    if exports.len() > LOGGED_EXPORTS_MAX {
+        tracing::info!(more = exports.len() - LOGGED_EXPORTS_MAX, "more exports");
+    }
+    if exports.is_empty() {
+        tracing::warn!(%store, "no vDisks in the store (expected NAME.vhdx, NAME.N.avhdx)");
+    }
+    if let Some(addr) = nbd.local_addr() {
+        tracing::info!(%addr, "NBD listening on TCP (nbd://{addr}/NAME)");
+    }
+    if let Some(path) = &r.nbd.nbd_socket {
+        tracing::info!(path = %path.display(), "NBD listening on unix socket");
+    }
+    if let Some(addr) = metrics.and_then(|l| l.local_addr().ok()) {
+        tracing::info!(%addr, "metrics at http://{addr}/metrics");
+    }
+}
