@@ -296,6 +296,8 @@ fn fio_verify_on_device_export_then_golden_again() {
                 "--verify=crc32c",
                 "--do_verify=1",
                 "--verify_fatal=1",
+                // No verify-state file in the working directory (the crate's source tree).
+                "--verify_state_save=0",
                 "--output-format=json",
             ])
             .arg(format!("--uri={}", srv.uri("golden+dev1"))),
