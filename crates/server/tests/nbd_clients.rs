@@ -223,6 +223,18 @@ fn qemu_io_writes_and_reads_writable_export() {
     }
     let out = run_ok(c.arg(&uri));
     assert!(!out.contains("fail") && !out.contains("error"), "{out}");
+    // The server releases the first connection's handle after the client has gone; the
+    // export admits one writer, so wait for that release before connecting again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while src.released.load(std::sync::atomic::Ordering::SeqCst)
+        < src.opened.load(std::sync::atomic::Ordering::SeqCst)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "first connection never released"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     // A second connection sees the writes.
     let out = run_ok(
         tool("qemu-io")
