@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Runs Ferry's benchmarks and rewrites docs/BENCHMARKS.md from their output.
 #
-#   ./scripts/bench.sh            # full run: 4 GiB disk, 3 runs per tool (about 5-10 minutes)
+#   ./scripts/bench.sh            # full run: 4 GiB disk, 3 runs per tool, NBD sections (15-25 min)
+#   ./scripts/bench.sh --only nbd-seq,nbd-iops,bootstorm   # NBD sections only, merged into the file
 #   ./scripts/bench.sh --quick    # smoke test: 256 MiB disk, short I/O runs
 #   ./scripts/bench.sh --help     # every option (--size, --dir, --runs, --only, ...)
 #
-# Needs qemu-img, fio and coreutils; run as root so the page cache can be dropped between
-# runs. Options after the script name go to ferry-bench; a later --out overrides the default.
+# Needs qemu-img, fio, coreutils, nbdkit, qemu-nbd and nbdcopy; run as root so the page cache
+# can be dropped between runs. Options after the script name go to ferry-bench; a later --out
+# overrides the default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p ferry-bench

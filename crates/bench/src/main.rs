@@ -7,6 +7,9 @@
 //!                                                cp of a file as large as the output
 //!   iops      base ◄─ v1 ◄─ v2 (top, writable): random 4 KiB reads and writes
 //!                                             vs fio psync on a plain file
+//!   nbd-seq, nbd-iops, bootstorm              Ferry's NBD server (a child process,
+//!                                             `ferry-bench serve-internal`) vs nbdkit and
+//!                                             qemu-nbd: nbdcopy, fio nbd, boot-trace replay
 //! ```
 //!
 //! and prints a Markdown report (`--out FILE` rewrites that file, docs/BENCHMARKS.md through
@@ -16,6 +19,7 @@
 mod copy;
 mod data;
 mod iops;
+mod nbd;
 mod report;
 mod sys;
 
@@ -77,7 +81,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "capture,merge,iops"
+        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm"
     )]
     only: Vec<Bench>,
     /// Skip the untimed qemu-img compare/check of Ferry's outputs.
@@ -86,6 +90,18 @@ struct Args {
     /// Keep the work files.
     #[arg(long)]
     keep: bool,
+    /// Size of the nbd-seq / nbd-iops vDisk [default: 2G, --quick: 256M].
+    #[arg(long, value_parser = parse_size)]
+    nbd_size: Option<u64>,
+    /// Size of the boot-storm vDisk [default: 4G, --quick: 256M].
+    #[arg(long, value_parser = parse_size)]
+    boot_disk_size: Option<u64>,
+    /// Boot trace scale relative to the published 600 MB / 70,000 reads [default: 1, --quick: 0.01].
+    #[arg(long)]
+    boot_scale: Option<f64>,
+    /// Concurrent boot-storm clients, one scenario each.
+    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+    boot_clients: Vec<usize>,
 }
 
 impl Args {
@@ -111,6 +127,16 @@ enum Bench {
     Capture,
     Merge,
     Iops,
+    NbdSeq,
+    NbdIops,
+    Bootstorm,
+}
+
+impl Bench {
+    /// Whether the benchmark works on the generated sparse raw disk (capture, merge, iops).
+    fn uses_sparse_raw(self) -> bool {
+        matches!(self, Bench::Capture | Bench::Merge | Bench::Iops)
+    }
 }
 
 /// What every benchmark needs to know.
@@ -190,6 +216,10 @@ fn parse_size(s: &str) -> std::result::Result<u64, String> {
 }
 
 fn main() -> Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("serve-internal") {
+        return nbd::serve_internal(&argv[2..]);
+    }
     let args = Args::parse();
     note("ferry-bench starting");
     let runs = args.runs();
@@ -209,6 +239,13 @@ fn main() -> Result<()> {
     let text = result?;
     print!("{text}");
     if let Some(out) = &args.out {
+        // A run of NBD sections only merges them into the existing report.
+        let text = match std::fs::read_to_string(out) {
+            Ok(old) if !args.only.iter().any(|b| b.uses_sparse_raw()) => {
+                report::merge_nbd_sections(&old, &text)
+            }
+            _ => text,
+        };
         std::fs::write(out, &text).with_context(|| format!("write {}", out.display()))?;
         note(&format!("wrote {}", out.display()));
     }
@@ -248,6 +285,9 @@ const WORK_FILES: &[&str] = &[
     "merge-cp-source.bin",
     "merge-cp.bin",
     "fio.dat",
+    "seq.raw",
+    "boot.raw",
+    "boot-trace.iolog",
 ];
 
 fn cleanup(dir: &Path, user_dir: bool) {
@@ -269,17 +309,28 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
     let cfg = Config::new(args, dir, cache);
     let size = args.size();
     note(&format!(
-        "work dir {}, load {load_start}, disk {} MiB",
+        "work dir {}, load {load_start}, sparse disk {} MiB",
         dir.display(),
         size >> 20
     ));
     let raw_path = dir.join("disk.raw");
-    note("generating the sparse raw disk");
-    let raw = data::sparse_raw(&raw_path, size, cfg.seed)?;
-    note(&format!(
-        "  {} of {} blocks hold data",
-        raw.data_blocks, raw.blocks
-    ));
+    let old_benches = args.only.iter().any(|b| b.uses_sparse_raw());
+    let raw = if old_benches {
+        note("generating the sparse raw disk");
+        let raw = data::sparse_raw(&raw_path, size, cfg.seed)?;
+        note(&format!(
+            "  {} of {} blocks hold data",
+            raw.data_blocks, raw.blocks
+        ));
+        raw
+    } else {
+        data::RawSummary {
+            size_bytes: 0,
+            blocks: 0,
+            data_blocks: 0,
+            data_bytes: 0,
+        }
+    };
     let mut report = Report {
         machine,
         load_start,
@@ -294,9 +345,44 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
         capture: None,
         merge: None,
         iops: None,
+        nbd: Vec::new(),
         total_minutes: 0.0,
     };
-    run_benches(&args.only, &cfg, &raw_path, &mut report)?;
+    if old_benches {
+        run_benches(&args.only, &cfg, &raw_path, &mut report)?;
+        let _ = std::fs::remove_file(&raw_path);
+        for f in ["base.vhdx", "v1.avhdx", "v2.avhdx"] {
+            let _ = std::fs::remove_file(dir.join(f));
+        }
+    }
+    let ncfg = nbd::NbdConfig {
+        seq_bytes: args
+            .nbd_size
+            .unwrap_or(args.pick(nbd::SEQ_BYTES_DEFAULT, nbd::SEQ_BYTES_QUICK)),
+        boot_disk_bytes: args
+            .boot_disk_size
+            .unwrap_or(args.pick(nbd::BOOT_DISK_BYTES_DEFAULT, nbd::BOOT_DISK_BYTES_QUICK)),
+        boot_scale: args.boot_scale.unwrap_or(args.pick(1.0, 0.01)),
+        boot_clients: args.boot_clients.clone(),
+        iops_seconds: cfg.iops_seconds,
+    };
+    if args.only.contains(&Bench::NbdSeq) || args.only.contains(&Bench::NbdIops) {
+        let ds = nbd::make_data_set(&cfg, "seq", ncfg.seq_bytes, cfg.seed ^ 0x5e9)?;
+        let r = (|| {
+            if args.only.contains(&Bench::NbdSeq) {
+                report.nbd.push(nbd::seq_bench(&cfg, &ds)?);
+            }
+            if args.only.contains(&Bench::NbdIops) {
+                report.nbd.push(nbd::iops_bench(&cfg, &ncfg, &ds)?);
+            }
+            anyhow::Ok(())
+        })();
+        nbd::remove_data_set(&ds);
+        r?;
+    }
+    if args.only.contains(&Bench::Bootstorm) {
+        report.nbd.push(nbd::bootstorm_bench(&cfg, &ncfg)?);
+    }
     report.load_end = sys::loadavg();
     report.load_during = cfg.loads.summary();
     report.total_minutes = start.elapsed().as_secs_f64() / 60.0;

@@ -240,21 +240,66 @@ pub struct Report {
     pub merge: Option<(CopyTable, MergeSetup)>,
     /// IOPS on the 3-version chain, with a description of the chain.
     pub iops: Option<(IopsTable, String)>,
+    /// The NBD sections (nbd-seq, nbd-iops, bootstorm), rendered by `nbd.rs`.
+    pub nbd: Vec<String>,
     /// Wall-clock minutes of the whole harness run.
     pub total_minutes: f64,
+}
+
+/// Merges the `## NBD` sections of `new` into `old`: a section replaces the one of the same
+/// title in place, one without a match is appended; every other section of `old` is kept, so a
+/// run of only some NBD benchmarks keeps the rest of the report.
+pub fn merge_nbd_sections(old: &str, new: &str) -> String {
+    fn sections(text: &str) -> Vec<&str> {
+        let mut starts: Vec<usize> = text.match_indices("\n## ").map(|(i, _)| i + 1).collect();
+        starts.insert(0, 0);
+        starts.push(text.len());
+        starts.windows(2).map(|w| &text[w[0]..w[1]]).collect()
+    }
+    fn title(s: &str) -> &str {
+        s.lines().next().unwrap_or("")
+    }
+    let fresh: Vec<&str> = sections(new)
+        .into_iter()
+        .filter(|s| s.starts_with("## NBD"))
+        .collect();
+    let mut used = vec![false; fresh.len()];
+    let mut out = String::new();
+    for s in sections(old) {
+        match fresh.iter().position(|f| title(f) == title(s)) {
+            Some(k) => {
+                out.push_str(fresh[k]);
+                used[k] = true;
+            }
+            None => out.push_str(s),
+        }
+        if !out.ends_with("\n\n") {
+            out.push('\n');
+        }
+    }
+    for (f, u) in fresh.iter().zip(used) {
+        if !u {
+            out.push_str(f);
+        }
+    }
+    out
 }
 
 const HOW_TO_RUN: &str = "\
 `./scripts/bench.sh` builds `ferry-bench` in release mode and runs `ferry-bench --out \
 docs/BENCHMARKS.md`, which rewrites this file from its own output (never edit it by hand); a \
-full run takes about 5 to 10 minutes. Options pass through: `--quick` (256 MiB disk, 2-second \
+full run takes about 15 to 25 minutes. Options pass through: `--quick` (256 MiB disk, 2-second \
 I/O runs: a smoke test), `--size 8G` (virtual disk size, default 4G), `--dir DIR` (work \
 directory on the disk to measure; default a temporary directory under /var/tmp, removed \
 afterwards; needs about 5× the disk size free), `--runs N` (timed runs per tool, default 3, \
 median reported), `--threads N` and `--iops-seconds S` (random I/O workers and duration), \
-`--only capture,merge,iops`, `--seed N`, `--no-verify` (skip the untimed `qemu-img \
+`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm` (a run of only NBD sections merges \
+them into the existing file instead of rewriting it), `--nbd-size 2G`, `--boot-disk-size 4G`, \
+`--boot-scale F` (boot trace size relative to 600 MB / 70,000 reads), `--boot-clients \
+1,10,100`, `--seed N`, `--no-verify` (skip the untimed `qemu-img \
 compare`/`check` of Ferry's outputs), `--keep`, and `--out FILE` (write the report \
-elsewhere). It needs qemu-img, fio and coreutils, and root to drop the page cache between runs \
+elsewhere). It needs qemu-img, fio and coreutils (and nbdkit, qemu-nbd and nbdcopy for the NBD \
+sections), and root to drop the page cache between runs \
 (without root it still runs and says so below). Progress goes to stderr; run it on a quiet \
 machine.";
 
@@ -264,8 +309,10 @@ impl Report {
         let mut out = String::from("# Ferry benchmarks\n\n## How to run\n\n");
         out.push_str(HOW_TO_RUN);
         out.push_str("\n\n");
-        self.render_machine(&mut out);
-        self.render_data(&mut out);
+        if self.raw.blocks > 0 {
+            self.render_machine(&mut out);
+            self.render_data(&mut out);
+        }
         if let Some(t) = &self.capture {
             out.push_str("## Capture: raw → VHDX\n\n");
             out.push_str(
@@ -284,7 +331,67 @@ impl Report {
             self.render_iops_intro(&mut out, t, chain);
             t.render(&mut out);
         }
+        if !self.nbd.is_empty() {
+            self.render_nbd_conditions(&mut out);
+            for s in &self.nbd {
+                out.push_str(s);
+            }
+        }
         out
+    }
+
+    /// The NBD sections' own conditions, so they stand alone when merged into a report
+    /// written by an earlier run.
+    fn render_nbd_conditions(&self, out: &mut String) {
+        out.push_str(
+            "## NBD serving: machine and conditions\n\n\
+             Ferry's NBD server runs in a child process of the harness (`ferry-bench \
+             serve-internal --store DIR --port 0`: `server::nbd::Listener` over \
+             `server::exports::Registry` and a `block_cache::BlockCache`, on a multi-threaded \
+             tokio runtime), so its CPU time and storage reads are read from `/proc/PID/stat` \
+             and `/proc/PID/io` like the peers'. Everything runs on this one machine: the \
+             clients (nbdcopy, fio) share its CPUs with the server.\n\n| | |\n|---|---|\n",
+        );
+        for (k, v) in &self.machine.rows {
+            let _ = writeln!(out, "| {k} | {v} |");
+        }
+        for (k, prog, args) in [
+            ("nbdkit", "nbdkit", &["--version"][..]),
+            ("qemu-nbd", "qemu-nbd", &["--version"][..]),
+            ("nbdcopy", "nbdcopy", &["--version"][..]),
+        ] {
+            let _ = writeln!(out, "| {k} | {} |", crate::sys::tool_version(prog, args));
+        }
+        let _ = writeln!(
+            out,
+            "| load average at start / end | {} / {} |",
+            self.load_start, self.load_end
+        );
+        if let Some((min, mean, max)) = self.load_during {
+            let _ = writeln!(
+                out,
+                "| 1-min load as timed runs started (min / mean / max) | {min:.2} / {mean:.2} / {max:.2} |"
+            );
+        }
+        let cache = match self.cache {
+            CacheDrop::Dropped => "dropped before every timed run",
+            CacheDrop::NotPermitted => {
+                "**not dropped** (not permitted): runs may read cached bytes"
+            }
+        };
+        let mode = if self.quick {
+            "`--quick` smoke run (numbers are not meaningful)"
+        } else {
+            "full"
+        };
+        let _ = writeln!(out, "| page cache | {cache} |");
+        let _ = writeln!(out, "| mode | {mode} |");
+        let _ = writeln!(
+            out,
+            "| harness wall time | {:.1} min |\n",
+            self.total_minutes
+        );
+        self.render_busy(out);
     }
 
     fn render_machine(&self, out: &mut String) {
@@ -425,6 +532,16 @@ mod tests {
             r.add(s, written_bytes, 0);
         }
         r
+    }
+
+    #[test]
+    fn nbd_sections_replace_old_ones_and_keep_the_rest() {
+        let old = "# T\n\n## Capture\n\nc\n\n## NBD a\n\nold a\n\n## NBD b\n\nold b\n\n";
+        let new = "# T\n\n## NBD a\n\nnew a\n\n## NBD c\n\nnew c\n\n";
+        assert_eq!(
+            merge_nbd_sections(old, new),
+            "# T\n\n## Capture\n\nc\n\n## NBD a\n\nnew a\n\n## NBD b\n\nold b\n\n## NBD c\n\nnew c\n\n"
+        );
     }
 
     #[test]
