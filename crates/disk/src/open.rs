@@ -161,7 +161,20 @@ impl Chain {
     /// # Errors
     /// I/O failures of the advice call.
     pub fn advise_random_below_top(&self) -> Result<()> {
-        for layer in &self.layers[1..] {
+        self.advise_random_from(1)
+    }
+
+    /// Turns off host read-ahead on every layer, the top included: for chains served behind
+    /// a block cache, which does its own read-ahead.
+    ///
+    /// # Errors
+    /// I/O failures of the advice call.
+    pub fn advise_random_all(&self) -> Result<()> {
+        self.advise_random_from(0)
+    }
+
+    fn advise_random_from(&self, first: usize) -> Result<()> {
+        for layer in &self.layers[first..] {
             if let Image::Vhdx(i) = &layer.image {
                 i.storage().advise_random()?;
             }

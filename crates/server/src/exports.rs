@@ -559,7 +559,7 @@ impl Inner {
         }
         let chain =
             disk::open::open(&path, disk::open::OpenOptions::default()).map_err(disk_err(&path))?;
-        if let Err(e) = chain.advise_random_below_top() {
+        if let Err(e) = chain.advise_random_all() {
             tracing::debug!(path = %path.display(), error = %e, "fadvise failed");
         }
         let top = chain.top();
