@@ -298,7 +298,15 @@ pub fn open(path: &Path, opts: OpenOptions) -> Result<Chain> {
                     ),
                 ));
             }
-            let parent = open_one(cand, OpenOptions::default())?;
+            // A candidate that exists but does not open (another file, a directory, a damaged
+            // image) is reported and the next candidate is tried.
+            let parent = match open_one(cand, OpenOptions::default()) {
+                Ok(p) => p,
+                Err(e) => {
+                    tried.push(format!("{} ({e})", cand.display()));
+                    continue;
+                }
+            };
             match cur.image.attach_parent(parent.image.device()) {
                 Ok(()) => {
                     found = Some(parent);

@@ -167,3 +167,21 @@ fn missing_parent_is_an_error() {
         r.render()
     );
 }
+
+#[test]
+fn unopenable_first_candidate_falls_back_to_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("b.vhdx");
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    make(&base);
+    let child = sub.join("b.1.avhdx");
+    disk::version::new_version(&base, &child).unwrap();
+    // The relative and absolute paths (both ../b.vhdx) now hold garbage; the last candidate,
+    // the parent's file name next to the child, holds the real parent.
+    std::fs::copy(&base, sub.join("b.vhdx")).unwrap();
+    std::fs::write(&base, b"not an image").unwrap();
+    let chain = open::open(&child, OpenOptions::default()).unwrap();
+    assert_eq!(chain.layers.len(), 2);
+    assert_eq!(chain.layers[1].path, sub.join("b.vhdx"));
+}
