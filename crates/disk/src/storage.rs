@@ -24,14 +24,7 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn set_len(&self, len: u64) -> Result<()>;
     /// Makes `[offset, offset+len)` read as zeros, freeing space where the store can.
     fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
-        let zeros = vec![0u8; 1 << 20];
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(zeros.len() as u64) as usize;
-            self.write_at(&zeros[..n], offset + done)?;
-            done += n as u64;
-        }
-        Ok(())
+        write_zeros(self, offset, len)
     }
     /// Tells the store that reads will jump around (a chain layer read through a merge or a
     /// server), so the host should not read ahead; the default does nothing.
@@ -50,6 +43,18 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn next_hole(&self, _offset: u64) -> Result<u64> {
         self.len()
     }
+}
+
+/// Writes `len` zero bytes at `offset`, 1 MiB at a time (hole punching's fallback).
+fn write_zeros<S: Storage + ?Sized>(s: &S, offset: u64, len: u64) -> Result<()> {
+    let zeros = vec![0u8; len.min(1 << 20) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(zeros.len() as u64) as usize;
+        s.write_at(&zeros[..n], offset + done)?;
+        done += n as u64;
+    }
+    Ok(())
 }
 
 /// A real file.
@@ -117,16 +122,7 @@ impl Storage for FileStorage {
         match fallocate(&self.file, flags, offset, len) {
             Ok(()) => Ok(()),
             // Filesystems without hole punching get zeros written instead.
-            Err(rustix::io::Errno::OPNOTSUPP) => {
-                let zeros = vec![0u8; 1 << 20];
-                let mut done = 0;
-                while done < len {
-                    let n = (len - done).min(zeros.len() as u64) as usize;
-                    self.write_at(&zeros[..n], offset + done)?;
-                    done += n as u64;
-                }
-                Ok(())
-            }
+            Err(rustix::io::Errno::OPNOTSUPP) => write_zeros(self, offset, len),
             Err(e) => Err(Error::io(format!("punch hole at {offset:#x}"), e.into())),
         }
     }

@@ -212,12 +212,17 @@ impl VhdxImage {
 
     /// True when every sector of the range is already this file's.
     fn fast_target(&self, block: u64, off: u64, len: u64) -> Result<Option<u64>> {
-        let pieces = self.map_block_loading(block, off, len)?;
         let e = self.read_state().bat[self.layout.payload_index(block) as usize];
-        let fully = e.state() == bat::PAYLOAD_BLOCK_FULLY_PRESENT;
-        let all_here = pieces.len() == 1 && matches!(pieces[0].1, Piece::File(_));
-        let partial_ok = e.state() == bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT && all_here;
-        Ok((fully || partial_ok).then(|| e.file_offset() + off))
+        match e.state() {
+            // The common case needs no map: the whole block is in this file.
+            bat::PAYLOAD_BLOCK_FULLY_PRESENT => Ok(Some(e.file_offset() + off)),
+            bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT => {
+                let pieces = self.map_block_loading(block, off, len)?;
+                let all_here = pieces.len() == 1 && matches!(pieces[0].1, Piece::File(_));
+                Ok(all_here.then(|| e.file_offset() + off))
+            }
+            _ => Ok(None),
+        }
     }
 
     fn write_block(&self, block: u64, off: u64, data: &[u8]) -> Result<()> {
