@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use ::target::{AgentConfig, CacheMode, Status};
 use anyhow::{Context, bail};
 use clap::{Args as ClapArgs, Subcommand};
-use ::target::{AgentConfig, CacheMode, Status};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::Global;

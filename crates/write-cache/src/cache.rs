@@ -42,6 +42,12 @@ use crate::policy::Clock;
 use crate::store::OverflowStore;
 use crate::{BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, Config, ConfigError, Mode};
 
+/// Whether a write to a block in the overflow file moves it back to RAM (evicting another)
+/// rather than updating it in place. In place: one `pwrite` and no eviction, where moving
+/// back costs the victim's `pwrite` plus, for a partial write, a `pread`; CLOCK already
+/// keeps rewritten (hot) blocks in RAM, so a block in the file was cold when it left. The
+/// two measured alike within the noise of a shared machine (docs/target.md).
+const PROMOTE_ON_WRITE: bool = false;
 /// Stripes of overflow-slot locks.
 const STRIPES: usize = 1024;
 /// Victims looked at by one eviction before giving up (every one busy: being filled by
@@ -364,7 +370,7 @@ impl WriteCache {
                     self.clock.touch(r);
                     true
                 }
-                Some(Place::Disk(s)) if self.mode == Mode::Disk => {
+                Some(Place::Disk(s)) if self.mode == Mode::Disk || !PROMOTE_ON_WRITE => {
                     let _shared = self.stripe(s).read();
                     if self.index.get(b) != cur {
                         continue;

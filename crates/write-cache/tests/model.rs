@@ -292,5 +292,6 @@ fn threads_under_eviction_read_their_own_writes() {
     for th in threads {
         th.join().unwrap();
     }
-    assert!(cache.usage().evictions > 100);
+    // 64 distinct blocks were written and 3 fit in RAM.
+    assert!(cache.usage().evictions >= 61);
 }
