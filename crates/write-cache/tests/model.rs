@@ -292,6 +292,7 @@ fn threads_under_eviction_read_their_own_writes() {
     for th in threads {
         th.join().unwrap();
     }
-    // 64 distinct blocks were written and 3 fit in RAM.
-    assert!(cache.usage().evictions >= 61);
+    // Writes happen in even rounds, so each thread writes 8 of its 16 blocks: 32 distinct
+    // blocks, of which 3 fit in RAM.
+    assert!(cache.usage().evictions >= 29, "{:?}", cache.usage());
 }
