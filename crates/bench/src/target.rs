@@ -199,7 +199,10 @@ fn target_case(cfg: &Config, ds: &DataSet, mode: CacheMode, ws: u64) -> Result<C
     let srv = Server::start(Kind::Ferry, ds)?;
     let agent = Agent::start(cfg, srv.port, ds, mode)?;
     let uri = unix_uri(&agent.sock);
-    prefill(&uri, ws)?;
+    // Diagnostics: FERRY_BENCH_NO_PREFILL=1 times a cold cache (first writes included).
+    if std::env::var_os("FERRY_BENCH_NO_PREFILL").is_none() {
+        prefill(&uri, ws)?;
+    }
     cfg.loads.sample();
     let iops = fio_iops(&vdi_args(&uri, ws, cfg.iops_seconds));
     agent.stop()?;

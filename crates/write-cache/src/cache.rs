@@ -18,7 +18,11 @@
 //!   from where the block's bytes are (the layer below, zeros, or the overflow slot) into a
 //!   slot nobody else can see yet, then publishes it with a compare-and-swap against the
 //!   entry it read. If the entry changed meanwhile, the slot is dropped and the write
-//!   retried, so a stale base is never published.
+//!   retried, so a stale base is never published. Inserts of one block are serialized by
+//!   an insert lock (1024 stripes by block), so racing writers of a new block do not each
+//!   fill a slot: near a full budget that would refuse other writes (ENOSPC) for slots
+//!   about to be given back. A writer that finds the budget used up while other inserts
+//!   hold slots waits for them (`filling`) before it refuses.
 //! * Eviction writes a victim to a fresh overflow slot under the victim's *upgradable* read
 //!   lock (readers of the victim proceed; writers wait), then upgrades, swaps the entry to
 //!   `Disk`, and hands the RAM slot to the writer that needed it. Only that writer waits
@@ -48,6 +52,8 @@ use crate::{BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, Config, ConfigError, Mode};
 /// keeps rewritten (hot) blocks in RAM, so a block in the file was cold when it left. The
 /// two measured alike within the noise of a shared machine (docs/target.md).
 const PROMOTE_ON_WRITE: bool = false;
+/// Times a writer waits for racing inserts to give a RAM slot back before ENOSPC.
+const ALLOC_WAITS_MAX: usize = 1 << 12;
 /// Stripes of overflow-slot locks.
 const STRIPES: usize = 1024;
 /// Victims looked at by one eviction before giving up (every one busy: being filled by
@@ -135,8 +141,12 @@ pub struct WriteCache {
     store: Option<Arc<dyn OverflowStore>>,
     disk: DiskSlots,
     stripes: Box<[RwLock<()>]>,
+    /// Insert locks, by block: serialize inserts of one block (see `write_piece`).
+    inserts: Box<[Mutex<()>]>,
     zeros: Box<[u8]>,
     poisoned: AtomicBool,
+    /// RAM slots allocated by inserts not yet published or released.
+    filling: AtomicU64,
     counters: Counters,
 }
 
@@ -191,8 +201,10 @@ impl WriteCache {
                 used: AtomicU64::new(0),
             },
             stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
+            inserts: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             zeros: vec![0u8; bs as usize].into_boxed_slice(),
             poisoned: AtomicBool::new(false),
+            filling: AtomicU64::new(0),
             counters: Counters::default(),
         })
     }
@@ -237,6 +249,12 @@ impl WriteCache {
     fn block_len(&self, b: u64) -> usize {
         // At most `block` (≤ 1 MiB).
         (self.size - (b << self.shift)).min(self.block) as usize
+    }
+
+    fn insert_lock(&self, b: u64) -> &Mutex<()> {
+        let h = b.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54;
+        // h < 2^10 = STRIPES.
+        &self.inserts[h as usize % STRIPES]
     }
 
     fn stripe(&self, s: u64) -> &RwLock<()> {
@@ -378,8 +396,19 @@ impl WriteCache {
                     self.store_write(src, (s << self.shift) + o as u64)?;
                     true
                 }
-                _ if self.mode == Mode::Disk => self.insert_disk(b, o, src, cur)?,
-                _ => self.insert_ram(b, o, src, cur)?,
+                _ => {
+                    // One insert per block at a time: a second writer of the same new block
+                    // waits, then writes in place, instead of filling a slot it would lose.
+                    let _insert = self.insert_lock(b).lock();
+                    if self.index.get(b) != cur {
+                        continue;
+                    }
+                    if self.mode == Mode::Disk {
+                        self.insert_disk(b, o, src, cur)?
+                    } else {
+                        self.insert_ram(b, o, src, cur)?
+                    }
+                }
             };
             if done {
                 return Ok(());
@@ -406,15 +435,38 @@ impl WriteCache {
         Ok(true)
     }
 
-    /// A RAM slot: a free one, or (RamOverflow) one taken by eviction.
+    /// A RAM slot: a free one, or (RamOverflow) one taken by eviction. A slot counts in
+    /// `filling` until its insert published or gave it back.
     fn ram_alloc(&self) -> Result<u32> {
-        if let Some(r) = self.arena.alloc() {
-            return Ok(r);
+        let take = |r: u32| {
+            self.filling.fetch_add(1, Ordering::AcqRel);
+            Ok(r)
+        };
+        for _ in 0..ALLOC_WAITS_MAX {
+            if let Some(r) = self.arena.alloc() {
+                return take(r);
+            }
+            if self.mode == Mode::RamOverflow {
+                return take(self.evict_one()?);
+            }
+            // Full, unless other writers hold slots for inserts that may lose a race on
+            // their block and give the slot back: wait for them rather than refuse. A
+            // loser releases its slot before it leaves `filling`, so once `filling` is 0
+            // one more try sees every slot given back.
+            if self.filling.load(Ordering::Acquire) == 0 {
+                if let Some(r) = self.arena.alloc() {
+                    return take(r);
+                }
+                break;
+            }
+            std::thread::yield_now();
         }
-        match self.mode {
-            Mode::RamOverflow => self.evict_one(),
-            _ => Err(self.enospc("RAM budget", None)),
-        }
+        Err(self.enospc("RAM budget", None))
+    }
+
+    /// An insert's slot was published or released.
+    fn filled(&self) {
+        self.filling.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Writes into a new RAM slot and publishes it in place of `cur` (absent, zero or an
@@ -433,6 +485,7 @@ impl WriteCache {
         if !matches!(based, Ok(true)) {
             drop(g);
             self.arena.release(r);
+            self.filled();
             return based;
         }
         g.data[o..o + src.len()].copy_from_slice(src);
@@ -442,9 +495,11 @@ impl WriteCache {
             g.owner = FREE;
             drop(g);
             self.arena.release(r);
+            self.filled();
             return Ok(false);
         }
         drop(g);
+        self.filled();
         self.clock.touch(r);
         if let Some(Place::Disk(s)) = cur.map(|e| e.place) {
             self.counters.promotions.fetch_add(1, Ordering::Relaxed);
