@@ -85,7 +85,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm"
+        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target"
     )]
     only: Vec<Bench>,
     /// Skip the untimed qemu-img compare/check of Ferry's outputs.
@@ -354,6 +354,7 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
         merge: None,
         iops: None,
         nbd: Vec::new(),
+        target: None,
         total_minutes: 0.0,
     };
     if old_benches {
@@ -395,7 +396,7 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
         let ds = nbd::make_data_set(&cfg, "golden", target::GOLDEN_BYTES, cfg.seed ^ 0x7a9)?;
         let r = target::target_bench(&cfg, &ds);
         nbd::remove_data_set(&ds);
-        report.nbd.push(r?);
+        report.target = Some(r?);
     }
     report.load_end = sys::loadavg();
     report.load_during = cfg.loads.summary();

@@ -370,7 +370,7 @@ fn render(cfg: &Config, rows: &[(String, Vec<Case>)], disk: f64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "## NBD target write caches (target)\n\n\
+        "## Target write caches (target)\n\n\
          The VDI workload against `ferry target`'s unix-socket export (the agent in the \
          harness's process, attached over loopback NBD to `ferry-bench serve-internal` serving \
          a {:.2} GiB random-data vDisk): `fio {}` after an untimed sequential 1 MiB prefill of \
