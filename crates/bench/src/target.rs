@@ -400,6 +400,16 @@ fn render(cfg: &Config, rows: &[(String, Vec<Case>)], disk: f64) -> String {
         out,
         "| fio io_uring O_DIRECT (disk ceiling) | {disk:.0} | | |\n"
     );
+    if let Some((min, mean, max)) = cfg.loads.summary() {
+        let _ = writeln!(
+            out,
+            "Machine as in *Machine and conditions*, {} CPUs. The 1-minute load as the timed \
+             runs started was {min:.1} / {mean:.1} / {max:.1} (min / mean / max): the clients, \
+             the agent, the server and the peers share those CPUs with whatever else runs, so \
+             compare the ratios of one run, not absolute figures across runs.\n",
+            crate::sys::cpus()
+        );
+    }
     let ram = get("ferry target `ram`", 0);
     let dsk = get("ferry target `disk`", 0);
     let (ro1, ro2) = (
