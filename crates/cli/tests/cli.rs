@@ -144,6 +144,10 @@ fn help_of_every_command_exits_zero_with_an_example() {
         &["vdisk", "write"],
         &["vdisk", "compact"],
         &["quickstart"],
+        &["server"],
+        &["target"],
+        &["target", "status"],
+        &["target", "mark-booted"],
     ];
     for command in commands {
         let mut args = command.to_vec();
