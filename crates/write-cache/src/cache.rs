@@ -861,6 +861,67 @@ mod tests {
         assert_eq!(c.usage().overflow_bytes, 0);
     }
 
+    /// A store whose writes fail with EIO (a dying disk).
+    #[derive(Debug)]
+    struct BrokenStore;
+
+    impl OverflowStore for BrokenStore {
+        fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::from_raw_os_error(5))
+        }
+        fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::from_raw_os_error(5))
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Err(std::io::Error::from_raw_os_error(5))
+        }
+    }
+
+    fn broken(mode: Mode) -> WriteCache {
+        let config = Config {
+            mode,
+            block_bytes: 4096,
+            ram_bytes_max: 4096,
+            overflow_bytes_max: 1 << 20,
+        };
+        let store: Arc<dyn OverflowStore> = Arc::new(BrokenStore);
+        WriteCache::new(Arc::new(Golden(1 << 20)), config, Some(store)).unwrap()
+    }
+
+    #[test]
+    fn failed_overflow_write_poisons_the_cache() {
+        let c = broken(Mode::Disk);
+        assert_eq!(c.write_at(&[1; 4096], 0).unwrap_err().kind(), ErrorKind::Io);
+        let mut buf = [0u8; 512];
+        assert_eq!(
+            c.read_at(&mut buf, 0).unwrap_err().kind(),
+            ErrorKind::Poisoned
+        );
+    }
+
+    #[test]
+    fn failed_flush_poisons_the_cache() {
+        let c = broken(Mode::Disk);
+        assert_eq!(c.flush().unwrap_err().kind(), ErrorKind::Io);
+        assert_eq!(
+            c.write_at(&[1; 512], 0).unwrap_err().kind(),
+            ErrorKind::Poisoned
+        );
+    }
+
+    #[test]
+    fn failed_eviction_write_keeps_the_victim_in_ram() {
+        let c = broken(Mode::RamOverflow);
+        c.write_at(&[7; 4096], 0).unwrap();
+        // The second block needs the only RAM slot: the victim's write to the store fails.
+        assert_eq!(
+            c.write_at(&[8; 4096], 4096).unwrap_err().kind(),
+            ErrorKind::Io
+        );
+        assert_eq!(c.usage().evictions, 0);
+        assert_eq!(c.usage().ram_bytes, 4096);
+    }
+
     #[test]
     fn overflow_store_missing_is_a_config_error() {
         let config = Config {
