@@ -44,8 +44,11 @@ pub enum Command {
         #[arg(long, value_name = "PATH")]
         control: Option<PathBuf>,
         /// JSON on stdout.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "prometheus")]
         json: bool,
+        /// Prometheus text exposition on stdout (for node_exporter's textfile collector).
+        #[arg(long)]
+        prometheus: bool,
     },
     /// Tell the running agent the machine has booted (stops the boot clock).
     #[command(
@@ -147,7 +150,11 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
             export,
             control,
             json,
-        }) => status(&control_path(export, control.as_deref())?, *json, global),
+            prometheus,
+        }) => {
+            let path = control_path(export, control.as_deref())?;
+            status(&path, *json, *prometheus, global)
+        }
         Some(Command::MarkBooted { export, control }) => {
             let path = control_path(export, control.as_deref())?;
             let v = ::target::control::request(&path, "mark-booted")?;
@@ -200,11 +207,20 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn status(control: &Path, json: bool, _global: Global) -> anyhow::Result<ExitCode> {
+fn status(
+    control: &Path,
+    json: bool,
+    prometheus: bool,
+    _global: Global,
+) -> anyhow::Result<ExitCode> {
     let v = ::target::control::request(control, "status")?;
     let s: Status = serde_json::from_value(v).context("status reply")?;
     if json {
         crate::print_json(&s)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if prometheus {
+        crate::print_text(&prometheus_text(&s));
         return Ok(ExitCode::SUCCESS);
     }
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
@@ -247,4 +263,108 @@ fn status(control: &Path, json: bool, _global: Global) -> anyhow::Result<ExitCod
         None => outln!("boot time:   booting ({:.1} s so far)", s.uptime_s),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The status as Prometheus text exposition (`ferry_target_*`).
+fn prometheus_text(s: &Status) -> String {
+    let labels = format!(
+        "vdisk=\"{}\",cache_mode=\"{}\",server=\"{}\"",
+        s.vdisk, s.cache_mode, s.server
+    );
+    let rows: [(&str, &str, &str, f64); 15] = [
+        (
+            "ram_bytes",
+            "gauge",
+            "RAM used by the write cache",
+            s.ram_bytes as f64,
+        ),
+        (
+            "ram_bytes_max",
+            "gauge",
+            "RAM budget of the write cache",
+            s.ram_bytes_max as f64,
+        ),
+        (
+            "overflow_bytes",
+            "gauge",
+            "overflow file bytes in use",
+            s.overflow_bytes as f64,
+        ),
+        (
+            "evictions_total",
+            "counter",
+            "blocks moved from RAM to the overflow file",
+            s.evictions as f64,
+        ),
+        (
+            "enospc_total",
+            "counter",
+            "writes refused for lack of cache space",
+            s.enospc as f64,
+        ),
+        (
+            "read_bytes_total",
+            "counter",
+            "bytes read from the exported disk",
+            s.bytes_read as f64,
+        ),
+        (
+            "written_bytes_total",
+            "counter",
+            "bytes written to the exported disk",
+            s.bytes_written as f64,
+        ),
+        ("reads_total", "counter", "read requests", s.reads as f64),
+        ("writes_total", "counter", "write requests", s.writes as f64),
+        (
+            "read_iops",
+            "gauge",
+            "reads per second, last second",
+            s.read_iops,
+        ),
+        (
+            "write_iops",
+            "gauge",
+            "writes per second, last second",
+            s.write_iops,
+        ),
+        (
+            "errors_total",
+            "counter",
+            "requests that failed",
+            s.errors as f64,
+        ),
+        (
+            "retries_total",
+            "counter",
+            "requests retried after a server was lost",
+            s.retries as f64,
+        ),
+        (
+            "failovers_total",
+            "counter",
+            "moves to another server",
+            s.failovers as f64,
+        ),
+        (
+            "uptime_seconds",
+            "gauge",
+            "seconds since attach",
+            s.uptime_s,
+        ),
+    ];
+    let mut out = String::new();
+    for (name, kind, help, v) in rows {
+        out.push_str(&format!(
+            "# HELP ferry_target_{name} {help}\n# TYPE ferry_target_{name} {kind}\n\
+             ferry_target_{name}{{{labels}}} {v}\n"
+        ));
+    }
+    if let Some(t) = s.boot_time_s {
+        out.push_str(&format!(
+            "# HELP ferry_target_boot_seconds seconds from attach to boot end\n\
+             # TYPE ferry_target_boot_seconds gauge\nferry_target_boot_seconds{{{labels}}} {t}\n"
+        ));
+    }
+    out
 }

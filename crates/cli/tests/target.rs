@@ -437,6 +437,12 @@ fn status_reports_the_attachment_and_mark_booted_stops_the_clock() {
     assert!(s["boot_time_s"].as_f64().is_some(), "{s}");
     let text = run_ok(ferry().args(["target", "status", &t.export_arg()]));
     assert!(text.contains("cache mode:  ram"), "{text}");
+    let prom = run_ok(ferry().args(["target", "status", "--prometheus", &t.export_arg()]));
+    assert!(
+        prom.lines()
+            .any(|l| l.starts_with("ferry_target_ram_bytes{") && l.ends_with(" 8192")),
+        "{prom}"
+    );
     t.proc.stop();
     srv.stop();
 }
