@@ -109,6 +109,13 @@ pub struct RunArgs {
     /// Seconds a server may take to answer one request before the target fails over.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub timeout: u64,
+    /// Seconds one failover may look for a server before the request fails.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub failover_timeout: u64,
+    /// Server modes: most bytes of writes kept to replay after a failover (server-persistent
+    /// and private flush past it; in `server` mode a failover past it fails I/O).
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
+    pub replay_max: u64,
 }
 
 fn parse_mode(s: &str) -> Result<CacheMode, String> {
@@ -179,6 +186,8 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
     cfg.block_bytes = a.cache_block;
     cfg.boot_bytes = a.boot_bytes;
     cfg.request_timeout = Duration::from_secs(a.timeout.max(1));
+    cfg.failover_timeout = Duration::from_secs(a.failover_timeout.max(1));
+    cfg.replay_bytes_max = a.replay_max;
     if let Some(c) = &a.control {
         cfg.control_socket = c.clone();
     }
