@@ -299,3 +299,50 @@ fn no_server_left_fails_the_request() {
     let e = r.read_at(&mut buf, 0).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Io);
 }
+
+/// `server` mode keeps every write since attach; once that is more than the log holds, a
+/// server loss fails I/O instead of continuing on a server that lacks the writes.
+#[test]
+fn overflowed_replay_log_fails_io_on_failover() {
+    let disk_a = MemDisk::new();
+    let disk_b = MemDisk::new();
+    let a = Server::start(&disk_a);
+    let b = Server::start(&disk_b);
+    let r = Remote::connect(RemoteConfig {
+        servers: vec![a.addr.clone(), b.addr.clone()],
+        export: "golden".into(),
+        connect_timeout: Duration::from_secs(5),
+        request_timeout: Duration::from_secs(10),
+        failover_timeout: Duration::from_secs(10),
+        replay: Replay::All,
+        // Two 4 KiB writes do not fit.
+        replay_bytes_max: 6144,
+    })
+    .unwrap();
+    r.write_at(&[1; 4096], 0).unwrap();
+    r.write_at(&[2; 4096], 4096).unwrap();
+    a.stop();
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(r.read_at(&mut buf, 0).unwrap_err().kind(), ErrorKind::Io);
+    assert_eq!(r.counters().failovers.load(Ordering::Relaxed), 0);
+}
+
+/// In `server` mode a flush does not drop the log (the server cache goes with the
+/// connection): after a loss, B receives every write since attach.
+#[test]
+fn server_mode_replays_flushed_writes_too() {
+    let disk_a = MemDisk::new();
+    let disk_b = MemDisk::new();
+    let a = Server::start(&disk_a);
+    let b = Server::start(&disk_b);
+    let r = remote(vec![a.addr.clone(), b.addr.clone()], Replay::All);
+    r.write_at(&[3; 4096], 0).unwrap();
+    r.flush().unwrap();
+    r.write_at(&[4; 4096], 4096).unwrap();
+    a.stop();
+    let mut buf = vec![0u8; 8192];
+    r.read_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf[..4096], &[3; 4096][..]);
+    assert_eq!(&buf[4096..], &[4; 4096][..]);
+    assert_eq!(r.counters().replayed.load(Ordering::Relaxed), 2);
+}
