@@ -507,7 +507,9 @@ fn failover_during_writes_keeps_every_write_in_server_modes() {
             "--verify=crc32c",
             "--verify_fatal=1",
         ])
-        .args(["--verify_state_save=0", "--rate=8m"])
+        // A flush every 256 writes: in server-persistent mode the flushed writes leave
+        // the replay log, so B must find them in the cache file A left in the store.
+        .args(["--verify_state_save=0", "--rate=8m", "--fsync=256"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
         let fio = c.spawn().expect("spawn fio");
