@@ -88,6 +88,15 @@ pub const RUN_BLOCKS_LIMIT: u32 = 256;
 pub const READ_AHEAD_THREADS_LIMIT: usize = 16;
 /// The deepest read-ahead queue.
 pub const READ_AHEAD_QUEUE_LIMIT: usize = 4096;
+/// The smallest part of a block the cache fetches and keeps on its own (a "page"): a block
+/// is `block_bytes / 64` pages of at least this size, each valid or not.
+pub const PAGE_BYTES_MIN: u64 = 4 << 10;
+/// Blocks a chain may prefetch before its read-ahead must show it pays off.
+pub const READ_AHEAD_WARMUP_BLOCKS: u64 = 128;
+/// The share of prefetched blocks (in percent) that demand reads must use for a chain's
+/// read-ahead to go on. Below it, new read-ahead is refused (and counted) until enough of
+/// what was prefetched is used.
+pub const READ_AHEAD_ACCURACY_PERCENT: u64 = 95;
 /// Idle chains (no live wrapper) remembered before the least recently wrapped is dropped
 /// with its entries.
 pub const IDLE_CHAINS_MAX: usize = 1024;

@@ -22,8 +22,8 @@ pub(crate) struct Key {
 /// The state of a key as a reader finds it.
 #[derive(Debug)]
 pub(crate) enum Lookup<D, P> {
-    /// Ready data.
-    Ready(D),
+    /// Ready data, and whether this is the first demand use of a prefetched entry.
+    Ready(D, bool),
     /// Someone is filling it; wait on the token.
     Loading(P),
     /// Neither.
@@ -33,9 +33,13 @@ pub(crate) enum Lookup<D, P> {
 /// The outcome of trying to become the one filler of a key.
 #[derive(Debug)]
 pub(crate) enum Claim<D, P> {
-    /// The caller now owns the fill and must `publish` or `abandon` the key.
-    Claimed,
-    /// Already ready.
+    /// The caller now owns the fill and must `publish` or `abandon` the key. `old` is the
+    /// ready data the caller found insufficient (a refill), taken out of the cache.
+    Claimed {
+        /// The replaced entry's data, for a refill.
+        old: Option<D>,
+    },
+    /// Already ready (and sufficient).
     Ready(D),
     /// Someone else is filling it.
     Loading(P),
@@ -66,6 +70,9 @@ struct Slot<D> {
     charge_bytes: u64,
     /// The CLOCK bit: set by hits (under the read lock, hence atomic), cleared by the hand.
     referenced: AtomicBool,
+    /// Set when read-ahead filled the entry, cleared by its first demand hit (which the
+    /// caller counts as read-ahead that paid off).
+    prefetched: AtomicBool,
 }
 
 /// One shard. Invariants: `charged_bytes` is the sum of the ready slots' charges and never
@@ -105,7 +112,9 @@ impl<D: Clone, P: Clone> Shard<D, P> {
                 if !slot.referenced.load(Ordering::Relaxed) {
                     slot.referenced.store(true, Ordering::Relaxed);
                 }
-                Lookup::Ready(slot.data.clone())
+                let first_use = slot.prefetched.load(Ordering::Relaxed)
+                    && slot.prefetched.swap(false, Ordering::Relaxed);
+                Lookup::Ready(slot.data.clone(), first_use)
             }
             Some(Entry::Loading(p)) => Lookup::Loading(p.clone()),
             None => Lookup::Absent,
@@ -118,15 +127,25 @@ impl<D: Clone, P: Clone> Shard<D, P> {
         self.map.contains_key(&key)
     }
 
-    /// Makes the caller the filler of `key` unless it is ready or loading. Does not set the
-    /// CLOCK bit (read-ahead claims too).
-    pub fn claim(&mut self, key: Key, token: P) -> Claim<D, P> {
+    /// Makes the caller the filler of `key` unless it is loading, or ready with data that
+    /// `enough` accepts. Ready data that `enough` refuses (a block with only some of its
+    /// pages) is taken out and handed back for the caller to extend. Does not set the CLOCK
+    /// bit (read-ahead claims too).
+    pub fn claim(&mut self, key: Key, token: P, enough: impl Fn(&D) -> bool) -> Claim<D, P> {
         match self.map.get(&key) {
-            Some(Entry::Ready(i)) => Claim::Ready(self.slot(*i).data.clone()),
+            Some(Entry::Ready(i)) => {
+                let i = *i;
+                if enough(&self.slot(i).data) {
+                    return Claim::Ready(self.slot(i).data.clone());
+                }
+                let old = self.take_slot(i);
+                self.map.insert(key, Entry::Loading(token));
+                Claim::Claimed { old: Some(old) }
+            }
             Some(Entry::Loading(p)) => Claim::Loading(p.clone()),
             None => {
                 self.map.insert(key, Entry::Loading(token));
-                Claim::Claimed
+                Claim::Claimed { old: None }
             }
         }
     }
@@ -134,7 +153,7 @@ impl<D: Clone, P: Clone> Shard<D, P> {
     /// Turns the claimed `key` into a ready entry charged `charge_bytes`, evicting by CLOCK
     /// until it fits. New entries start with a clear bit: a block read once is the first to
     /// go, and a block read again (a second connection, a second boot) earns a second chance.
-    pub fn publish(&mut self, key: Key, data: D, charge_bytes: u64) -> Published {
+    pub fn publish(&mut self, key: Key, data: D, charge_bytes: u64, prefetched: bool) -> Published {
         let was = self.map.remove(&key);
         debug_assert!(
             matches!(was, Some(Entry::Loading(_))),
@@ -156,6 +175,7 @@ impl<D: Clone, P: Clone> Shard<D, P> {
             data,
             charge_bytes,
             referenced: AtomicBool::new(false),
+            prefetched: AtomicBool::new(prefetched),
         };
         let i = match self.free.pop() {
             Some(i) => {
@@ -240,6 +260,17 @@ impl<D: Clone, P: Clone> Shard<D, P> {
         self.charged_bytes -= slot.charge_bytes;
         slot.charge_bytes
     }
+
+    /// Removes the slot at `i` and its map entry, returning its data.
+    fn take_slot(&mut self, i: usize) -> D {
+        let Some(slot) = self.ring[i].take() else {
+            unreachable!("take_slot is called on occupied slots only");
+        };
+        self.map.remove(&slot.key);
+        self.free.push(i);
+        self.charged_bytes -= slot.charge_bytes;
+        slot.data
+    }
 }
 
 #[cfg(test)]
@@ -254,8 +285,11 @@ mod tests {
     fn full_shard() -> Shard<u64, u32> {
         let mut s = Shard::new(30);
         for b in 0..3 {
-            assert!(matches!(s.claim(key(b), 0), Claim::Claimed));
-            s.publish(key(b), b * 100, 10);
+            assert!(matches!(
+                s.claim(key(b), 0, |_| true),
+                Claim::Claimed { old: None }
+            ));
+            s.publish(key(b), b * 100, 10, false);
         }
         s
     }
@@ -263,23 +297,23 @@ mod tests {
     #[test]
     fn claim_of_loading_key_returns_its_token() {
         let mut s: Shard<u64, u32> = Shard::new(100);
-        s.claim(key(7), 42);
-        assert!(matches!(s.claim(key(7), 43), Claim::Loading(42)));
+        s.claim(key(7), 42, |_| true);
+        assert!(matches!(s.claim(key(7), 43, |_| true), Claim::Loading(42)));
     }
 
     #[test]
     fn publish_makes_lookup_ready() {
         let mut s: Shard<u64, u32> = Shard::new(100);
-        s.claim(key(7), 1);
-        s.publish(key(7), 700, 10);
-        assert!(matches!(s.lookup(key(7)), Lookup::Ready(700)));
+        s.claim(key(7), 1, |_| true);
+        s.publish(key(7), 700, 10, false);
+        assert!(matches!(s.lookup(key(7)), Lookup::Ready(700, _)));
     }
 
     #[test]
     fn publish_past_budget_evicts_oldest_unreferenced() {
         let mut s = full_shard();
-        s.claim(key(3), 0);
-        let p = s.publish(key(3), 300, 10);
+        s.claim(key(3), 0, |_| true);
+        let p = s.publish(key(3), 300, 10, false);
         assert_eq!(p.evicted, 1);
         assert!(matches!(s.lookup(key(0)), Lookup::Absent));
     }
@@ -288,9 +322,9 @@ mod tests {
     fn referenced_entry_gets_second_chance() {
         let mut s = full_shard();
         let _ = s.lookup(key(0)); // sets block 0's bit
-        s.claim(key(3), 0);
-        s.publish(key(3), 300, 10);
-        assert!(matches!(s.lookup(key(0)), Lookup::Ready(0)));
+        s.claim(key(3), 0, |_| true);
+        s.publish(key(3), 300, 10, false);
+        assert!(matches!(s.lookup(key(0)), Lookup::Ready(0, _)));
         assert!(matches!(s.lookup(key(1)), Lookup::Absent));
     }
 
@@ -298,16 +332,16 @@ mod tests {
     fn contains_does_not_set_the_bit() {
         let mut s = full_shard();
         assert!(s.contains(key(0)));
-        s.claim(key(3), 0);
-        s.publish(key(3), 300, 10);
+        s.claim(key(3), 0, |_| true);
+        s.publish(key(3), 300, 10, false);
         assert!(!s.contains(key(0)));
     }
 
     #[test]
     fn entry_larger_than_budget_is_not_kept() {
         let mut s: Shard<u64, u32> = Shard::new(5);
-        s.claim(key(1), 0);
-        let p = s.publish(key(1), 1, 10);
+        s.claim(key(1), 0, |_| true);
+        let p = s.publish(key(1), 1, 10, false);
         assert!(!p.inserted);
         assert_eq!(s.charged_bytes(), 0);
     }
@@ -315,17 +349,20 @@ mod tests {
     #[test]
     fn abandon_lets_the_next_reader_claim() {
         let mut s: Shard<u64, u32> = Shard::new(100);
-        s.claim(key(1), 5);
+        s.claim(key(1), 5, |_| true);
         s.abandon(key(1));
-        assert!(matches!(s.claim(key(1), 6), Claim::Claimed));
+        assert!(matches!(
+            s.claim(key(1), 6, |_| true),
+            Claim::Claimed { old: None }
+        ));
     }
 
     #[test]
     fn remove_chain_drops_only_that_chain() {
         let mut s = full_shard();
         let other = Key { chain: 2, block: 0 };
-        s.claim(other, 0);
-        s.publish(other, 9, 0);
+        s.claim(other, 0, |_| true);
+        s.publish(other, 9, 0, false);
         assert_eq!(s.remove_chain(1), (3, 30));
         assert_eq!((s.ready_len(), s.charged_bytes()), (1, 0));
     }
@@ -334,9 +371,32 @@ mod tests {
     fn freed_slots_are_reused() {
         let mut s = full_shard();
         for b in 3..10 {
-            s.claim(key(b), 0);
-            s.publish(key(b), b, 10);
+            s.claim(key(b), 0, |_| true);
+            s.publish(key(b), b, 10, false);
         }
         assert_eq!(s.ring.len(), 3);
+    }
+
+    #[test]
+    fn an_insufficient_ready_entry_is_taken_out_for_refill() {
+        let mut s = full_shard();
+        let before = s.charged_bytes();
+        assert!(matches!(
+            s.claim(key(1), 9, |d| *d > 1000),
+            Claim::Claimed { old: Some(100) }
+        ));
+        assert_eq!(s.charged_bytes(), before - 10);
+        assert!(matches!(s.lookup(key(1)), Lookup::Loading(9)));
+        s.publish(key(1), 2000, 10, false);
+        assert!(matches!(s.lookup(key(1)), Lookup::Ready(2000, false)));
+    }
+
+    #[test]
+    fn a_prefetched_entry_reports_its_first_use_once() {
+        let mut s: Shard<u64, u32> = Shard::new(100);
+        s.claim(key(4), 0, |_| true);
+        s.publish(key(4), 4, 10, true);
+        assert!(matches!(s.lookup(key(4)), Lookup::Ready(4, true)));
+        assert!(matches!(s.lookup(key(4)), Lookup::Ready(4, false)));
     }
 }

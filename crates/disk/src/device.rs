@@ -161,6 +161,20 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn warnings(&self) -> Vec<String> {
         Vec::new()
     }
+
+    /// [`BlockDevice::read_at`] if it can complete from memory without waiting on I/O or
+    /// on another thread's fill (a block-cache hit); `None` otherwise, and then nothing was
+    /// done: the caller makes the ordinary, possibly blocking call. Servers use it to answer
+    /// hits on the reactor thread instead of handing them to a blocking pool.
+    fn try_read_at(&self, _buf: &mut [u8], _offset: u64) -> Option<Result<()>> {
+        None
+    }
+
+    /// [`BlockDevice::write_at`] if it can complete in memory without blocking (a RAM write
+    /// cache with room); `None` otherwise, and then nothing was written.
+    fn try_write_at(&self, _buf: &[u8], _offset: u64) -> Option<Result<()>> {
+        None
+    }
 }
 
 /// Checks that `[offset, offset+len)` lies inside a device of `size` bytes.
