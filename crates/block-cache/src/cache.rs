@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 
-use disk::device::{Geometry, LayerRun, ParentRef, check_bounds};
+use disk::device::{Geometry, LayerRun, ParentRef, Piece, check_bounds};
 use disk::{BlockDevice, Error, ErrorKind, Result};
 use vhdx::Guid;
 
@@ -35,6 +35,20 @@ impl Block {
             counters: counters.clone(),
         }
     }
+
+    fn copy_of(src: &[u8], counters: &Arc<Counters>) -> Block {
+        counters.resident_add(src.len() as u64);
+        Block {
+            bytes: src.into(),
+            counters: counters.clone(),
+        }
+    }
+}
+
+impl AsRef<[u8]> for Block {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 impl Drop for Block {
@@ -47,6 +61,15 @@ impl fmt::Debug for Block {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Block({} bytes)", self.bytes.len())
     }
+}
+
+/// The largest scratch buffer a thread keeps between store reads (bigger runs allocate).
+const SCRATCH_KEEP_BYTES: usize = 4 << 20;
+
+thread_local! {
+    /// Each thread's buffer for multi-block store reads, reused so a read-ahead window is
+    /// not zero-filled and faulted in again every time.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A ready block's bytes.
@@ -400,56 +423,108 @@ impl Shared {
         let n = run.len() as u64;
         // At most RUN_BLOCKS_LIMIT x BLOCK_BYTES_MAX = 1 GiB, which fits a usize.
         let len = (hi - lo) as usize;
-        let mut buf = Block::zeroed(len, &self.counters);
-        if let Err(e) = chain.inner.read_at(&mut buf.bytes, lo) {
-            let msg = format!("store read of {lo:#x}..{hi:#x} failed: {e}");
-            for c in run {
-                c.fail(e.kind(), msg.clone());
+        if n == 1 && run[0].old.is_none() {
+            // One block, new: read straight into the buffer the entry keeps.
+            let mut buf = Block::zeroed(len, &self.counters);
+            if let Err(e) = chain.inner.read_at(&mut buf.bytes, lo) {
+                return Err(self.fail_run(run, lo, hi, e));
             }
-            return Err(e);
+            self.counters.store_reads.add(1);
+            self.counters.store_read_bytes.add(len as u64);
+            let base = first * self.block_bytes;
+            let valid = self.piece_mask(base, lo, hi);
+            let data = if is_zero(&buf.bytes) {
+                Data::Zero
+            } else {
+                Data::Bytes {
+                    block: Arc::new(buf),
+                    lo: (lo - base) as u32,
+                }
+            };
+            let entry = Cached { data, valid };
+            each(first, &entry);
+            for c in run {
+                self.publish(c, entry.clone(), prefetched);
+            }
+            return Ok(());
         }
-        self.counters.store_reads.add(1);
-        self.counters.store_read_bytes.add(len as u64);
-        let mut whole = Some(buf);
+        // Several blocks (or a refill to merge): read into this thread's scratch buffer,
+        // then copy each block's piece into its own right-sized buffer.
+        let scratch =
+            SCRATCH.with(|s| s.try_borrow_mut().ok().map(|mut s| std::mem::take(&mut *s)));
+        let mut scratch = scratch.unwrap_or_default();
+        if scratch.len() < len {
+            scratch.resize(len, 0);
+        }
+        let r = chain.inner.read_at(&mut scratch[..len], lo);
+        let out = match r {
+            Err(e) => Err(self.fail_run(run, lo, hi, e)),
+            Ok(()) => {
+                self.counters.store_reads.add(1);
+                self.counters.store_read_bytes.add(len as u64);
+                self.publish_run(chain, run, lo, hi, prefetched, &scratch[..len], &mut each)
+            }
+        };
+        if scratch.len() <= SCRATCH_KEEP_BYTES {
+            SCRATCH.with(|s| {
+                if let Ok(mut s) = s.try_borrow_mut() {
+                    *s = scratch;
+                }
+            });
+        }
+        out
+    }
+
+    /// Fails every claim of a run whose store read of `[lo, hi)` failed; returns the error.
+    fn fail_run(&self, run: Vec<Claimed<'_>>, lo: u64, hi: u64, e: Error) -> Error {
+        let msg = format!("store read of {lo:#x}..{hi:#x} failed: {e}");
+        for c in run {
+            c.fail(e.kind(), msg.clone());
+        }
+        e
+    }
+
+    /// The mask of the pages of the block at `base` that `[lo, hi)` covers (`hi` may end
+    /// mid-page at the end of the device).
+    fn piece_mask(&self, base: u64, lo: u64, hi: u64) -> u64 {
+        pages_mask(
+            (lo - base) / self.page_bytes,
+            (hi - base).div_ceil(self.page_bytes),
+        )
+    }
+
+    /// Publishes the blocks of a run whose bytes `[lo, hi)` were read into `src_all`, each
+    /// into its own right-sized buffer (or merged into its old entry).
+    #[allow(clippy::too_many_arguments)]
+    fn publish_run(
+        &self,
+        chain: &ChainHandle,
+        run: Vec<Claimed<'_>>,
+        lo: u64,
+        hi: u64,
+        prefetched: bool,
+        src_all: &[u8],
+        each: &mut impl FnMut(u64, &Cached),
+    ) -> Result<()> {
+        let first = run[0].key.block;
         for (i, mut c) in run.into_iter().enumerate() {
             let b = first + i as u64;
             let base = b * self.block_bytes;
             let (p_lo, p_hi) = (lo.max(base), hi.min(base + self.block_len(chain, b)));
-            let piece_mask = pages_mask(
-                (p_lo - base) / self.page_bytes,
-                (p_hi - base).div_ceil(self.page_bytes),
-            );
-            let (off, plen) = ((p_lo - lo) as usize, (p_hi - p_lo) as usize);
-            let src = whole
-                .as_ref()
-                .map_or(&[][..], |w| &w.bytes[off..off + plen]);
+            let piece_mask = self.piece_mask(base, p_lo, p_hi);
+            let src = &src_all[(p_lo - lo) as usize..(p_hi - lo) as usize];
             let entry = match c.old.take() {
                 None if is_zero(src) => Cached {
                     data: Data::Zero,
                     valid: piece_mask,
                 },
-                None if n == 1 => {
-                    // The read buffer is exactly this block's piece: keep it, no copy.
-                    let block = whole.take().map(Arc::new);
-                    Cached {
-                        data: block.map_or(Data::Zero, |block| Data::Bytes {
-                            block,
-                            lo: (p_lo - base) as u32,
-                        }),
-                        valid: piece_mask,
-                    }
-                }
-                None => {
-                    let mut own = Block::zeroed(plen, &self.counters);
-                    own.bytes.copy_from_slice(src);
-                    Cached {
-                        data: Data::Bytes {
-                            block: Arc::new(own),
-                            lo: (p_lo - base) as u32,
-                        },
-                        valid: piece_mask,
-                    }
-                }
+                None => Cached {
+                    data: Data::Bytes {
+                        block: Arc::new(Block::copy_of(src, &self.counters)),
+                        lo: (p_lo - base) as u32,
+                    },
+                    valid: piece_mask,
+                },
                 Some(old) => self.merge(chain, b, old, src, p_lo - base, piece_mask),
             };
             each(b, &entry);
@@ -555,6 +630,52 @@ impl Shared {
             }
         }
         Ok(())
+    }
+
+    /// The pieces of `[offset, offset + len)` if every page is ready (hits counted), else
+    /// `None`. Never waits, never reads the store, never copies block bytes.
+    fn try_read_shared(&self, chain: &ChainHandle, offset: u64, len: u64) -> Option<Vec<Piece>> {
+        let bs = self.block_bytes;
+        let end = offset + len;
+        let (first, last) = (offset / bs, (end - 1) / bs);
+        let mut pieces = Vec::with_capacity((last - first + 1) as usize);
+        for b in first..=last {
+            let key = Key {
+                chain: chain.id,
+                block: b,
+            };
+            let found = self
+                .shard_of(key)
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .lookup(key);
+            let Lookup::Ready(c, first_use) = found else {
+                return None;
+            };
+            if !c.covers(self.need_mask(b, offset, end)) {
+                return None;
+            }
+            if first_use {
+                chain.score.used.fetch_add(1, Ordering::Relaxed);
+                self.counters.read_ahead_used.add(1);
+            }
+            let base = b * bs;
+            let (lo, hi) = (offset.max(base), end.min(base + bs));
+            let n = (hi - lo) as usize;
+            match c.data {
+                Data::Zero => match pieces.last_mut() {
+                    Some(Piece::Zero(z)) => *z += n,
+                    _ => pieces.push(Piece::Zero(n)),
+                },
+                Data::Bytes { block, lo: at } => pieces.push(Piece::Shared {
+                    buf: block,
+                    start: (lo - base) as usize - at as usize,
+                    len: n,
+                }),
+            }
+        }
+        self.counters.hits.add(last - first + 1);
+        Some(pieces)
     }
 
     /// A demand read served only if every page it needs is ready; false (and `buf` left
@@ -933,6 +1054,21 @@ impl BlockDevice for CachedDevice {
         }
         self.read_ahead(offset, buf.len() as u64);
         self.chain.shared.read(&self.chain, buf, offset)
+    }
+
+    fn try_read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {
+        if let Err(e) = check_bounds(self.geometry.size, offset, len) {
+            return Some(Err(e));
+        }
+        if len == 0 {
+            return Some(Ok(Vec::new()));
+        }
+        let pieces = self
+            .chain
+            .shared
+            .try_read_shared(&self.chain, offset, len)?;
+        self.read_ahead(offset, len);
+        Some(Ok(pieces))
     }
 
     fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {

@@ -204,6 +204,16 @@ proptest! {
                 let mut again = vec![0x55u8; len as usize];
                 prop_assert!(cached.try_read_at(&mut again, offset).is_some());
                 prop_assert!(want == again);
+                // And as shared pieces of the cache's buffers, without a copy.
+                let pieces = cached.try_read_shared(offset, len).unwrap().unwrap();
+                let mut joined = Vec::with_capacity(len as usize);
+                for p in &pieces {
+                    match p.bytes() {
+                        Some(b) => joined.extend_from_slice(b),
+                        None => joined.resize(joined.len() + p.len(), 0),
+                    }
+                }
+                prop_assert!(want == joined);
             }
             prop_assert!(cache.stats().cached_bytes <= cache.stats().budget_bytes);
         }

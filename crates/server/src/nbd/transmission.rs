@@ -35,6 +35,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
+use disk::device::Piece;
 use disk::{BlockDevice, ExtentKind};
 use nbd_proto::reply::{Chunk, ChunkPayload, Descriptor, SimpleReply, encode_offset_data_header};
 use nbd_proto::{
@@ -56,6 +57,8 @@ const DISCARD_BUFFER_BYTES: usize = 64 << 10;
 /// in memory (a copy of this size takes tens of microseconds; larger ones go to the pool
 /// so one client's big reads do not hold up the reactor).
 const INLINE_MAX_BYTES: u32 = 1 << 20;
+/// Shared reads of at least this many bytes skip the write buffer.
+const DIRECT_WRITE_BYTES: usize = 64 << 10;
 /// Bytes per step of `NBD_CMD_WRITE_ZEROES` with `NBD_CMD_FLAG_NO_HOLE` and of
 /// `NBD_CMD_CACHE`.
 const ZERO_STEP_BYTES: usize = 1 << 20;
@@ -77,6 +80,13 @@ enum Frame {
     Ok,
     /// Read data.
     Data { offset: u64, data: Vec<u8> },
+    /// Read data as pieces of the device's own buffers (a block cache's entries), written
+    /// to the socket without a copy into a reply buffer.
+    Shared {
+        offset: u64,
+        len: usize,
+        pieces: Vec<Piece>,
+    },
     /// A read that returned only zeros (structured replies only).
     Hole { offset: u64, len: u32 },
     /// Failure.
@@ -332,7 +342,26 @@ async fn admit<R: AsyncRead + Unpin>(
 fn try_inline(req: &Request, e: &Export, payload: &mut Vec<u8>) -> Option<Frame> {
     let dev = e.device.as_ref();
     match req.command {
-        Command::Read if req.len > 0 && req.len <= INLINE_MAX_BYTES => {
+        Command::Read if req.len > 0 => {
+            if let Some(r) = dev.try_read_shared(req.offset, u64::from(req.len)) {
+                return Some(match r {
+                    Err(err) => disk_error(req, &err),
+                    Ok(pieces) if e.structured && pieces.iter().all(|p| p.bytes().is_none()) => {
+                        Frame::Hole {
+                            offset: req.offset,
+                            len: req.len,
+                        }
+                    }
+                    Ok(pieces) => Frame::Shared {
+                        offset: req.offset,
+                        len: req.len as usize,
+                        pieces,
+                    },
+                });
+            }
+            if req.len > INLINE_MAX_BYTES {
+                return None;
+            }
             payload.resize(req.len as usize, 0);
             let r = dev.try_read_at(payload, req.offset)?;
             let data = std::mem::take(payload);
@@ -621,6 +650,9 @@ async fn write_replies<W: AsyncWrite + Unpin>(
         if let Some(d) = data {
             w.write_all(d).await?;
         }
+        if let Frame::Shared { len, pieces, .. } = &out.frame {
+            write_pieces(&mut w, *len, pieces).await?;
+        }
         // Releases the request's slot and bytes.
         drop(out);
         if rx.is_empty() {
@@ -629,6 +661,61 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     }
     w.flush().await?;
     w.shutdown().await
+}
+
+/// Zeros for the zero pieces of a shared read.
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// Writes a shared read's pieces: small replies through the buffer (batched with others),
+/// large ones straight from the cache's buffers to the socket with vectored writes.
+async fn write_pieces<W: AsyncWrite + Unpin>(
+    w: &mut BufWriter<W>,
+    len: usize,
+    pieces: &[Piece],
+) -> io::Result<()> {
+    if len < DIRECT_WRITE_BYTES {
+        for p in pieces {
+            match p.bytes() {
+                Some(b) => w.write_all(b).await?,
+                None => write_zeros_to(w, p.len()).await?,
+            }
+        }
+        return Ok(());
+    }
+    w.flush().await?;
+    let sock = w.get_mut();
+    let mut slices: Vec<io::IoSlice<'_>> = Vec::with_capacity(pieces.len());
+    for p in pieces {
+        match p.bytes() {
+            Some(b) => slices.push(io::IoSlice::new(b)),
+            None => {
+                let mut left = p.len();
+                while left > 0 {
+                    let n = left.min(ZEROS.len());
+                    slices.push(io::IoSlice::new(&ZEROS[..n]));
+                    left -= n;
+                }
+            }
+        }
+    }
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = sock.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        io::IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}
+
+async fn write_zeros_to<W: AsyncWrite + Unpin>(w: &mut W, mut left: usize) -> io::Result<()> {
+    while left > 0 {
+        let n = left.min(ZEROS.len());
+        w.write_all(&ZEROS[..n]).await?;
+        left -= n;
+    }
+    Ok(())
 }
 
 /// Encodes a reply's header into `head`; returns the data to write after it, if any.
@@ -658,6 +745,13 @@ fn encode<'a>(out: &'a Outgoing, structured: bool, head: &mut Vec<u8>) -> Option
                 simple(0).encode(head);
             }
             return Some(data);
+        }
+        Frame::Shared { offset, len, .. } => {
+            if structured {
+                let _ = encode_offset_data_header(cookie, *offset, *len, true, head);
+            } else {
+                simple(0).encode(head);
+            }
         }
         Frame::Hole { offset, len } => put(
             chunk(ChunkPayload::OffsetHole {
