@@ -1233,8 +1233,11 @@ pub fn sim_boot(args: &[String]) -> Result<()> {
                 for r in &t.reads {
                     let b = &mut buf[..r.len as usize];
                     w.read_at(b, r.offset)?;
-                    if b[0] != ((r.offset % 251) as u8 | 1) {
-                        bail!("wrong byte at {}", r.offset);
+                    for i in (0..b.len()).step_by(509) {
+                        let at = r.offset + i as u64;
+                        if b[i] != ((at % 251) as u8 | 1) {
+                            bail!("wrong byte at {at}");
+                        }
                     }
                 }
                 Ok(())

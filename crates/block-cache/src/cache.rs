@@ -353,8 +353,10 @@ impl Shared {
             .unwrap_or_else(PoisonError::into_inner)
             .lookup(key);
         match found {
-            Lookup::Ready(c, first) if c.covers(need) => Found::Ready(c, first),
-            Lookup::Loading(f) => Found::Wait(f),
+            Lookup::Ready(c, first) | Lookup::Refilling(c, first, _) if c.covers(need) => {
+                Found::Ready(c, first)
+            }
+            Lookup::Loading(f) | Lookup::Refilling(_, _, f) => Found::Wait(f),
             Lookup::Ready(..) | Lookup::Absent => self.claim(key, need),
         }
     }
@@ -649,7 +651,7 @@ impl Shared {
                 .read()
                 .unwrap_or_else(PoisonError::into_inner)
                 .lookup(key);
-            let Lookup::Ready(c, first_use) = found else {
+            let (Lookup::Ready(c, first_use) | Lookup::Refilling(c, first_use, _)) = found else {
                 return None;
             };
             if !c.covers(self.need_mask(b, offset, end)) {
@@ -695,7 +697,9 @@ impl Shared {
                 .unwrap_or_else(PoisonError::into_inner)
                 .lookup(key);
             match found {
-                Lookup::Ready(c, first_use) if c.covers(self.need_mask(b, offset, end)) => {
+                Lookup::Ready(c, first_use) | Lookup::Refilling(c, first_use, _)
+                    if c.covers(self.need_mask(b, offset, end)) =>
+                {
                     if first_use {
                         chain.score.used.fetch_add(1, Ordering::Relaxed);
                         self.counters.read_ahead_used.add(1);

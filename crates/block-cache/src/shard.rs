@@ -26,6 +26,9 @@ pub(crate) enum Lookup<D, P> {
     Ready(D, bool),
     /// Someone is filling it; wait on the token.
     Loading(P),
+    /// Ready data (and first use, as for `Ready`) that someone is extending: use it if it
+    /// holds what the reader needs, else wait on the token.
+    Refilling(D, bool, P),
     /// Neither.
     Absent,
 }
@@ -61,6 +64,9 @@ enum Entry<P> {
     /// Index into the ring.
     Ready(usize),
     Loading(P),
+    /// Ready at the ring index, and being extended by a fill (a refill of more pages):
+    /// readers of what it holds keep reading it meanwhile.
+    Refilling(usize, P),
 }
 
 #[derive(Debug)]
@@ -106,19 +112,30 @@ impl<D: Clone, P: Clone> Shard<D, P> {
     pub fn lookup(&self, key: Key) -> Lookup<D, P> {
         match self.map.get(&key) {
             Some(Entry::Ready(i)) => {
-                let slot = self.slot(*i);
-                // Load first: a hot block's bit is usually set already, and a plain load
-                // keeps its cache line shared between the cores that read it.
-                if !slot.referenced.load(Ordering::Relaxed) {
-                    slot.referenced.store(true, Ordering::Relaxed);
-                }
-                let first_use = slot.prefetched.load(Ordering::Relaxed)
-                    && slot.prefetched.swap(false, Ordering::Relaxed);
-                Lookup::Ready(slot.data.clone(), first_use)
+                let (d, first_use) = self.hit(*i);
+                Lookup::Ready(d, first_use)
+            }
+            Some(Entry::Refilling(i, p)) => {
+                let (d, first_use) = self.hit(*i);
+                Lookup::Refilling(d, first_use, p.clone())
             }
             Some(Entry::Loading(p)) => Lookup::Loading(p.clone()),
             None => Lookup::Absent,
         }
+    }
+
+    /// A hit on slot `i`: sets its CLOCK bit, returns its data and whether this is the first
+    /// demand use of a prefetched entry.
+    fn hit(&self, i: usize) -> (D, bool) {
+        let slot = self.slot(i);
+        // Load first: a hot block's bit is usually set already, and a plain load keeps its
+        // cache line shared between the cores that read it.
+        if !slot.referenced.load(Ordering::Relaxed) {
+            slot.referenced.store(true, Ordering::Relaxed);
+        }
+        let first_use = slot.prefetched.load(Ordering::Relaxed)
+            && slot.prefetched.swap(false, Ordering::Relaxed);
+        (slot.data.clone(), first_use)
     }
 
     /// True when `key` is ready or loading; does not touch the CLOCK bit (read-ahead uses
@@ -129,18 +146,26 @@ impl<D: Clone, P: Clone> Shard<D, P> {
 
     /// Makes the caller the filler of `key` unless it is loading, or ready with data that
     /// `enough` accepts. Ready data that `enough` refuses (a block with only some of its
-    /// pages) is taken out and handed back for the caller to extend. Does not set the CLOCK
-    /// bit (read-ahead claims too).
+    /// pages) stays readable while the caller extends it (`Refilling`), and a copy is handed
+    /// back. Does not set the CLOCK bit (read-ahead claims too).
     pub fn claim(&mut self, key: Key, token: P, enough: impl Fn(&D) -> bool) -> Claim<D, P> {
         match self.map.get(&key) {
             Some(Entry::Ready(i)) => {
                 let i = *i;
-                if enough(&self.slot(i).data) {
-                    return Claim::Ready(self.slot(i).data.clone());
+                let data = self.slot(i).data.clone();
+                if enough(&data) {
+                    return Claim::Ready(data);
                 }
-                let old = self.take_slot(i);
-                self.map.insert(key, Entry::Loading(token));
-                Claim::Claimed { old: Some(old) }
+                self.map.insert(key, Entry::Refilling(i, token));
+                Claim::Claimed { old: Some(data) }
+            }
+            Some(Entry::Refilling(i, p)) => {
+                let data = self.slot(*i).data.clone();
+                if enough(&data) {
+                    Claim::Ready(data)
+                } else {
+                    Claim::Loading(p.clone())
+                }
             }
             Some(Entry::Loading(p)) => Claim::Loading(p.clone()),
             None => {
@@ -156,9 +181,13 @@ impl<D: Clone, P: Clone> Shard<D, P> {
     pub fn publish(&mut self, key: Key, data: D, charge_bytes: u64, prefetched: bool) -> Published {
         let was = self.map.remove(&key);
         debug_assert!(
-            matches!(was, Some(Entry::Loading(_))),
+            matches!(was, Some(Entry::Loading(_) | Entry::Refilling(..))),
             "publish of a key that was not claimed"
         );
+        if let Some(Entry::Refilling(i, _)) = was {
+            // The new entry replaces the one it extends.
+            self.free_slot(i);
+        }
         let mut out = Published::default();
         if charge_bytes > self.budget_bytes {
             return out;
@@ -196,8 +225,16 @@ impl<D: Clone, P: Clone> Shard<D, P> {
 
     /// Drops the claim on `key` after a failed fill; later readers retry.
     pub fn abandon(&mut self, key: Key) {
-        if let Some(Entry::Loading(_)) = self.map.get(&key) {
-            self.map.remove(&key);
+        match self.map.get(&key) {
+            Some(Entry::Loading(_)) => {
+                self.map.remove(&key);
+            }
+            Some(Entry::Refilling(i, _)) => {
+                // The entry being extended stays as it was.
+                let i = *i;
+                self.map.insert(key, Entry::Ready(i));
+            }
+            Some(Entry::Ready(_)) | None => {}
         }
     }
 
@@ -251,25 +288,27 @@ impl<D: Clone, P: Clone> Shard<D, P> {
         None
     }
 
+    /// Removes the slot at `i` and its map entry (a slot being refilled leaves its filler a
+    /// plain `Loading` claim). Returns its charged bytes.
     fn remove_slot(&mut self, i: usize) -> u64 {
+        let key = self.slot(i).key;
+        match self.map.remove(&key) {
+            Some(Entry::Refilling(_, p)) => {
+                self.map.insert(key, Entry::Loading(p));
+            }
+            Some(Entry::Ready(_) | Entry::Loading(_)) | None => {}
+        }
+        self.free_slot(i)
+    }
+
+    /// Frees ring slot `i` (its map entry is the caller's business); returns its charge.
+    fn free_slot(&mut self, i: usize) -> u64 {
         let Some(slot) = self.ring[i].take() else {
-            unreachable!("remove_slot is called on occupied slots only");
+            unreachable!("free_slot is called on occupied slots only");
         };
-        self.map.remove(&slot.key);
         self.free.push(i);
         self.charged_bytes -= slot.charge_bytes;
         slot.charge_bytes
-    }
-
-    /// Removes the slot at `i` and its map entry, returning its data.
-    fn take_slot(&mut self, i: usize) -> D {
-        let Some(slot) = self.ring[i].take() else {
-            unreachable!("take_slot is called on occupied slots only");
-        };
-        self.map.remove(&slot.key);
-        self.free.push(i);
-        self.charged_bytes -= slot.charge_bytes;
-        slot.data
     }
 }
 
@@ -378,17 +417,45 @@ mod tests {
     }
 
     #[test]
-    fn an_insufficient_ready_entry_is_taken_out_for_refill() {
+    fn an_insufficient_entry_stays_readable_while_refilled() {
         let mut s = full_shard();
         let before = s.charged_bytes();
         assert!(matches!(
             s.claim(key(1), 9, |d| *d > 1000),
             Claim::Claimed { old: Some(100) }
         ));
-        assert_eq!(s.charged_bytes(), before - 10);
-        assert!(matches!(s.lookup(key(1)), Lookup::Loading(9)));
+        assert!(matches!(s.lookup(key(1)), Lookup::Refilling(100, _, 9)));
+        // Another reader content with the old data gets it; one that is not waits.
+        assert!(matches!(s.claim(key(1), 10, |_| true), Claim::Ready(100)));
+        assert!(matches!(
+            s.claim(key(1), 10, |d| *d > 1000),
+            Claim::Loading(9)
+        ));
         s.publish(key(1), 2000, 10, false);
         assert!(matches!(s.lookup(key(1)), Lookup::Ready(2000, false)));
+        assert_eq!(s.charged_bytes(), before);
+        assert_eq!(s.ready_len(), 3);
+    }
+
+    #[test]
+    fn an_abandoned_refill_keeps_the_old_entry() {
+        let mut s = full_shard();
+        s.claim(key(2), 9, |_| false);
+        s.abandon(key(2));
+        assert!(matches!(s.lookup(key(2)), Lookup::Ready(200, false)));
+    }
+
+    #[test]
+    fn evicting_an_entry_being_refilled_leaves_the_filler_a_claim() {
+        let mut s = full_shard();
+        s.claim(key(0), 9, |_| false);
+        // Blocks 0..2 have clear bits; a new block evicts block 0, the one being refilled.
+        s.claim(key(3), 1, |_| true);
+        s.publish(key(3), 300, 10, false);
+        assert!(matches!(s.lookup(key(0)), Lookup::Loading(9)));
+        s.publish(key(0), 7, 10, false);
+        assert!(matches!(s.lookup(key(0)), Lookup::Ready(7, false)));
+        assert_eq!(s.charged_bytes(), 30);
     }
 
     #[test]
