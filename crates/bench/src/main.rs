@@ -225,6 +225,9 @@ fn main() -> Result<()> {
     if argv.get(1).map(String::as_str) == Some("serve-internal") {
         return nbd::serve_internal(&argv[2..]);
     }
+    if argv.get(1).map(String::as_str) == Some("sim-boot") {
+        return nbd::sim_boot(&argv[2..]);
+    }
     let args = Args::parse();
     note("ferry-bench starting");
     let runs = args.runs();

@@ -86,6 +86,26 @@ impl Counted {
         }
     }
 
+    fn counted_read(&self, r: Result<()>, len: usize) -> Result<()> {
+        if r.is_ok() {
+            self.counters.reads.fetch_add(1, Ordering::Relaxed);
+            let n = len as u64;
+            let total = self.counters.bytes_read.fetch_add(n, Ordering::Relaxed) + n;
+            self.boot.observe_read(total);
+        }
+        self.count(r)
+    }
+
+    fn counted_write(&self, r: Result<()>, len: usize) -> Result<()> {
+        if r.is_ok() {
+            self.counters.writes.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .bytes_written
+                .fetch_add(len as u64, Ordering::Relaxed);
+        }
+        self.count(r)
+    }
+
     fn count<T>(&self, r: Result<T>) -> Result<T> {
         if r.is_err() {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -103,23 +123,19 @@ impl BlockDevice for Counted {
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let r = self.inner.read_at(buf, offset);
-        if r.is_ok() {
-            self.counters.reads.fetch_add(1, Ordering::Relaxed);
-            let n = buf.len() as u64;
-            let total = self.counters.bytes_read.fetch_add(n, Ordering::Relaxed) + n;
-            self.boot.observe_read(total);
-        }
-        self.count(r)
+        self.counted_read(r, buf.len())
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         let r = self.inner.write_at(buf, offset);
-        if r.is_ok() {
-            self.counters.writes.fetch_add(1, Ordering::Relaxed);
-            self.counters
-                .bytes_written
-                .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        }
-        self.count(r)
+        self.counted_write(r, buf.len())
+    }
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {
+        let r = self.inner.try_read_at(buf, offset)?;
+        Some(self.counted_read(r, buf.len()))
+    }
+    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<Result<()>> {
+        let r = self.inner.try_write_at(buf, offset)?;
+        Some(self.counted_write(r, buf.len()))
     }
     fn flush(&self) -> Result<()> {
         let r = self.inner.flush();

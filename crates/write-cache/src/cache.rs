@@ -705,6 +705,64 @@ impl BlockDevice for WriteCache {
         })
     }
 
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {
+        if let Err(e) = self.check(offset, buf.len() as u64) {
+            return Some(Err(e));
+        }
+        // Only when every block is in RAM or known zero: anything else reads the overflow
+        // file or the server.
+        let mut in_memory = true;
+        let _ = self.pieces(offset, buf.len(), |b, _, _| {
+            in_memory &= matches!(
+                self.index.get(b).map(|e| e.place),
+                Some(Place::Ram(_) | Place::Zero)
+            );
+            Ok(())
+        });
+        if !in_memory {
+            return None;
+        }
+        let r = self.pieces(offset, buf.len(), |b, o, range| {
+            match self.read_piece(b, o, &mut buf[range.clone()])? {
+                true => Ok(()),
+                // Trimmed meanwhile: the server's bytes are needed after all.
+                false => {
+                    let at = offset + range.start as u64;
+                    self.next.read_at(&mut buf[range], at)
+                }
+            }
+        });
+        Some(r)
+    }
+
+    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<Result<()>> {
+        if let Err(e) = self.check(offset, buf.len() as u64) {
+            return Some(Err(e));
+        }
+        if self.mode == Mode::Disk {
+            return None;
+        }
+        // Only when no block needs I/O: blocks already in RAM are written in place; new
+        // whole blocks (or zero blocks) need a free RAM slot, and partial new blocks would
+        // read the server first. Checked before writing anything, so `None` writes nothing.
+        let free = u64::from(self.arena.slots_max()).saturating_sub(self.arena.used());
+        let mut new_slots = 0u64;
+        let mut in_memory = true;
+        let _ = self.pieces(offset, buf.len(), |b, o, range| {
+            match self.index.get(b).map(|e| e.place) {
+                Some(Place::Ram(_)) => {}
+                Some(Place::Zero) => new_slots += 1,
+                None if o == 0 && range.len() == self.block_len(b) => new_slots += 1,
+                None | Some(Place::Disk(_)) => in_memory = false,
+            }
+            Ok(())
+        });
+        if !in_memory || new_slots > free {
+            return None;
+        }
+        Some(self.write_at(buf, offset))
+    }
+
     fn flush(&self) -> Result<()> {
         self.check(0, 0)?;
         if self.mode != Mode::Disk {
