@@ -473,6 +473,18 @@ impl WriteCache {
     /// overflow slot). False when `cur` changed meanwhile (the caller retries).
     fn insert_ram(&self, b: u64, o: usize, src: &[u8], cur: Option<Entry>) -> Result<bool> {
         let r = self.ram_alloc()?;
+        self.insert_into(r, b, o, src, cur)
+    }
+
+    /// [`Self::insert_ram`] with slot `r` already taken (and counted in `filling`).
+    fn insert_into(
+        &self,
+        r: u32,
+        b: u64,
+        o: usize,
+        src: &[u8],
+        cur: Option<Entry>,
+    ) -> Result<bool> {
         let mut g = self.arena.slot(r).write();
         debug_assert_eq!(g.owner, FREE, "a slot handed out is free");
         let blen = self.block_len(b);
@@ -739,28 +751,49 @@ impl BlockDevice for WriteCache {
         if let Err(e) = self.check(offset, buf.len() as u64) {
             return Some(Err(e));
         }
-        if self.mode == Mode::Disk {
+        if self.mode == Mode::Disk || buf.is_empty() {
             return None;
         }
-        // Only when no block needs I/O: blocks already in RAM are written in place; new
-        // whole blocks (or zero blocks) need a free RAM slot, and partial new blocks would
-        // read the server first. Checked before writing anything, so `None` writes nothing.
-        let free = u64::from(self.arena.slots_max()).saturating_sub(self.arena.used());
-        let mut new_slots = 0u64;
-        let mut in_memory = true;
-        let _ = self.pieces(offset, buf.len(), |b, o, range| {
-            match self.index.get(b).map(|e| e.place) {
-                Some(Place::Ram(_)) => {}
-                Some(Place::Zero) => new_slots += 1,
-                None if o == 0 && range.len() == self.block_len(b) => new_slots += 1,
-                None | Some(Place::Disk(_)) => in_memory = false,
+        // This runs on the NBD server's reactor: it must never wait for a lock held across
+        // I/O (insert locks are held during a read from the server), evict (overflow I/O),
+        // read below, or spin for a slot. `None` must mean nothing was written.
+        let b = offset >> self.shift;
+        let o = (offset & (self.block - 1)) as usize;
+        if o + buf.len() > self.block_len(b) {
+            // Several blocks: only when all are in RAM, so every piece is an in-place copy
+            // (a block evicted between this check and its copy costs one page-cache write).
+            let mut in_ram = true;
+            let _ = self.pieces(offset, buf.len(), |b, _, _| {
+                in_ram &= matches!(self.index.get(b).map(|e| e.place), Some(Place::Ram(_)));
+                Ok(())
+            });
+            return in_ram.then(|| self.write_at(buf, offset));
+        }
+        let cur = self.index.get(b);
+        match cur.map(|e| e.place) {
+            Some(Place::Ram(_)) => Some(self.write_piece(b, o, buf)),
+            Some(Place::Zero) | None => {
+                let whole = o == 0 && buf.len() == self.block_len(b);
+                if cur.is_none() && !whole {
+                    // A partial new block reads the rest of the block from the server.
+                    return None;
+                }
+                let _insert = self.insert_lock(b).try_lock()?;
+                if self.index.get(b) != cur {
+                    return None;
+                }
+                let r = self.arena.alloc()?;
+                self.filling.fetch_add(1, Ordering::AcqRel);
+                match self.insert_into(r, b, o, buf, cur) {
+                    Ok(true) => Some(Ok(())),
+                    // The entry changed (a trim) after all: the slot was given back and
+                    // nothing was written.
+                    Ok(false) => None,
+                    Err(e) => Some(Err(e)),
+                }
             }
-            Ok(())
-        });
-        if !in_memory || new_slots > free {
-            return None;
+            Some(Place::Disk(_)) => None,
         }
-        Some(self.write_at(buf, offset))
     }
 
     fn flush(&self) -> Result<()> {
@@ -978,6 +1011,30 @@ mod tests {
         );
         assert_eq!(c.usage().evictions, 0);
         assert_eq!(c.usage().ram_bytes, 4096);
+    }
+
+    #[test]
+    fn try_write_of_a_partial_new_block_defers_and_writes_nothing() {
+        let c = cache(Mode::Ram, 4, 0);
+        assert!(c.try_write_at(&[1; 512], 4096).is_none());
+        assert_eq!(c.cached_blocks(), 0);
+    }
+
+    #[test]
+    fn try_write_with_ram_full_defers_instead_of_evicting() {
+        let c = cache(Mode::RamOverflow, 1, 4);
+        c.write_at(&[1; 4096], 0).unwrap();
+        assert!(c.try_write_at(&[2; 4096], 4096).is_none());
+        assert_eq!(c.usage().evictions, 0);
+    }
+
+    #[test]
+    fn try_write_of_a_whole_new_block_lands_in_ram() {
+        let c = cache(Mode::Ram, 2, 0);
+        assert!(matches!(c.try_write_at(&[3; 4096], 8192), Some(Ok(()))));
+        let mut buf = [0u8; 4096];
+        c.read_at(&mut buf, 8192).unwrap();
+        assert_eq!(buf, [3; 4096]);
     }
 
     #[test]

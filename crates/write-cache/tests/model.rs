@@ -160,7 +160,11 @@ fn run(s: Setup, ops: &[Op]) -> Result<(), TestCaseError> {
                 let (at, len) = clamp(at, len);
                 let mut buf = vec![0u8; len as usize];
                 // Half the reads try the in-memory path first (what the NBD server does).
-                let fast = if at % 2 == 0 { cache.try_read_at(&mut buf, at) } else { None };
+                let fast = if at % 2 == 0 {
+                    cache.try_read_at(&mut buf, at)
+                } else {
+                    None
+                };
                 match fast {
                     Some(r) => r.unwrap(),
                     None => cache.read_at(&mut buf, at).unwrap(),
@@ -171,7 +175,11 @@ fn run(s: Setup, ops: &[Op]) -> Result<(), TestCaseError> {
                 let (at, len) = clamp(at, len);
                 let d = data(len, seed);
                 // Half the writes try the in-memory path first; `None` must write nothing.
-                let fast = if seed % 2 == 0 { cache.try_write_at(&d, at) } else { None };
+                let fast = if seed % 2 == 0 {
+                    cache.try_write_at(&d, at)
+                } else {
+                    None
+                };
                 match fast.unwrap_or_else(|| cache.write_at(&d, at)) {
                     Ok(()) => {
                         for (i, &v) in d.iter().enumerate() {
