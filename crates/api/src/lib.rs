@@ -15,9 +15,11 @@
 //! [`router`] returns a plain `axum::Router`, so `ferry server` can mount it beside its own
 //! routes; [`serve`] runs it alone (`ferry farm serve`).
 
+pub mod console;
 pub mod error;
 pub mod extract;
 pub mod routes;
+pub mod status;
 pub mod vdisks;
 
 use std::future::Future;
@@ -66,6 +68,7 @@ pub struct AppState {
         vdisks::list_vdisks, vdisks::create_vdisk, vdisks::get_vdisk, vdisks::patch_vdisk,
         vdisks::delete_vdisk, vdisks::list_versions, vdisks::new_version, vdisks::get_version,
         vdisks::promote, vdisks::revert, vdisks::delete_version, vdisks::merge,
+        status::status, status::report,
     ),
     components(schemas(error::ErrorBody))
 )]
@@ -147,10 +150,12 @@ pub fn router(state: AppState) -> Router {
         .route("/vdisks/{id}/versions/{number}/promote", post(v::promote))
         .route("/vdisks/{id}/versions/{number}/revert", post(v::revert))
         .route("/vdisks/{id}/merge", post(v::merge))
+        .merge(status::routes())
         .fallback(not_found)
         .with_state(state);
     Router::new()
         .nest("/api/v1", api)
+        .merge(console::router())
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::max(BODY_BYTES_MAX))
 }
