@@ -127,6 +127,12 @@ try {
   check(await row(1).getByRole('button', { name: 'Promote version 1' }).isDisabled(),
     'a production version cannot be promoted further');
   check((await text('#action-status')).includes('promote 1: done'), 'the action is reported');
+
+  step = 'revert one step (no production device boots version 1) and promote again';
+  await row(1).getByRole('button', { name: 'Revert version 1' }).click();
+  await row(1).locator('td.access', { hasText: 'test' }).waitFor();
+  await row(1).getByRole('button', { name: 'Promote version 1' }).click();
+  await row(1).locator('td.access', { hasText: 'production' }).waitFor();
   await shot('vdisks');
 
   step = 'devices: the connected device with its counters';

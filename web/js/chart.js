@@ -16,12 +16,13 @@ function el(tag, attrs, text) {
   return e;
 }
 
-/** A "nice" upper bound for the y axis: 1, 2 or 5 times a power of 1024-ish steps. */
+/** A round upper bound for the y axis: 1, 2 or 5 times a power of ten of a binary unit. */
 export function niceMax(v) {
   if (!(v > 0)) return 1024;
-  const p = 10 ** Math.floor(Math.log10(v));
-  for (const m of [1, 2, 5, 10]) if (m * p >= v) return m * p;
-  return 10 * p;
+  const unit = 1024 ** Math.min(4, Math.floor(Math.log(v) / Math.log(1024)));
+  const m = v / unit;
+  for (const n of [1, 2, 5, 10, 20, 50, 100, 200, 500]) if (n >= m) return n * unit;
+  return 1024 * unit;
 }
 
 /**

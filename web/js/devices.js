@@ -10,7 +10,7 @@ import { showError } from './main.js';
 /** How often the status is polled. */
 export const POLL_MS = 2000;
 /** The chart's time span. */
-const SPAN_MS = 120000;
+const SPAN_MS = 60000;
 /** Samples kept per series. */
 const SAMPLES_MAX = 120;
 

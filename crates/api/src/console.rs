@@ -62,7 +62,10 @@ pub fn asset(path: &str) -> Option<&'static Asset> {
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/", get(index))
-        .route("/console", get(|| async { Redirect::permanent("/console/") }))
+        .route(
+            "/console",
+            get(|| async { Redirect::permanent("/console/") }),
+        )
         .route("/console/", get(index))
         .route("/console/{*path}", get(file))
 }
@@ -86,7 +89,10 @@ fn serve(a: Option<&'static Asset>) -> Response {
     };
     let mut r = a.body.into_response();
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(a.content_type));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(a.content_type),
+    );
     // The files change only with the binary; revalidation keeps an upgrade visible.
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert(
@@ -97,7 +103,10 @@ fn serve(a: Option<&'static Asset>) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     r
 }
 
@@ -123,7 +132,11 @@ mod tests {
         for a in ASSETS {
             for part in a.body.split("from './").skip(1) {
                 let name = part.split('\'').next().unwrap();
-                assert!(asset(&format!("js/{name}")).is_some(), "{} imports {name}", a.path);
+                assert!(
+                    asset(&format!("js/{name}")).is_some(),
+                    "{} imports {name}",
+                    a.path
+                );
             }
             for part in a.body.split("\"/console/").skip(1) {
                 let name = part.split('"').next().unwrap();

@@ -299,9 +299,10 @@ pub async fn report(
         .await?
         .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "no live session of that name"))?;
     if let Some(id) = r.server_id {
-        s.farm.server(id).await.map_err(|_| {
-            ApiError::new(StatusCode::BAD_REQUEST, format!("no server {id}"))
-        })?;
+        s.farm
+            .server(id)
+            .await
+            .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("no server {id}")))?;
     }
     let entry = Entry {
         session_id: session.id.clone(),
@@ -449,7 +450,9 @@ mod tests {
 
     #[test]
     fn report_without_an_export_name_is_rejected() {
-        let r = serde_json::from_str::<Report>(r#"{"bytes_read":1,"bytes_written":0,"retries":0,"cache_used_bytes":0}"#);
+        let r = serde_json::from_str::<Report>(
+            r#"{"bytes_read":1,"bytes_written":0,"retries":0,"cache_used_bytes":0}"#,
+        );
         assert!(r.is_err());
     }
 

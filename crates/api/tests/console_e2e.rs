@@ -133,7 +133,10 @@ async fn populate(c: &Client) -> (i64, i64) {
                "device_type": "production", "vdisk_id": vdisk["id"]}),
     )
     .await;
-    (vdisk["id"].as_i64().unwrap(), server["id"].as_i64().unwrap())
+    (
+        vdisk["id"].as_i64().unwrap(),
+        server["id"].as_i64().unwrap(),
+    )
 }
 
 /// Device login through the API: challenge, HMAC proof under the farm key, login. Returns
@@ -143,10 +146,7 @@ async fn device_login(c: &Client, farm_key_hex: &str) -> String {
     let nonce = ch["nonce"].as_str().unwrap();
     let hmac = farm::login::proof(farm_key_hex, nonce, MAC).unwrap();
     let grant = c
-        .post(
-            "/login",
-            json!({"mac": MAC, "nonce": nonce, "hmac": hmac}),
-        )
+        .post("/login", json!({"mac": MAC, "nonce": nonce, "hmac": hmac}))
         .await;
     assert_eq!(grant["version"], 0, "the production device boots version 0");
     grant["export_name"].as_str().unwrap().to_string()
@@ -241,7 +241,11 @@ async fn console_in_chromium_logs_in_promotes_a_new_version_and_shows_a_connecte
     assert_eq!(v1["access"], "production");
     assert_eq!(v1["created_by"], TOKEN_NAME);
     assert_eq!(v1["changed_by"], TOKEN_NAME);
-    assert_eq!(versions["items"].as_array().unwrap().len(), 2, "the refused merge made none");
+    assert_eq!(
+        versions["items"].as_array().unwrap().len(),
+        2,
+        "the refused merge made none"
+    );
 
     // The reporting task keeps a connection open; stop the server without waiting for it.
     let _ = stop.send(());
