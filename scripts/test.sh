@@ -10,6 +10,8 @@
 #   2. rustfmt and clippy (rustup components) and cargo-fuzz, when missing;
 #   2b. PostgreSQL on loopback for the farm tests (cluster started, role and database made),
 #      and schemathesis (pinned) in a venv for the API fuzz run;
+#   2c. playwright-core (pinned by web/e2e/package-lock.json) by `npm ci` into
+#      web/e2e/node_modules for the console's Chromium test, when the lock file changed;
 #   3. cargo fmt --check, cargo clippy -D warnings, cargo test for the whole workspace;
 #   4. scripts/fuzz-smoke.sh, a time-boxed run of every fuzz target (when present).
 #
@@ -23,6 +25,12 @@ cd "$(dirname "$0")/.."
 # server's peers and clients. fuse3: fusermount3 for vhdimount. bzip2: compressed vectors.
 # postgresql: the farm suite's second backend. python3-venv: schemathesis's venv.
 APT_PACKAGES=(qemu-utils libvhdi-utils fio nbdkit libnbd-bin fuse3 bzip2 postgresql python3-venv)
+# chromium: the console's end-to-end test (headless, driven by playwright-core from npm).
+APT_PACKAGES+=(chromium)
+# node and npm run playwright-core; Debian's are installed only when none is on PATH.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    APT_PACKAGES+=(nodejs npm)
+fi
 
 # The farm tests' PostgreSQL (crates/farm/tests/common): a role that may create databases,
 # and a database to connect to first. FERRY_TEST_PG_URL overrides the URL the tests use.
@@ -117,8 +125,21 @@ install_schemathesis() {
     "$SCHEMATHESIS_VENV/bin/pip" install --quiet "schemathesis==$SCHEMATHESIS_VERSION"
 }
 
+# `npm ci` in web/e2e when its lock file differs from the one last installed (a copy kept in
+# node_modules), so a second run installs nothing.
+install_console_e2e() {
+    local dir=web/e2e
+    if cmp -s "$dir/package-lock.json" "$dir/node_modules/.ferry-installed-lock.json"; then
+        return 0
+    fi
+    say "npm ci in $dir (playwright-core for the console test)"
+    npm ci --prefix "$dir" --no-audit --no-fund
+    cp "$dir/package-lock.json" "$dir/node_modules/.ferry-installed-lock.json"
+}
+
 install_apt_packages
 install_rust_tools
+install_console_e2e
 start_postgres
 install_schemathesis
 
