@@ -395,6 +395,24 @@ async fn bad_input_is_refused_and_changes_nothing(t: TestFarm) {
         "offset",
     )
     .await;
+    // A vDisk size the image library refuses, and no file is left behind.
+    let body = json!({"store_id": 1, "name": "odd", "size_bytes": 1000});
+    a.refused(
+        M::POST,
+        "/api/v1/vdisks",
+        Some(body),
+        S::BAD_REQUEST,
+        "multiple of 512",
+    )
+    .await;
+    assert!(
+        !a.t.farm
+            .store_dir(1, None)
+            .await
+            .unwrap()
+            .join("odd.vhdx")
+            .exists()
+    );
     // A store path that escapes the store root.
     a.refused(
         M::POST,

@@ -320,3 +320,33 @@ fn schemathesis_finds_no_server_error() {
     );
     f.stop();
 }
+
+#[test]
+fn help_of_every_farm_command_exits_zero_with_an_example() {
+    let commands: &[&[&str]] = &[
+        &["farm"],
+        &["farm", "init"],
+        &["farm", "serve"],
+        &["farm", "vdisk"],
+        &["farm", "server"],
+        &["farm", "token"],
+        &["farm", "session"],
+        &["farm", "audit"],
+        &["farm", "settings"],
+        &["site"],
+        &["store"],
+        &["collection"],
+        &["device"],
+        &["version"],
+    ];
+    for command in commands {
+        let mut args = command.to_vec();
+        args.push("--help");
+        let text = String::from_utf8(ok(&args, None).stdout).unwrap();
+        assert!(
+            text.contains("Example"),
+            "`ferry {}` help has no example:\n{text}",
+            args.join(" ")
+        );
+    }
+}

@@ -22,6 +22,7 @@ pub struct SettingsPatch {
     /// The farm's name.
     pub name: Option<String>,
     /// See [`crate::model::FarmSettings::auto_merge_chain_max`] (0 to 64).
+    #[schema(minimum = 0, maximum = 64)]
     pub auto_merge_chain_max: Option<i64>,
 }
 
@@ -30,6 +31,11 @@ pub struct SettingsPatch {
 #[serde(deny_unknown_fields)]
 pub struct NewToken {
     /// Unique name.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^./\\@+\x00-\x1f\x7f][^/\\@+\x00-\x1f\x7f]*$"
+    )]
     pub name: String,
     /// Its role.
     pub role: Role,
@@ -40,9 +46,15 @@ pub struct NewToken {
 #[serde(deny_unknown_fields)]
 pub struct NewSite {
     /// Unique name.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^./\\@+\x00-\x1f\x7f][^/\\@+\x00-\x1f\x7f]*$"
+    )]
     pub name: String,
     /// Free text.
     #[serde(default)]
+    #[schema(max_length = 4096)]
     pub description: String,
 }
 
@@ -53,6 +65,11 @@ pub struct NewServer {
     /// The site it serves.
     pub site_id: i64,
     /// Unique name.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^./\\@+\x00-\x1f\x7f][^/\\@+\x00-\x1f\x7f]*$"
+    )]
     pub name: String,
     /// Where devices reach its NBD service (`host:port`).
     pub address: String,
@@ -63,8 +80,14 @@ pub struct NewServer {
 #[serde(deny_unknown_fields)]
 pub struct NewStore {
     /// Unique name.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^./\\@+\x00-\x1f\x7f][^/\\@+\x00-\x1f\x7f]*$"
+    )]
     pub name: String,
     /// A directory under the store root (created when missing).
+    #[schema(min_length = 1, max_length = 4096)]
     pub path: String,
 }
 
@@ -73,6 +96,7 @@ pub struct NewStore {
 #[serde(deny_unknown_fields)]
 pub struct StorePath {
     /// The path on that server, under the store root.
+    #[schema(min_length = 1, max_length = 4096)]
     pub path: String,
 }
 
@@ -83,6 +107,11 @@ pub struct NewCollection {
     /// The site.
     pub site_id: i64,
     /// Name, unique in its site.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^./\\@+\x00-\x1f\x7f][^/\\@+\x00-\x1f\x7f]*$"
+    )]
     pub name: String,
     /// Add unknown devices that log in (as production devices).
     #[serde(default)]
@@ -99,8 +128,14 @@ pub struct NewDevice {
     /// Its collection.
     pub collection_id: i64,
     /// MAC address (`aa:bb:cc:dd:ee:ff`, `AA-BB-...` or 12 hex digits).
+    #[schema(pattern = r"^(([0-9A-Fa-f]{2}[:-]){5}[0-9A-Fa-f]{2}|[0-9A-Fa-f]{12})$")]
     pub mac: String,
     /// Name.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^./\\@+\x00-\x1f\x7f][^/\\@+\x00-\x1f\x7f]*$"
+    )]
     pub name: String,
     /// Its type (default production).
     #[serde(default)]
@@ -155,9 +190,15 @@ pub struct NewVDisk {
     /// The store.
     pub store_id: i64,
     /// Name (the file is NAME.vhdx).
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^./\\@+\x00-\x1f\x7f][^/\\@+\x00-\x1f\x7f]*$"
+    )]
     pub name: String,
     /// Size of a new image; ignored when the file exists.
     #[serde(default)]
+    #[schema(minimum = 512, maximum = 70368744177664_i64, multiple_of = 512)]
     pub size_bytes: Option<i64>,
     /// Default cache mode of its devices (default `ram_overflow`).
     #[serde(default)]
@@ -167,6 +208,7 @@ pub struct NewVDisk {
     pub ram_bytes: Option<i64>,
     /// Free text.
     #[serde(default)]
+    #[schema(max_length = 4096)]
     pub description: String,
 }
 

@@ -34,6 +34,8 @@ use crate::validate;
 
 /// The most versions a vDisk keeps (rows; numbers keep growing).
 pub const VERSIONS_MAX: i64 = 1000;
+/// The logical sector size of the vDisks the farm creates; their size is a multiple of it.
+pub const SECTOR_BYTES: i64 = 512;
 /// The default RAM cache of a new vDisk's devices: 1 GiB.
 pub const RAM_BYTES_DEFAULT: i64 = 1 << 30;
 
@@ -48,6 +50,10 @@ async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> disk::Result<T> + Send + 'static,
 ) -> Result<T> {
     match tokio::task::spawn_blocking(f).await {
+        // The image library refusing an argument (a size, a name) is the caller's error.
+        Ok(Err(e)) if e.kind() == disk::ErrorKind::InvalidArgument => {
+            Err(FarmError::invalid(format!("{what}: {e}")))
+        }
         Ok(r) => r.map_err(|e| FarmError::image(what, e)),
         Err(e) => Err(FarmError::new(Kind::Image, format!("{what}: {e}"))),
     }
@@ -102,6 +108,11 @@ impl Farm {
         validate::size("ram_bytes", ram)?;
         if let Some(s) = n.size_bytes {
             validate::size("size_bytes", s)?;
+            if s % SECTOR_BYTES != 0 {
+                return Err(FarmError::invalid(format!(
+                    "size_bytes must be a multiple of {SECTOR_BYTES}"
+                )));
+            }
         }
         let dir = self.store_dir(n.store_id, None).await?;
         let file_name = format!("{}.vhdx", n.name);

@@ -267,22 +267,8 @@ impl Farm {
             .await?;
         let now = self.now_ms();
         if device.device_type == DeviceType::Maintenance {
-            let others: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM sessions WHERE vdisk_id = $1 AND device_type = $2 \
-                 AND device_id <> $3 AND expires_at_ms > $4",
-            )
-            .bind(vdisk_id)
-            .bind(DeviceType::Maintenance.as_str())
-            .bind(device.id)
-            .bind(now)
-            .fetch_one(&self.pool)
-            .await?;
-            if others > 0 {
-                return Err(FarmError::conflict(format!(
-                    "another maintenance device is booted from vdisk {}",
-                    vdisk.name
-                )));
-            }
+            self.check_no_other_maintenance(&device, &vdisk.name, vdisk_id, now)
+                .await?;
         }
         let writable = device.device_type == DeviceType::Maintenance;
         let cache_mode = match (writable, device.cache_mode.0.unwrap_or(vdisk.cache_mode)) {
@@ -373,6 +359,33 @@ impl Farm {
             ram_bytes,
             writable,
         })
+    }
+
+    /// Refuses a maintenance login while another maintenance device is booted from the
+    /// vDisk (one writer in private mode).
+    async fn check_no_other_maintenance(
+        &self,
+        device: &Device,
+        vdisk_name: &str,
+        vdisk_id: i64,
+        now: i64,
+    ) -> Result<()> {
+        let others: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sessions WHERE vdisk_id = $1 AND device_type = $2 \
+             AND device_id <> $3 AND expires_at_ms > $4",
+        )
+        .bind(vdisk_id)
+        .bind(DeviceType::Maintenance.as_str())
+        .bind(device.id)
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await?;
+        if others > 0 {
+            return Err(FarmError::conflict(format!(
+                "another maintenance device is booted from vdisk {vdisk_name}"
+            )));
+        }
+        Ok(())
     }
 
     /// The servers of a collection's site, alive ones first.

@@ -407,3 +407,24 @@ pub struct Page<T> {
     /// How many items were skipped.
     pub offset: i64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_allows_its_rank_and_below() {
+        assert!(Role::Admin.allows(Role::Operator));
+        assert!(Role::Operator.allows(Role::ReadOnly));
+        assert!(!Role::Operator.allows(Role::Admin));
+        assert!(!Role::ReadOnly.allows(Role::Operator));
+    }
+
+    #[test]
+    fn enum_text_round_trips_and_unknown_is_refused() {
+        for m in CacheMode::ALL {
+            assert_eq!(CacheMode::parse(m.as_str()).unwrap(), *m);
+        }
+        assert!(AccessMode::parse("staging").is_err());
+    }
+}
