@@ -8,6 +8,10 @@
 # Steps (each failure stops the run):
 #   1. apt packages the interop tests drive (apt-get update only when one is missing);
 #   2. rustfmt and clippy (rustup components) and cargo-fuzz, when missing;
+#   2b. PostgreSQL on loopback for the farm tests (cluster started, role and database made),
+#      and schemathesis (pinned) in a venv for the API fuzz run;
+#   2c. playwright-core (pinned by web/e2e/package-lock.json) by `npm ci` into
+#      web/e2e/node_modules for the console's Chromium test, when the lock file changed;
 #   3. cargo fmt --check, cargo clippy -D warnings, cargo test for the whole workspace;
 #   4. scripts/fuzz-smoke.sh, a time-boxed run of every fuzz target (when present).
 #
@@ -19,7 +23,25 @@ cd "$(dirname "$0")/.."
 # qemu-utils: qemu-img, qemu-io (interop both ways). libvhdi-utils: vhdiinfo, vhdimount
 # (differencing VHDX, which qemu refuses). fio: benchmarks. nbdkit, libnbd-bin: the NBD
 # server's peers and clients. fuse3: fusermount3 for vhdimount. bzip2: compressed vectors.
-APT_PACKAGES=(qemu-utils libvhdi-utils fio nbdkit libnbd-bin fuse3 bzip2)
+# postgresql: the farm suite's second backend. python3-venv: schemathesis's venv.
+APT_PACKAGES=(qemu-utils libvhdi-utils fio nbdkit libnbd-bin fuse3 bzip2 postgresql python3-venv)
+# chromium: the console's end-to-end test (headless, driven by playwright-core from npm).
+APT_PACKAGES+=(chromium)
+# node and npm run playwright-core; Debian's are installed only when none is on PATH.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    APT_PACKAGES+=(nodejs npm)
+fi
+
+# The farm tests' PostgreSQL (crates/farm/tests/common): a role that may create databases,
+# and a database to connect to first. FERRY_TEST_PG_URL overrides the URL the tests use.
+PG_ROLE=ferry
+PG_PASSWORD=ferry
+PG_DATABASE=ferry_test
+export FERRY_TEST_PG_URL="${FERRY_TEST_PG_URL:-postgres://$PG_ROLE:$PG_PASSWORD@127.0.0.1:5432/$PG_DATABASE}"
+# schemathesis, pinned, in a venv outside the repository (crates/cli/tests/farm.rs runs it).
+SCHEMATHESIS_VERSION=4.32.5
+SCHEMATHESIS_VENV="${HOME}/.cache/ferry/schemathesis-$SCHEMATHESIS_VERSION"
+export FERRY_SCHEMATHESIS="$SCHEMATHESIS_VENV/bin/schemathesis"
 
 say() { printf '==> %s\n' "$*" >&2; }
 
@@ -65,8 +87,61 @@ install_rust_tools() {
     fi
 }
 
+# Starts the PostgreSQL cluster when it is down and makes the test role and database; each
+# step is skipped when already done.
+start_postgres() {
+    local version cluster
+    read -r version cluster < <(pg_lsclusters --no-header | awk 'NR==1 {print $1, $2}')
+    if [[ -z "${version:-}" ]]; then
+        echo "test.sh: postgresql is installed but has no cluster" >&2
+        return 1
+    fi
+    if ! pg_lsclusters --no-header | awk 'NR==1 {print $4}' | grep -q online; then
+        say "starting PostgreSQL $version/$cluster"
+        as_root pg_ctlcluster "$version" "$cluster" start
+    fi
+    local psql=(as_root su postgres -c)
+    if ! "${psql[@]}" "psql -tAc \"SELECT 1 FROM pg_roles WHERE rolname = '$PG_ROLE'\"" | grep -q 1; then
+        say "creating PostgreSQL role $PG_ROLE"
+        "${psql[@]}" "psql -c \"CREATE ROLE $PG_ROLE LOGIN PASSWORD '$PG_PASSWORD' CREATEDB\""
+    fi
+    if ! "${psql[@]}" "psql -tAc \"SELECT 1 FROM pg_database WHERE datname = '$PG_DATABASE'\"" | grep -q 1; then
+        say "creating PostgreSQL database $PG_DATABASE"
+        "${psql[@]}" "createdb -O $PG_ROLE $PG_DATABASE"
+    fi
+    # Each farm test makes its own database (ferry_t_<uuid>); drop those of earlier runs.
+    local db
+    for db in $("${psql[@]}" "psql -tAc \"SELECT datname FROM pg_database WHERE datname LIKE 'ferry_t_%'\""); do
+        "${psql[@]}" "dropdb --if-exists $db"
+    done
+}
+
+install_schemathesis() {
+    if [[ -x "$FERRY_SCHEMATHESIS" ]]; then
+        return 0
+    fi
+    say "installing schemathesis $SCHEMATHESIS_VERSION into $SCHEMATHESIS_VENV"
+    python3 -m venv "$SCHEMATHESIS_VENV"
+    "$SCHEMATHESIS_VENV/bin/pip" install --quiet "schemathesis==$SCHEMATHESIS_VERSION"
+}
+
+# `npm ci` in web/e2e when its lock file differs from the one last installed (a copy kept in
+# node_modules), so a second run installs nothing.
+install_console_e2e() {
+    local dir=web/e2e
+    if cmp -s "$dir/package-lock.json" "$dir/node_modules/.ferry-installed-lock.json"; then
+        return 0
+    fi
+    say "npm ci in $dir (playwright-core for the console test)"
+    npm ci --prefix "$dir" --no-audit --no-fund
+    cp "$dir/package-lock.json" "$dir/node_modules/.ferry-installed-lock.json"
+}
+
 install_apt_packages
 install_rust_tools
+install_console_e2e
+start_postgres
+install_schemathesis
 
 say "cargo fmt --all --check"
 cargo fmt --all --check

@@ -11,6 +11,9 @@
 //! target.rs      `ferry target`: the target device agent; `status`, `mark-booted`
 //! progress.rs    indicatif bars behind `disk::ops::Progress`
 //! size.rs        "10G", "512M", "32MiB" parsing
+//! farm.rs        `ferry farm init|serve|vdisk|server|token|session|audit|settings`
+//! farm_objects.rs `ferry site|store|collection|device|version` over the farm's REST API
+//! farm_client.rs the blocking API client, --api/--token/--json, table rendering
 //! ```
 //!
 //! The commands are thin: they parse, call the `disk` library, and render its reports as text
@@ -33,6 +36,9 @@ macro_rules! outln {
 }
 
 mod copy;
+mod farm;
+mod farm_client;
+mod farm_objects;
 mod progress;
 mod quickstart;
 mod server;
@@ -117,6 +123,34 @@ enum Command {
         qemu-system-x86_64 -drive file=nbd+unix:///?socket=/run/ferry/target.sock,format=raw\n  \
         ferry target status --json\n  ferry target mark-booted")]
     Target(target::Args),
+    /// The farm: `init` and `serve` a farm database and its REST API; farm-wide vDisks,
+    /// servers, tokens, sessions, audit log and settings over the API.
+    #[command(after_help = "Examples:\n  ferry farm init --data /srv/ferry\n  \
+                            ferry farm serve --data /srv/ferry --listen 127.0.0.1:8080\n  \
+                            ferry farm vdisk add golden --store 1 --size 40G")]
+    Farm(farm::FarmArgs),
+    /// Sites of the farm (over the REST API).
+    #[command(after_help = "Example:\n  ferry site add hq --token $FERRY_TOKEN")]
+    Site(farm_objects::SiteArgs),
+    /// Stores of the farm (over the REST API).
+    #[command(after_help = "Example:\n  ferry store add main --path main")]
+    Store(farm_objects::StoreArgs),
+    /// Device collections (over the REST API).
+    #[command(
+        after_help = "Example:\n  ferry collection add lab --site 1 --auto-add --vdisk golden"
+    )]
+    Collection(farm_objects::CollectionArgs),
+    /// Target devices (over the REST API).
+    #[command(
+        after_help = "Example:\n  ferry device add aa:bb:cc:00:00:01 --name pc1 --collection 1 \
+                            --vdisk golden --type production"
+    )]
+    Device(farm_objects::DeviceArgs),
+    /// The version lifecycle of a farm vDisk: new, promote, revert, delete, merge.
+    #[command(after_help = "Examples:\n  ferry version new --vdisk golden\n  \
+                            ferry version promote 1 --vdisk golden\n  \
+                            ferry version list --vdisk golden --json")]
+    Version(farm_objects::VersionArgs),
 }
 
 /// Options every command sees.
@@ -155,6 +189,12 @@ fn main() -> ExitCode {
         Command::Quickstart(args) => quickstart::run(&args, global),
         Command::Server(args) => server::run(&args, global),
         Command::Target(args) => target::run(&args, global),
+        Command::Farm(args) => farm::run(args, global),
+        Command::Site(args) => farm_objects::site(args),
+        Command::Store(args) => farm_objects::store(args),
+        Command::Collection(args) => farm_objects::collection(args),
+        Command::Device(args) => farm_objects::device(args),
+        Command::Version(args) => farm_objects::version(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,466 @@
+//! Live device status for the console: one read-only snapshot of every device (connected or
+//! not, the version it boots, its effective cache mode, and the counters last reported for
+//! its session) plus the servers, and the route a device or its server reports counters on.
+//!
+//! ```text
+//!   target / server ── POST /api/v1/status/report {export_name, counters} ──► StatusBoard
+//!   console (every 2 s) ── GET /api/v1/status ──► devices ⋈ sessions ⋈ versions ⋈ board
+//! ```
+//!
+//! The board is in-process memory: counters are cumulative for one session and vanish with
+//! the process (a report after a restart starts them again). A report names its session by
+//! its export name, the unguessable session-scoped secret that login gave the device; it
+//! needs no API token, like the login routes. Counters of an ended or replaced session are
+//! not shown, because an entry is shown only while its session id is the device's live one.
+//! The board holds at most [`BOARD_DEVICES_MAX`] devices.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use farm::model::{
+    AccessMode, CacheMode, Device, DeviceType, OptCacheMode, Server, Session, VDisk,
+};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::AppState;
+use crate::error::{ApiError, ApiResult, Errors};
+use crate::extract::{ApiJson, ApiQuery, Reader};
+use crate::routes::PageQuery;
+
+/// The most devices whose counters the board keeps (as many as live sessions may exist).
+pub const BOARD_DEVICES_MAX: usize = farm::sessions::SESSIONS_MAX;
+/// Counters not reported for this long make room when the board is full.
+pub const BOARD_STALE_MS: i64 = 10 * 60 * 1000;
+/// The most live sessions one snapshot reads (pages of [`SESSION_PAGE`]).
+pub const STATUS_SESSIONS_MAX: usize = farm::sessions::SESSIONS_MAX;
+/// The page size used to read sessions and vDisks for a snapshot.
+const SESSION_PAGE: i64 = 1000;
+
+/// Counters of one device's session, cumulative since the session began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+pub struct Counters {
+    /// Bytes the device read from its vDisk.
+    pub bytes_read: u64,
+    /// Bytes the device wrote (into its write cache, or the vDisk in private mode).
+    pub bytes_written: u64,
+    /// Requests retried (timeouts, lost datagrams, reconnects).
+    pub retries: u64,
+    /// Bytes its write cache holds now.
+    pub cache_used_bytes: u64,
+}
+
+/// A counter report of a session.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Report {
+    /// The session's export name, as login gave it (the report's credential).
+    pub export_name: String,
+    /// The server the device streams from, when known.
+    #[serde(default)]
+    pub server_id: Option<i64>,
+    /// Bytes the device read from its vDisk.
+    pub bytes_read: u64,
+    /// Bytes the device wrote.
+    pub bytes_written: u64,
+    /// Requests retried.
+    pub retries: u64,
+    /// Bytes its write cache holds now.
+    pub cache_used_bytes: u64,
+}
+
+/// The counters last reported for a device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Reported {
+    /// The session they belong to.
+    pub session_id: String,
+    /// The server the device streams from, when reported.
+    pub server_id: Option<i64>,
+    /// That server's name.
+    pub server_name: Option<String>,
+    /// When they were reported (Unix ms).
+    pub reported_at_ms: i64,
+    /// The counters.
+    #[serde(flatten)]
+    pub counters: Counters,
+}
+
+/// The live session of a device as the console shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SessionStatus {
+    /// The session's id.
+    pub id: String,
+    /// The version the device boots.
+    pub version: i64,
+    /// That version's access mode now (`None` when the version is gone).
+    pub access: Option<AccessMode>,
+    /// When the device logged in.
+    pub since_ms: i64,
+    /// When the session ends unless renewed.
+    pub expires_at_ms: i64,
+}
+
+/// One device's status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DeviceStatus {
+    /// Id.
+    pub id: i64,
+    /// Name.
+    pub name: String,
+    /// MAC address.
+    pub mac: String,
+    /// Its collection.
+    pub collection_id: i64,
+    /// Its type.
+    pub device_type: DeviceType,
+    /// The vDisk assigned.
+    pub vdisk_id: Option<i64>,
+    /// That vDisk's name.
+    pub vdisk_name: Option<String>,
+    /// The cache mode it gets at login (override, vDisk default, private in maintenance).
+    pub cache_mode: Option<CacheMode>,
+    /// The RAM cache size it gets at login.
+    pub ram_bytes: Option<i64>,
+    /// Its live session: `None` when the device is not connected.
+    pub session: Option<SessionStatus>,
+    /// The counters of that session, when reported.
+    pub counters: Option<Reported>,
+}
+
+/// A server's status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ServerStatus {
+    /// Id.
+    pub id: i64,
+    /// Its site.
+    pub site_id: i64,
+    /// Name.
+    pub name: String,
+    /// NBD address.
+    pub address: String,
+    /// True when it heartbeat within [`farm::login::SERVER_ALIVE_MS`].
+    pub alive: bool,
+    /// Its last heartbeat.
+    pub heartbeat_at_ms: i64,
+}
+
+/// The farm's live status: a page of devices and every server.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StatusSnapshot {
+    /// When it was taken (the farm's clock, Unix ms).
+    pub now_ms: i64,
+    /// The servers.
+    pub servers: Vec<ServerStatus>,
+    /// The devices of this page.
+    pub devices: Vec<DeviceStatus>,
+    /// How many devices the farm holds.
+    pub total: i64,
+    /// Live sessions in the whole farm.
+    pub connected: i64,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    session_id: String,
+    server_id: Option<i64>,
+    reported_at_ms: i64,
+    counters: Counters,
+}
+
+/// The counters reported per device (see the module documentation).
+#[derive(Debug, Default)]
+pub struct StatusBoard {
+    entries: Mutex<HashMap<i64, Entry>>,
+}
+
+impl StatusBoard {
+    /// An empty board.
+    pub fn new() -> StatusBoard {
+        StatusBoard::default()
+    }
+
+    /// Records the counters of `entry.session_id` for `device_id`, replacing what was there.
+    /// When the board is full, entries not reported for [`BOARD_STALE_MS`] make room.
+    ///
+    /// # Errors
+    /// `429` when [`BOARD_DEVICES_MAX`] devices are held and none of them is stale.
+    fn record(&self, device_id: i64, entry: Entry) -> ApiResult<()> {
+        let mut g = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if !g.contains_key(&device_id) && g.len() >= BOARD_DEVICES_MAX {
+            let oldest = entry.reported_at_ms.saturating_sub(BOARD_STALE_MS);
+            g.retain(|_, e| e.reported_at_ms > oldest);
+            if g.len() >= BOARD_DEVICES_MAX {
+                return Err(ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!("counters of more than {BOARD_DEVICES_MAX} devices"),
+                ));
+            }
+        }
+        g.insert(device_id, entry);
+        Ok(())
+    }
+
+    fn get(&self, device_id: i64, session_id: &str) -> Option<Entry> {
+        let g = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        g.get(&device_id)
+            .filter(|e| e.session_id == session_id)
+            .cloned()
+    }
+
+    /// Devices held.
+    pub fn len(&self) -> usize {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// True when no device is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The status routes (relative to `/api/v1`) with a board of their own.
+pub fn routes() -> Router<AppState> {
+    routes_with(Arc::new(StatusBoard::new()))
+}
+
+/// The status routes over `board` (a server that records counters itself shares it).
+pub fn routes_with(board: Arc<StatusBoard>) -> Router<AppState> {
+    Router::new()
+        .route("/status", get(status))
+        .route("/status/report", post(report))
+        .layer(Extension(board))
+}
+
+/// The live status of the farm: a page of devices (with session and counters) and servers.
+#[utoipa::path(get, path = "/api/v1/status", tag = "status", params(PageQuery),
+    responses((status = 200, body = StatusSnapshot), Errors))]
+pub async fn status(
+    _: Reader,
+    State(s): State<AppState>,
+    Extension(board): Extension<Arc<StatusBoard>>,
+    ApiQuery(q): ApiQuery<PageQuery>,
+) -> ApiResult<Json<StatusSnapshot>> {
+    let farm = &s.farm;
+    let devices = farm.list_devices(None, q.limit, q.offset).await?;
+    let sessions = live_sessions(farm).await?;
+    let connected = i64::try_from(sessions.len()).unwrap_or(i64::MAX);
+    let vdisks = all_vdisks(farm).await?;
+    let servers = farm.list_servers(Some(SESSION_PAGE), Some(0)).await?.items;
+    let now = farm.now_ms();
+    let by_device: HashMap<i64, &Session> = sessions.iter().map(|x| (x.device_id, x)).collect();
+    let mut access: HashMap<(i64, i64), AccessMode> = HashMap::new();
+    for d in &devices.items {
+        if let Some(x) = by_device.get(&d.id)
+            && !access.contains_key(&(x.vdisk_id, x.version_number))
+        {
+            for v in farm.versions(x.vdisk_id).await? {
+                access.insert((v.vdisk_id, v.number), v.access);
+            }
+        }
+    }
+    let ctx = Ctx {
+        vdisks: &vdisks,
+        servers: &servers,
+        access: &access,
+        board: &board,
+    };
+    let items = devices
+        .items
+        .iter()
+        .map(|d| ctx.device(d, by_device.get(&d.id).copied()))
+        .collect();
+    Ok(Json(StatusSnapshot {
+        now_ms: now,
+        servers: servers.iter().map(|x| server_status(x, now)).collect(),
+        devices: items,
+        total: devices.total,
+        connected,
+    }))
+}
+
+/// Reports the counters of a session: the body names it by its export name.
+#[utoipa::path(post, path = "/api/v1/status/report", tag = "status", request_body = Report,
+    security(()), responses((status = 204, description = "recorded"), Errors))]
+pub async fn report(
+    State(s): State<AppState>,
+    Extension(board): Extension<Arc<StatusBoard>>,
+    ApiJson(r): ApiJson<Report>,
+) -> ApiResult<StatusCode> {
+    let session = s
+        .farm
+        .session_by_export(&r.export_name)
+        .await?
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "no live session of that name"))?;
+    if let Some(id) = r.server_id {
+        s.farm
+            .server(id)
+            .await
+            .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("no server {id}")))?;
+    }
+    let entry = Entry {
+        session_id: session.id.clone(),
+        server_id: r.server_id,
+        reported_at_ms: s.farm.now_ms(),
+        counters: Counters {
+            bytes_read: r.bytes_read,
+            bytes_written: r.bytes_written,
+            retries: r.retries,
+            cache_used_bytes: r.cache_used_bytes,
+        },
+    };
+    board.record(session.device_id, entry)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+struct Ctx<'a> {
+    vdisks: &'a HashMap<i64, VDisk>,
+    servers: &'a [Server],
+    access: &'a HashMap<(i64, i64), AccessMode>,
+    board: &'a StatusBoard,
+}
+
+impl Ctx<'_> {
+    fn device(&self, d: &Device, session: Option<&Session>) -> DeviceStatus {
+        let vdisk = d.vdisk_id.and_then(|id| self.vdisks.get(&id));
+        let counters = session
+            .and_then(|x| self.board.get(d.id, &x.id))
+            .map(|e| Reported {
+                session_id: e.session_id,
+                server_id: e.server_id,
+                server_name: e.server_id.and_then(|id| {
+                    self.servers
+                        .iter()
+                        .find(|s| s.id == id)
+                        .map(|s| s.name.clone())
+                }),
+                reported_at_ms: e.reported_at_ms,
+                counters: e.counters,
+            });
+        DeviceStatus {
+            id: d.id,
+            name: d.name.clone(),
+            mac: d.mac.clone(),
+            collection_id: d.collection_id,
+            device_type: d.device_type,
+            vdisk_id: d.vdisk_id,
+            vdisk_name: vdisk.map(|v| v.name.clone()),
+            cache_mode: vdisk.map(|v| effective_cache_mode(d.device_type, d.cache_mode, v)),
+            ram_bytes: vdisk.map(|v| d.ram_bytes.unwrap_or(v.ram_bytes)),
+            session: session.map(|x| SessionStatus {
+                id: x.id.clone(),
+                version: x.version_number,
+                access: self.access.get(&(x.vdisk_id, x.version_number)).copied(),
+                since_ms: x.created_at_ms,
+                expires_at_ms: x.expires_at_ms,
+            }),
+            counters,
+        }
+    }
+}
+
+/// The cache mode login grants (the rule of `farm::login`): private for a maintenance
+/// device, else the device's override or the vDisk's default, private turned into server.
+pub fn effective_cache_mode(t: DeviceType, over: OptCacheMode, vdisk: &VDisk) -> CacheMode {
+    match (t, over.0.unwrap_or(vdisk.cache_mode)) {
+        (DeviceType::Maintenance, _) => CacheMode::Private,
+        (_, CacheMode::Private) => CacheMode::Server,
+        (_, m) => m,
+    }
+}
+
+fn server_status(s: &Server, now_ms: i64) -> ServerStatus {
+    ServerStatus {
+        id: s.id,
+        site_id: s.site_id,
+        name: s.name.clone(),
+        address: s.address.clone(),
+        alive: now_ms.saturating_sub(s.heartbeat_at_ms) <= farm::login::SERVER_ALIVE_MS,
+        heartbeat_at_ms: s.heartbeat_at_ms,
+    }
+}
+
+// TODO(issue 5): a farm query of the sessions of one page of devices would spare reading
+// every live session on each poll; with 100 000 sessions one snapshot reads 100 pages.
+async fn live_sessions(farm: &farm::Farm) -> ApiResult<Vec<Session>> {
+    let mut out = Vec::new();
+    loop {
+        let offset = i64::try_from(out.len()).unwrap_or(i64::MAX);
+        let page = farm.list_sessions(Some(SESSION_PAGE), Some(offset)).await?;
+        let done = page.items.is_empty();
+        out.extend(page.items);
+        let held = i64::try_from(out.len()).unwrap_or(i64::MAX);
+        if done || out.len() >= STATUS_SESSIONS_MAX || held >= page.total {
+            return Ok(out);
+        }
+    }
+}
+
+async fn all_vdisks(farm: &farm::Farm) -> ApiResult<HashMap<i64, VDisk>> {
+    let mut out = HashMap::new();
+    loop {
+        let offset = i64::try_from(out.len()).unwrap_or(i64::MAX);
+        let page = farm.list_vdisks(Some(SESSION_PAGE), Some(offset)).await?;
+        let done = page.items.is_empty();
+        out.extend(page.items.into_iter().map(|v| (v.id, v)));
+        if done || i64::try_from(out.len()).unwrap_or(i64::MAX) >= page.total {
+            return Ok(out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(session: &str, bytes_read: u64, reported_at_ms: i64) -> Entry {
+        Entry {
+            session_id: session.into(),
+            server_id: None,
+            reported_at_ms,
+            counters: Counters {
+                bytes_read,
+                ..Counters::default()
+            },
+        }
+    }
+
+    #[test]
+    fn counters_of_a_replaced_session_are_not_shown() {
+        let b = StatusBoard::new();
+        b.record(1, entry("old", 5, 0)).unwrap();
+        assert!(b.get(1, "new").is_none());
+        assert_eq!(b.get(1, "old").unwrap().counters.bytes_read, 5);
+    }
+
+    #[test]
+    fn second_report_replaces_the_first() {
+        let b = StatusBoard::new();
+        b.record(1, entry("s", 5, 0)).unwrap();
+        b.record(1, entry("s", 9, 1)).unwrap();
+        assert_eq!(b.get(1, "s").unwrap().counters.bytes_read, 9);
+        assert_eq!(b.len(), 1);
+    }
+
+    #[test]
+    fn report_without_an_export_name_is_rejected() {
+        let r = serde_json::from_str::<Report>(
+            r#"{"bytes_read":1,"bytes_written":0,"retries":0,"cache_used_bytes":0}"#,
+        );
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn negative_counter_is_rejected() {
+        let r = serde_json::from_str::<Report>(
+            r#"{"export_name":"x","bytes_read":-1,"bytes_written":0,"retries":0,"cache_used_bytes":0}"#,
+        );
+        assert!(r.is_err());
+    }
+}

@@ -1,0 +1,494 @@
+//! `ferry farm ...`: create and serve a farm (`init`, `serve`: local, on the data directory),
+//! and the farm-wide objects over the REST API (`vdisk`, `server`, `token`, `session`,
+//! `audit`, `settings`). `ferry vdisk` and `ferry server` stay the local image and NBD
+//! commands; their farm counterparts live here.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use reqwest::Method;
+use serde_json::json;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::farm_client::{Client, Conn, Paging, cell, vdisk_id};
+use crate::{Global, print_json};
+
+/// The file in the data directory that holds the farm key (mode 0600), for targets.
+pub const FARM_KEY_FILE: &str = "farm.key";
+
+/// `ferry farm`.
+#[derive(Debug, Args)]
+pub struct FarmArgs {
+    #[command(subcommand)]
+    command: FarmCommand,
+}
+
+/// Where the farm's data lives.
+#[derive(Debug, Clone, Args)]
+struct DataArgs {
+    /// The data directory (SQLite database, store root, farm key).
+    #[arg(long, value_name = "DIR", default_value = "ferry-data")]
+    data: PathBuf,
+    /// A PostgreSQL database instead of SQLite (`postgres://user:pass@host/db`).
+    #[arg(long, value_name = "URL", env = "FERRY_DB", hide_env_values = true)]
+    db: Option<String>,
+}
+
+impl DataArgs {
+    fn config(&self) -> farm::FarmConfig {
+        farm::FarmConfig {
+            data_dir: self.data.clone(),
+            db_url: self.db.clone(),
+            store_root: None,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum FarmCommand {
+    /// Create a farm: its database (SQLite in DIR unless --db), a farm key and an admin token.
+    #[command(after_help = "Example:\n  ferry farm init --data /srv/ferry")]
+    Init {
+        #[command(flatten)]
+        data: DataArgs,
+        /// The farm's name.
+        #[arg(long, default_value = "ferry")]
+        name: String,
+        /// Print the secrets as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Serve the farm's REST API (and its OpenAPI document) until SIGINT or SIGTERM.
+    #[command(
+        after_help = "Example:\n  ferry farm serve --data /srv/ferry --listen 0.0.0.0:8080\n  \
+                            curl http://127.0.0.1:8080/api/v1/openapi.json"
+    )]
+    Serve {
+        #[command(flatten)]
+        data: DataArgs,
+        /// The HTTP address.
+        #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+    },
+    /// vDisks of the farm (the image files are managed by `ferry version`).
+    #[command(
+        after_help = "Examples:\n  ferry farm vdisk add golden --store 1 --size 40G\n  \
+                            ferry farm vdisk list --json"
+    )]
+    Vdisk(VdiskArgs),
+    /// Servers of the farm.
+    #[command(after_help = "Example:\n  ferry farm server list")]
+    Server(ServerArgs),
+    /// API tokens.
+    #[command(after_help = "Example:\n  ferry farm token create ops --role operator")]
+    Token(TokenArgs),
+    /// Device sessions (logged-in devices).
+    #[command(after_help = "Example:\n  ferry farm session list")]
+    Session(SessionArgs),
+    /// The audit log, newest first.
+    #[command(after_help = "Example:\n  ferry farm audit --limit 20")]
+    Audit {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(flatten)]
+        paging: Paging,
+    },
+    /// Show or change the farm settings.
+    #[command(after_help = "Example:\n  ferry farm settings --auto-merge-chain-max 5")]
+    Settings {
+        #[command(flatten)]
+        conn: Conn,
+        /// Merge a chain into a new base when a new version would make it longer (0: never).
+        #[arg(long)]
+        auto_merge_chain_max: Option<i64>,
+    },
+}
+
+/// Runs `ferry farm`.
+///
+/// # Errors
+/// Database, bind and API errors.
+pub fn run(a: FarmArgs, global: Global) -> anyhow::Result<ExitCode> {
+    match a.command {
+        FarmCommand::Init { data, name, json } => init(&data, &name, json),
+        FarmCommand::Serve { data, listen } => serve(&data, listen, global),
+        FarmCommand::Vdisk(v) => vdisk(v),
+        FarmCommand::Server(s) => server(s),
+        FarmCommand::Token(t) => token(t),
+        FarmCommand::Session(s) => session(s),
+        FarmCommand::Audit { conn, paging } => {
+            let c = Client::new(&conn)?;
+            let v = c.get(&format!("/audit?{}", paging.query()))?;
+            c.show(
+                &v,
+                &["id", "at_ms", "actor", "action", "object_type", "object_id"],
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        FarmCommand::Settings {
+            conn,
+            auto_merge_chain_max,
+        } => {
+            let c = Client::new(&conn)?;
+            let v = match auto_merge_chain_max {
+                Some(n) => {
+                    let body = json!({ "auto_merge_chain_max": n });
+                    c.call(Method::PATCH, "/farm", Some(body))?
+                }
+                None => c.get("/farm")?,
+            };
+            c.show(&v, &[])?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ferry-farm")
+        .build()
+        .context("start async runtime")
+}
+
+fn init(data: &DataArgs, name: &str, as_json: bool) -> anyhow::Result<ExitCode> {
+    let secrets = runtime()?.block_on(async {
+        let farm = farm::Farm::open(&data.config())
+            .await
+            .context("open farm database")?;
+        farm.init(name).await.context("initialize farm")
+    })?;
+    let key_path = data.data.join(FARM_KEY_FILE);
+    write_private(&key_path, &secrets.farm_key_hex)?;
+    if as_json {
+        print_json(&json!({
+            "admin_token": secrets.admin_token,
+            "farm_key": secrets.farm_key_hex,
+            "farm_key_file": key_path,
+            "data_dir": data.data,
+        }))?;
+    } else {
+        outln!("created farm {name:?} in {}", data.data.display());
+        outln!("admin token (shown once): {}", secrets.admin_token);
+        outln!(
+            "farm key (targets need it): {} (also in {})",
+            secrets.farm_key_hex,
+            key_path.display()
+        );
+        outln!();
+        outln!("Next: ferry farm serve --data {}", data.data.display());
+        outln!("      export FERRY_TOKEN={}", secrets.admin_token);
+        outln!("      ferry site add hq");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::File::options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("write {}", path.display()))?;
+    f.write_all(format!("{text}\n").as_bytes())
+        .with_context(|| format!("write {}", path.display()))
+}
+
+fn serve(data: &DataArgs, listen: SocketAddr, global: Global) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(async {
+        let farm = farm::Farm::open(&data.config())
+            .await
+            .context("open farm database")?;
+        if !farm.is_initialized().await? {
+            anyhow::bail!(
+                "no farm in {}; run `ferry farm init` first",
+                data.data.display()
+            );
+        }
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("bind {listen}"))?;
+        let addr = listener.local_addr()?;
+        if !global.quiet {
+            eprintln!(
+                "serving the farm API on http://{addr}/api/v1 (OpenAPI: /api/v1/openapi.json)"
+            );
+        }
+        let state = api::AppState {
+            farm: Arc::new(farm),
+            server_id: None,
+        };
+        let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
+        let stop = async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        api::serve(listener, state, stop)
+            .await
+            .context("serve farm API")?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// `ferry farm vdisk`.
+#[derive(Debug, Args)]
+pub struct VdiskArgs {
+    #[command(flatten)]
+    conn: Conn,
+    #[command(subcommand)]
+    command: VdiskCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum VdiskCommand {
+    /// List vDisks.
+    List(Paging),
+    /// Add a vDisk: import NAME.vhdx from the store, or create it with --size.
+    Add {
+        /// Its name (the file is NAME.vhdx in the store).
+        name: String,
+        /// The store's id.
+        #[arg(long)]
+        store: i64,
+        /// Create an empty dynamic image of this size (e.g. 40G) when NAME.vhdx is missing.
+        #[arg(long, value_parser = crate::size::parse_size)]
+        size: Option<u64>,
+        /// Default cache mode of its devices.
+        #[arg(long)]
+        cache_mode: Option<String>,
+        /// Default RAM cache size in bytes.
+        #[arg(long)]
+        ram_bytes: Option<i64>,
+        /// Free text.
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// Show a vDisk (name or id) and its versions.
+    Show {
+        /// Name or id.
+        vdisk: String,
+    },
+    /// Remove a vDisk from the farm (its files stay in the store).
+    Remove {
+        /// Name or id.
+        vdisk: String,
+    },
+}
+
+fn vdisk(a: VdiskArgs) -> anyhow::Result<ExitCode> {
+    let c = Client::new(&a.conn)?;
+    match a.command {
+        VdiskCommand::List(p) => {
+            let v = c.get(&format!("/vdisks?{}", p.query()))?;
+            c.show(
+                &v,
+                &[
+                    "id",
+                    "name",
+                    "store_id",
+                    "size_bytes",
+                    "cache_mode",
+                    "ram_bytes",
+                ],
+            )?;
+        }
+        VdiskCommand::Add {
+            name,
+            store,
+            size,
+            cache_mode,
+            ram_bytes,
+            description,
+        } => {
+            let body = json!({"name": name, "store_id": store, "size_bytes": size,
+                "cache_mode": cache_mode, "ram_bytes": ram_bytes, "description": description});
+            let v = c.post("/vdisks", Some(body))?;
+            c.done(
+                &v,
+                &format!(
+                    "added vdisk {} (id {}), version 0 in production",
+                    cell(&v["name"]),
+                    cell(&v["id"])
+                ),
+            )?;
+        }
+        VdiskCommand::Show { vdisk } => {
+            let id = vdisk_id(&c, &vdisk)?;
+            let mut v = c.get(&format!("/vdisks/{id}"))?;
+            v["versions"] = c.get(&format!("/vdisks/{id}/versions"))?["items"].clone();
+            c.show(&v, &[])?;
+        }
+        VdiskCommand::Remove { vdisk } => {
+            let id = vdisk_id(&c, &vdisk)?;
+            let v = c.call(Method::DELETE, &format!("/vdisks/{id}"), None)?;
+            c.done(&v, &format!("removed vdisk {vdisk} from the farm"))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ferry farm server`.
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    #[command(flatten)]
+    conn: Conn,
+    #[command(subcommand)]
+    command: ServerCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum ServerCommand {
+    /// List servers with their last heartbeat.
+    List(Paging),
+    /// Register a server (again: update it).
+    Register {
+        /// Its name.
+        name: String,
+        /// The site's id.
+        #[arg(long)]
+        site: i64,
+        /// Its NBD address (`host:port`).
+        #[arg(long)]
+        address: String,
+    },
+    /// Record a heartbeat of a server.
+    Heartbeat {
+        /// Its id.
+        id: i64,
+    },
+}
+
+fn server(a: ServerArgs) -> anyhow::Result<ExitCode> {
+    let c = Client::new(&a.conn)?;
+    match a.command {
+        ServerCommand::List(p) => {
+            let v = c.get(&format!("/servers?{}", p.query()))?;
+            c.show(&v, &["id", "site_id", "name", "address", "heartbeat_at_ms"])?;
+        }
+        ServerCommand::Register {
+            name,
+            site,
+            address,
+        } => {
+            let body = json!({"name": name, "site_id": site, "address": address});
+            let v = c.post("/servers", Some(body))?;
+            c.done(
+                &v,
+                &format!(
+                    "registered server {} (id {})",
+                    cell(&v["name"]),
+                    cell(&v["id"])
+                ),
+            )?;
+        }
+        ServerCommand::Heartbeat { id } => {
+            let v = c.post(&format!("/servers/{id}/heartbeat"), None)?;
+            c.done(&v, &format!("heartbeat of server {id} recorded"))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ferry farm token`.
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    #[command(flatten)]
+    conn: Conn,
+    #[command(subcommand)]
+    command: TokenCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// List tokens (never their secrets).
+    List(Paging),
+    /// Create a token; its secret is printed once.
+    Create {
+        /// Its name (the actor in the audit log).
+        name: String,
+        /// admin, operator or read_only.
+        #[arg(long, default_value = "read_only")]
+        role: String,
+    },
+    /// Delete a token.
+    Delete {
+        /// Its id.
+        id: i64,
+    },
+}
+
+fn token(a: TokenArgs) -> anyhow::Result<ExitCode> {
+    let c = Client::new(&a.conn)?;
+    match a.command {
+        TokenCommand::List(p) => {
+            c.show(
+                &c.get(&format!("/tokens?{}", p.query()))?,
+                &["id", "name", "role"],
+            )?;
+        }
+        TokenCommand::Create { name, role } => {
+            let v = c.post("/tokens", Some(json!({"name": name, "role": role})))?;
+            let secret = v["secret"].as_str().unwrap_or_default();
+            c.done(&v, &format!("token {name} ({role}), shown once: {secret}"))?;
+        }
+        TokenCommand::Delete { id } => {
+            let v = c.call(Method::DELETE, &format!("/tokens/{id}"), None)?;
+            c.done(&v, &format!("deleted token {id}"))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ferry farm session`.
+#[derive(Debug, Args)]
+pub struct SessionArgs {
+    #[command(flatten)]
+    conn: Conn,
+    #[command(subcommand)]
+    command: SessionCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum SessionCommand {
+    /// List live device sessions.
+    List(Paging),
+    /// End a session (the device no longer counts as booted from its version).
+    End {
+        /// The session id.
+        id: String,
+    },
+}
+
+fn session(a: SessionArgs) -> anyhow::Result<ExitCode> {
+    let c = Client::new(&a.conn)?;
+    match a.command {
+        SessionCommand::List(p) => {
+            let v = c.get(&format!("/sessions?{}", p.query()))?;
+            c.show(
+                &v,
+                &[
+                    "id",
+                    "device_id",
+                    "vdisk_id",
+                    "version_number",
+                    "device_type",
+                    "export_name",
+                ],
+            )?;
+        }
+        SessionCommand::End { id } => {
+            let v = c.call(Method::DELETE, &format!("/sessions/{id}"), None)?;
+            c.done(&v, &format!("ended session {id}"))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

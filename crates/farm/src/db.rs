@@ -1,0 +1,336 @@
+//! The farm handle: one connection pool (SQLite or PostgreSQL through sqlx's `Any` driver),
+//! the migrations of each backend, the clock, and the farm's initialization.
+//!
+//! Both backends run the same SQL text: every query uses `$N` placeholders, which SQLite
+//! accepts too, and only types both map the same way (BIGINT/INTEGER as `i64`, TEXT,
+//! INTEGER as 0 or 1). The schemas differ only in dialect, so each backend has its own migration set
+//! (`migrations/sqlite`, `migrations/postgres`) with the same tables and columns.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rand::RngCore as _;
+use sqlx::any::{AnyPoolOptions, install_default_drivers};
+use sqlx::{Any, AnyPool, Transaction};
+
+use crate::error::{FarmError, Result};
+use crate::model::Role;
+use crate::sessions::SessionTable;
+
+/// The file name of the embedded SQLite database in the data directory.
+pub const SQLITE_FILE_NAME: &str = "farm.db";
+/// The directory under the data directory that is the default store root.
+pub const STORE_ROOT_DIR: &str = "stores";
+/// Connections of a PostgreSQL pool.
+pub const PG_CONNECTIONS_MAX: u32 = 8;
+/// Bytes of the farm key (HMAC-SHA256 key of device login).
+pub const FARM_KEY_BYTES: usize = 32;
+/// Bytes of an API token's secret.
+pub const TOKEN_BYTES: usize = 32;
+/// The prefix of API tokens, so that a leaked one is recognizable.
+pub const TOKEN_PREFIX: &str = "fy_";
+
+static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+static PG_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// A source of time, injectable for tests.
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// Now, in Unix milliseconds.
+    fn now_ms(&self) -> i64;
+}
+
+/// The system clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+/// Which database holds the farm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// An embedded SQLite file.
+    Sqlite,
+    /// A PostgreSQL server.
+    Postgres,
+}
+
+/// How to open a farm.
+#[derive(Debug, Clone)]
+pub struct FarmConfig {
+    /// The data directory: the SQLite file and the default store root live here.
+    pub data_dir: PathBuf,
+    /// `postgres://...` for PostgreSQL; `None` for SQLite in the data directory.
+    pub db_url: Option<String>,
+    /// The root under which every store path lies (default: `DATA/stores`).
+    pub store_root: Option<PathBuf>,
+}
+
+/// What [`Farm::init`] made: shown once, never stored in clear (the key is, for HMAC).
+#[derive(Debug, Clone)]
+pub struct InitSecrets {
+    /// The first admin token.
+    pub admin_token: String,
+    /// The farm key (hex), which target devices hold to log in.
+    pub farm_key_hex: String,
+}
+
+/// The farm: the typed data-access API over the database, the lifecycle of versions over
+/// the store files, and device login. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct Farm {
+    pub(crate) pool: AnyPool,
+    backend: Backend,
+    store_root: PathBuf,
+    pub(crate) clock: Arc<dyn Clock>,
+    /// One lock per vDisk, held by lifecycle operations for their whole run (file work
+    /// included), so two of them never race on one chain within this process.
+    pub(crate) vdisk_locks: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<()>>>>,
+    /// Sessions granted by this process, for the NBD server's export check.
+    pub(crate) sessions: Arc<SessionTable>,
+}
+
+impl Farm {
+    /// Opens (creating on first use) the farm database and runs its migrations.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`] for a URL that is neither SQLite nor PostgreSQL;
+    /// [`crate::Kind::Database`].
+    pub async fn open(config: &FarmConfig) -> Result<Farm> {
+        Farm::open_with_clock(config, Arc::new(SystemClock)).await
+    }
+
+    /// [`Farm::open`] with an injected clock.
+    ///
+    /// # Errors
+    /// As [`Farm::open`].
+    pub async fn open_with_clock(config: &FarmConfig, clock: Arc<dyn Clock>) -> Result<Farm> {
+        install_default_drivers();
+        let store_root = config
+            .store_root
+            .clone()
+            .unwrap_or_else(|| config.data_dir.join(STORE_ROOT_DIR));
+        std::fs::create_dir_all(&store_root).map_err(|e| {
+            FarmError::invalid(format!("create store root {}: {e}", store_root.display()))
+        })?;
+        let store_root = store_root.canonicalize().unwrap_or(store_root);
+        let (url, backend) = match &config.db_url {
+            None => {
+                std::fs::create_dir_all(&config.data_dir).map_err(|e| {
+                    FarmError::invalid(format!(
+                        "create data directory {}: {e}",
+                        config.data_dir.display()
+                    ))
+                })?;
+                let file = config.data_dir.join(SQLITE_FILE_NAME);
+                (
+                    format!("sqlite://{}?mode=rwc", file.display()),
+                    Backend::Sqlite,
+                )
+            }
+            Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => {
+                (u.clone(), Backend::Postgres)
+            }
+            Some(u) if u.starts_with("sqlite:") => (u.clone(), Backend::Sqlite),
+            Some(_) => {
+                return Err(FarmError::invalid(
+                    "database url must start with postgres:// or sqlite:",
+                ));
+            }
+        };
+        // SQLite: one connection, so that transactions never meet a lock upgrade conflict;
+        // an embedded farm is small.
+        let connections = match backend {
+            Backend::Sqlite => 1,
+            Backend::Postgres => PG_CONNECTIONS_MAX,
+        };
+        let pool = AnyPoolOptions::new()
+            .max_connections(connections)
+            .connect(&url)
+            .await?;
+        match backend {
+            Backend::Sqlite => SQLITE_MIGRATIONS.run(&pool).await?,
+            Backend::Postgres => PG_MIGRATIONS.run(&pool).await?,
+        }
+        Ok(Farm {
+            pool,
+            backend,
+            store_root,
+            clock,
+            vdisk_locks: Mutex::new(HashMap::new()),
+            sessions: Arc::new(SessionTable::new()),
+        })
+    }
+
+    /// The backend in use.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The store root (absolute).
+    pub fn store_root(&self) -> &Path {
+        &self.store_root
+    }
+
+    /// The sessions granted by this process (see [`SessionTable`]).
+    pub fn session_table(&self) -> Arc<SessionTable> {
+        Arc::clone(&self.sessions)
+    }
+
+    /// Now, by the farm's clock.
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// True when [`Farm::init`] has run.
+    ///
+    /// # Errors
+    /// [`crate::Kind::Database`].
+    pub async fn is_initialized(&self) -> Result<bool> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM farm")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n > 0)
+    }
+
+    /// Initializes a new farm: its settings, a random farm key and a first admin token
+    /// named `admin`.
+    ///
+    /// # Errors
+    /// [`crate::Kind::Conflict`] when the farm is already initialized.
+    pub async fn init(&self, name: &str) -> Result<InitSecrets> {
+        crate::validate::name("name", name)?;
+        let mut key = [0u8; FARM_KEY_BYTES];
+        rand::thread_rng().fill_bytes(&mut key);
+        let farm_key_hex = hex::encode(key);
+        let now = self.now_ms();
+        let mut tx = self.pool.begin().await?;
+        let exists: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM farm")
+            .fetch_one(&mut *tx)
+            .await?;
+        if exists > 0 {
+            return Err(FarmError::conflict("the farm is already initialized"));
+        }
+        sqlx::query(
+            "INSERT INTO farm (id, name, farm_key, auto_merge_chain_max, created_at_ms) \
+             VALUES (1, $1, $2, 0, $3)",
+        )
+        .bind(name)
+        .bind(&farm_key_hex)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        let (admin_token, _) = self
+            .insert_token(&mut tx, "admin", Role::Admin, "init")
+            .await?;
+        audit(
+            &mut tx,
+            now,
+            "init",
+            "farm.init",
+            "farm",
+            "1",
+            &serde_json::json!({}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(InitSecrets {
+            admin_token,
+            farm_key_hex,
+        })
+    }
+
+    /// The farm key (hex). Only the server side of login needs it.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`] when the farm is not initialized.
+    pub async fn farm_key_hex(&self) -> Result<String> {
+        sqlx::query_scalar("SELECT farm_key FROM farm WHERE id = 1")
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| FarmError::not_found("the farm is not initialized"))
+    }
+
+    /// The lock of one vDisk's lifecycle (see the field's comment).
+    pub(crate) fn vdisk_lock(&self, vdisk_id: i64) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self
+            .vdisk_locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(locks.entry(vdisk_id).or_default())
+    }
+
+    /// Makes a new token secret and inserts its hash.
+    pub(crate) async fn insert_token(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        name: &str,
+        role: Role,
+        actor: &str,
+    ) -> Result<(String, i64)> {
+        crate::validate::name("name", name)?;
+        let mut secret = [0u8; TOKEN_BYTES];
+        rand::thread_rng().fill_bytes(&mut secret);
+        let token = format!("{TOKEN_PREFIX}{}", hex::encode(secret));
+        let now = self.now_ms();
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO api_tokens (name, role, token_hash, created_at_ms) \
+             VALUES ($1, $2, $3, $4) RETURNING id",
+        )
+        .bind(name)
+        .bind(role.as_str())
+        .bind(hash_secret(&token))
+        .bind(now)
+        .fetch_one(&mut **tx)
+        .await?;
+        audit(
+            tx,
+            now,
+            actor,
+            "token.create",
+            "token",
+            &id.to_string(),
+            &serde_json::json!({ "name": name, "role": role }),
+        )
+        .await?;
+        Ok((token, id))
+    }
+}
+
+/// The SHA-256 of a secret (token), hex: what the database keeps.
+pub fn hash_secret(secret: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(secret.as_bytes()))
+}
+
+/// Appends one entry to the audit log, inside the change's transaction.
+pub(crate) async fn audit(
+    tx: &mut Transaction<'_, Any>,
+    at_ms: i64,
+    actor: &str,
+    action: &str,
+    object_type: &str,
+    object_id: &str,
+    detail: &serde_json::Value,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO audit_log (at_ms, actor, action, object_type, object_id, detail) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(at_ms)
+    .bind(actor)
+    .bind(action)
+    .bind(object_type)
+    .bind(object_id)
+    .bind(detail.to_string())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

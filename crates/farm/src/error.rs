@@ -1,0 +1,122 @@
+//! The one error type of the farm. Callers (the API) match on [`FarmError::kind`], never on
+//! the message; the message is short, lowercase, and safe to show to an API caller.
+
+/// What went wrong, for the caller to react on (the API maps it to an HTTP status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Kind {
+    /// The input is malformed or out of range (HTTP 400).
+    InvalidInput,
+    /// No object with that id or name (HTTP 404).
+    NotFound,
+    /// The request conflicts with the state: a forbidden transition, a duplicate name, an
+    /// object still in use (HTTP 409).
+    Conflict,
+    /// The caller did not prove who it is (HTTP 401).
+    Unauthenticated,
+    /// The caller is known but may not do this (HTTP 403).
+    Forbidden,
+    /// A limit was reached (HTTP 429).
+    LimitReached,
+    /// The database failed (HTTP 500).
+    Database,
+    /// An image operation in the store failed (HTTP 500).
+    Image,
+}
+
+/// A farm error: a [`Kind`], a message, and an optional source.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct FarmError {
+    kind: Kind,
+    message: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// The result type of the farm.
+pub type Result<T> = std::result::Result<T, FarmError>;
+
+impl FarmError {
+    /// An error of `kind` with `message`.
+    pub fn new(kind: Kind, message: impl Into<String>) -> FarmError {
+        FarmError {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`Kind::InvalidInput`].
+    pub fn invalid(message: impl Into<String>) -> FarmError {
+        FarmError::new(Kind::InvalidInput, message)
+    }
+
+    /// [`Kind::NotFound`].
+    pub fn not_found(message: impl Into<String>) -> FarmError {
+        FarmError::new(Kind::NotFound, message)
+    }
+
+    /// [`Kind::Conflict`].
+    pub fn conflict(message: impl Into<String>) -> FarmError {
+        FarmError::new(Kind::Conflict, message)
+    }
+
+    /// [`Kind::Image`] with the image library's error as source.
+    pub fn image(message: impl Into<String>, source: disk::Error) -> FarmError {
+        FarmError {
+            kind: Kind::Image,
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The message, without the source chain.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl From<sqlx::Error> for FarmError {
+    fn from(e: sqlx::Error) -> FarmError {
+        let kind = match &e {
+            sqlx::Error::RowNotFound => Kind::NotFound,
+            sqlx::Error::Database(d) if d.is_unique_violation() => Kind::Conflict,
+            sqlx::Error::Database(d) if d.is_foreign_key_violation() => Kind::Conflict,
+            _ => Kind::Database,
+        };
+        let message = match kind {
+            Kind::NotFound => "not found".to_string(),
+            Kind::Conflict => match &e {
+                sqlx::Error::Database(d) if d.is_unique_violation() => {
+                    "an object with that name already exists".to_string()
+                }
+                _ => "the object is referenced by another object".to_string(),
+            },
+            _ => "database error".to_string(),
+        };
+        if kind == Kind::Database {
+            tracing::error!(error = %e, "database error");
+        }
+        FarmError {
+            kind,
+            message,
+            source: Some(Box::new(e)),
+        }
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for FarmError {
+    fn from(e: sqlx::migrate::MigrateError) -> FarmError {
+        FarmError {
+            kind: Kind::Database,
+            message: "database migration failed".to_string(),
+            source: Some(Box::new(e)),
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! The Ferry farm: the model (farm → sites → servers, stores, device collections →
+//! devices; vDisks with versions and access modes; API tokens; the audit log), its schema and
+//! migrations, and one typed repository over SQLite (embedded, the default) or PostgreSQL.
+//!
+//! # Layout
+//!
+//! ```text
+//! db.rs         Farm: pool, migrations (one set per backend), clock, init, farm key
+//! model.rs      the rows as typed values; enums stored as text
+//! input.rs      the inputs of changes (API bodies)
+//! validate.rs   checks of untrusted input: names, MACs, sizes, store paths, pages
+//! repo.rs       sites, servers, stores, collections, devices, tokens, audit, sessions
+//! lifecycle.rs  vDisks and versions: new, promote, revert, delete, merge (image library)
+//! login.rs      device login: challenge, HMAC proof, boot version, session
+//! sessions.rs   SessionTable: the in-process check of session export names
+//! error.rs      FarmError with a Kind the API maps to an HTTP status
+//! ```
+//!
+//! What this crate is not: it serves no HTTP (`api` does) and no blocks (`server` does).
+
+pub mod db;
+pub mod error;
+pub mod input;
+pub mod lifecycle;
+pub mod login;
+pub mod model;
+pub mod repo;
+pub mod sessions;
+pub mod validate;
+
+pub use db::{Backend, Clock, Farm, FarmConfig, InitSecrets, SystemClock};
+pub use error::{FarmError, Kind, Result};
+pub use sessions::{SessionGrant, SessionLookup, SessionTable};

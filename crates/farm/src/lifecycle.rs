@@ -1,0 +1,815 @@
+//! vDisks and the version lifecycle (PVS semantics), over real files in the store.
+//!
+//! # Design notes
+//!
+//! ```text
+//!   new      ──► N (maintenance) ──promote──► test ──promote──► production
+//!                     ▲                        │                 │
+//!                     └──────── revert ────────┘ ◄──── revert ───┘
+//! ```
+//!
+//! Invariants, checked under the vDisk's lock and inside one transaction:
+//! * at most one maintenance version, and it is the newest (it is written to, so nothing
+//!   may sit on it): `new` and `merge` are refused while one exists, and `revert` to
+//!   maintenance only applies to the newest version;
+//! * a version is reverted only while no device of the higher type is booted from it
+//!   (has a live session on it), and deleted only when it is the newest, not version 0, not
+//!   booted and not pinned;
+//! * the file is made before its row is committed, and removed again when the row cannot
+//!   be; a deleted version's row goes only when its file is gone.
+//!
+//! File names are PVS's: `NAME.vhdx` (version 0), `NAME.N.avhdx` (a new version or merged
+//! updates), `NAME.N.vhdx` (a merged base, standalone).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+
+use crate::db::{Farm, audit};
+use crate::error::{FarmError, Kind, Result};
+use crate::input::{MergeRequest, NewVDisk, VDiskPatch};
+use crate::model::{AccessMode, CacheMode, DeviceType, MergeMode, Page, VDisk, Version};
+use crate::validate;
+
+/// The most versions a vDisk keeps (rows; numbers keep growing).
+pub const VERSIONS_MAX: i64 = 1000;
+/// The logical sector size of the vDisks the farm creates; their size is a multiple of it.
+pub const SECTOR_BYTES: i64 = 512;
+/// The default RAM cache of a new vDisk's devices: 1 GiB.
+pub const RAM_BYTES_DEFAULT: i64 = 1 << 30;
+
+const VDISK_COLUMNS: &str =
+    "id, store_id, name, cache_mode, ram_bytes, description, size_bytes, created_at_ms";
+const VERSION_COLUMNS: &str = "vdisk_id, number, file_name, parent_number, access, origin, \
+     created_at_ms, created_by, changed_at_ms, changed_by";
+
+/// Runs blocking image work off the reactor.
+async fn blocking<T: Send + 'static>(
+    what: String,
+    f: impl FnOnce() -> disk::Result<T> + Send + 'static,
+) -> Result<T> {
+    match tokio::task::spawn_blocking(f).await {
+        // The image library refusing an argument (a size, a name) is the caller's error.
+        Ok(Err(e)) if e.kind() == disk::ErrorKind::InvalidArgument => {
+            Err(FarmError::invalid(format!("{what}: {e}")))
+        }
+        Ok(r) => r.map_err(|e| FarmError::image(what, e)),
+        Err(e) => Err(FarmError::new(Kind::Image, format!("{what}: {e}"))),
+    }
+}
+
+impl Farm {
+    /// A page of vDisks.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`] for a bad page.
+    pub async fn list_vdisks(
+        &self,
+        limit: Option<i64>,
+        offset: Option<i64>,
+    ) -> Result<Page<VDisk>> {
+        self.page_of("vdisks", VDISK_COLUMNS, "id", None, limit, offset)
+            .await
+    }
+
+    /// One vDisk.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn vdisk(&self, id: i64) -> Result<VDisk> {
+        self.one("vdisks", VDISK_COLUMNS, "vdisk", id).await
+    }
+
+    /// The vDisk of that name (in any store; the first by id).
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn vdisk_by_name(&self, name: &str) -> Result<VDisk> {
+        let sql = format!("SELECT {VDISK_COLUMNS} FROM vdisks WHERE name = $1 ORDER BY id");
+        sqlx::query_as(&sql)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| FarmError::not_found(format!("no vdisk named {name:?}")))
+    }
+
+    /// Adds a vDisk: imports `NAME.vhdx` from the store as version 0 (production), or
+    /// creates it empty with `size_bytes`.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`]; [`crate::Kind::NotFound`] for an unknown store or a
+    /// missing file without `size_bytes`; [`crate::Kind::Conflict`] for a duplicate name;
+    /// [`crate::Kind::Image`].
+    pub async fn create_vdisk(&self, n: &NewVDisk, actor: &str) -> Result<VDisk> {
+        validate::name("name", &n.name)?;
+        validate::text("description", &n.description)?;
+        let ram = n.ram_bytes.unwrap_or(RAM_BYTES_DEFAULT);
+        validate::size("ram_bytes", ram)?;
+        if let Some(s) = n.size_bytes {
+            validate::size("size_bytes", s)?;
+            if s % SECTOR_BYTES != 0 {
+                return Err(FarmError::invalid(format!(
+                    "size_bytes must be a multiple of {SECTOR_BYTES}"
+                )));
+            }
+        }
+        let dir = self.store_dir(n.store_id, None).await?;
+        let file_name = format!("{}.vhdx", n.name);
+        let path = dir.join(&file_name);
+        let created = !path.exists();
+        if created {
+            let size = n.size_bytes.ok_or_else(|| {
+                FarmError::not_found(format!(
+                    "no file {file_name} in the store; give size_bytes to create one"
+                ))
+            })?;
+            let size = u64::try_from(size).unwrap_or(0);
+            let p = path.clone();
+            blocking(format!("create {file_name}"), move || create_vhdx(&p, size)).await?;
+        }
+        let p = path.clone();
+        let size = blocking(format!("open {file_name}"), move || virtual_size(&p)).await;
+        let result = match size {
+            Ok(size) => self.insert_vdisk(n, ram, size, created, actor).await,
+            Err(e) => Err(e),
+        };
+        if result.is_err() && created {
+            let _ = std::fs::remove_file(&path);
+        }
+        result
+    }
+
+    async fn insert_vdisk(
+        &self,
+        n: &NewVDisk,
+        ram: i64,
+        size: u64,
+        created: bool,
+        actor: &str,
+    ) -> Result<VDisk> {
+        let size = i64::try_from(size).map_err(|_| FarmError::invalid("image too large"))?;
+        let now = self.now_ms();
+        let mode = n.cache_mode.unwrap_or(CacheMode::RamOverflow);
+        let mut tx = self.pool.begin().await?;
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO vdisks (store_id, name, cache_mode, ram_bytes, description, size_bytes, \
+             created_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+        )
+        .bind(n.store_id)
+        .bind(&n.name)
+        .bind(mode.as_str())
+        .bind(ram)
+        .bind(&n.description)
+        .bind(size)
+        .bind(now)
+        .fetch_one(&mut *tx)
+        .await?;
+        let origin = if created { "base" } else { "imported" };
+        let v = Version {
+            vdisk_id: id,
+            number: 0,
+            file_name: format!("{}.vhdx", n.name),
+            parent_number: None,
+            access: AccessMode::Production,
+            origin: origin.to_string(),
+            created_at_ms: now,
+            created_by: actor.to_string(),
+            changed_at_ms: now,
+            changed_by: actor.to_string(),
+        };
+        insert_version(&mut tx, &v).await?;
+        let id_s = id.to_string();
+        audit(
+            &mut tx,
+            now,
+            actor,
+            "vdisk.create",
+            "vdisk",
+            &id_s,
+            &json!(n),
+        )
+        .await?;
+        tx.commit().await?;
+        self.vdisk(id).await
+    }
+
+    /// Changes a vDisk's properties.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`]; [`crate::Kind::NotFound`].
+    pub async fn update_vdisk(&self, id: i64, p: &VDiskPatch, actor: &str) -> Result<VDisk> {
+        let mut v = self.vdisk(id).await?;
+        if let Some(m) = p.cache_mode {
+            v.cache_mode = m;
+        }
+        if let Some(r) = p.ram_bytes {
+            validate::size("ram_bytes", r)?;
+            v.ram_bytes = r;
+        }
+        if let Some(d) = &p.description {
+            validate::text("description", d)?;
+            v.description.clone_from(d);
+        }
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "UPDATE vdisks SET cache_mode = $1, ram_bytes = $2, description = $3 WHERE id = $4",
+        )
+        .bind(v.cache_mode.as_str())
+        .bind(v.ram_bytes)
+        .bind(&v.description)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        let id_s = id.to_string();
+        audit(
+            &mut tx,
+            self.now_ms(),
+            actor,
+            "vdisk.update",
+            "vdisk",
+            &id_s,
+            &json!(p),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(v)
+    }
+
+    /// Removes a vDisk from the farm (its files stay in the store). Refused while devices,
+    /// collections or sessions refer to it.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`].
+    pub async fn delete_vdisk(&self, id: i64, actor: &str) -> Result<()> {
+        let lock = self.vdisk_lock(id);
+        let _held = lock.lock().await;
+        self.vdisk(id).await?;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM versions WHERE vdisk_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM vdisks WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        let id_s = id.to_string();
+        audit(
+            &mut tx,
+            self.now_ms(),
+            actor,
+            "vdisk.delete",
+            "vdisk",
+            &id_s,
+            &json!({}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Every version of a vDisk, oldest first.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn versions(&self, vdisk_id: i64) -> Result<Vec<Version>> {
+        self.vdisk(vdisk_id).await?;
+        let sql =
+            format!("SELECT {VERSION_COLUMNS} FROM versions WHERE vdisk_id = $1 ORDER BY number");
+        Ok(sqlx::query_as(&sql)
+            .bind(vdisk_id)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// One version.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn version(&self, vdisk_id: i64, number: i64) -> Result<Version> {
+        let sql =
+            format!("SELECT {VERSION_COLUMNS} FROM versions WHERE vdisk_id = $1 AND number = $2");
+        sqlx::query_as(&sql)
+            .bind(vdisk_id)
+            .bind(number)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| {
+                FarmError::not_found(format!("vdisk {vdisk_id} has no version {number}"))
+            })
+    }
+
+    /// The path of a version's file on this host.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn version_path(&self, vdisk: &VDisk, v: &Version) -> Result<PathBuf> {
+        Ok(self
+            .store_dir(vdisk.store_id, None)
+            .await?
+            .join(&v.file_name))
+    }
+
+    /// Live sessions of devices of `device_type` on a version.
+    async fn booted(&self, vdisk_id: i64, number: i64, device_type: DeviceType) -> Result<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sessions WHERE vdisk_id = $1 AND version_number = $2 \
+             AND device_type = $3 AND expires_at_ms > $4",
+        )
+        .bind(vdisk_id)
+        .bind(number)
+        .bind(device_type.as_str())
+        .bind(self.now_ms())
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// `new`: a new differencing version `NAME.N.avhdx` on the newest version, in
+    /// maintenance. When the farm's automatic merge threshold is reached, the chain is first
+    /// merged into a new base with the newest version's access mode.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`] while a maintenance version
+    /// exists or at [`VERSIONS_MAX`]; [`crate::Kind::Image`].
+    pub async fn new_version(&self, vdisk_id: i64, actor: &str) -> Result<Version> {
+        let lock = self.vdisk_lock(vdisk_id);
+        let _held = lock.lock().await;
+        let vdisk = self.vdisk(vdisk_id).await?;
+        let mut versions = self.versions(vdisk_id).await?;
+        check_no_maintenance(&versions)?;
+        let max = self.settings().await?.auto_merge_chain_max;
+        let top = newest(&versions)?.clone();
+        if max > 0 && chain_len(&versions, top.number) >= max {
+            let access = top.access;
+            self.merge_locked(&vdisk, &versions, MergeMode::Base, access, "auto")
+                .await?;
+            versions = self.versions(vdisk_id).await?;
+        }
+        let parent = newest(&versions)?.clone();
+        let number = parent.number + 1;
+        let file_name = format!("{}.{number}.avhdx", vdisk.name);
+        let dir = self.store_dir(vdisk.store_id, None).await?;
+        let (parent_path, child) = (dir.join(&parent.file_name), dir.join(&file_name));
+        let c = child.clone();
+        blocking(format!("create {file_name}"), move || {
+            disk::version::new_version(&parent_path, &c)
+        })
+        .await?;
+        let v = self.version_row(vdisk_id, number, file_name, Some(parent.number), actor);
+        let v = Version {
+            access: AccessMode::Maintenance,
+            origin: "new".to_string(),
+            ..v
+        };
+        self.commit_version(&v, &child, "version.new", actor).await
+    }
+
+    /// `merge`: merged updates (`NAME.N.avhdx` on the base) or merged base (`NAME.N.vhdx`)
+    /// of the newest version's chain, as version N with the access mode asked for.
+    ///
+    /// # Errors
+    /// [`crate::Kind::Conflict`] while a maintenance version exists, or for merged updates
+    /// of a chain that is only a base; [`crate::Kind::Image`].
+    pub async fn merge(&self, vdisk_id: i64, m: &MergeRequest, actor: &str) -> Result<Version> {
+        let lock = self.vdisk_lock(vdisk_id);
+        let _held = lock.lock().await;
+        let vdisk = self.vdisk(vdisk_id).await?;
+        let versions = self.versions(vdisk_id).await?;
+        self.merge_locked(&vdisk, &versions, m.mode, m.access, actor)
+            .await
+    }
+
+    async fn merge_locked(
+        &self,
+        vdisk: &VDisk,
+        versions: &[Version],
+        mode: MergeMode,
+        access: AccessMode,
+        actor: &str,
+    ) -> Result<Version> {
+        check_no_maintenance(versions)?;
+        let top = newest(versions)?;
+        let number = top.number + 1;
+        let (file_name, parent) = match mode {
+            MergeMode::Base => (format!("{}.{number}.vhdx", vdisk.name), None),
+            MergeMode::Updates => {
+                let base = chain_base(versions, top.number);
+                if base == top.number {
+                    return Err(FarmError::conflict(
+                        "the newest version is a base: there are no updates to merge",
+                    ));
+                }
+                (format!("{}.{number}.avhdx", vdisk.name), Some(base))
+            }
+        };
+        let dir = self.store_dir(vdisk.store_id, None).await?;
+        let (top_path, out) = (dir.join(&top.file_name), dir.join(&file_name));
+        let o = out.clone();
+        blocking(format!("merge into {file_name}"), move || {
+            let p = disk::ops::NoProgress;
+            match mode {
+                MergeMode::Base => disk::ops::merge::merge_base(&top_path, &o, &p),
+                MergeMode::Updates => disk::ops::merge::merge_updates(&top_path, &o, &p),
+            }
+        })
+        .await?;
+        let origin = match mode {
+            MergeMode::Base => "merged_base",
+            MergeMode::Updates => "merged_updates",
+        };
+        let v = self.version_row(vdisk.id, number, file_name, parent, actor);
+        let v = Version {
+            access,
+            origin: origin.to_string(),
+            ..v
+        };
+        self.commit_version(&v, &out, "version.merge", actor).await
+    }
+
+    fn version_row(
+        &self,
+        vdisk_id: i64,
+        number: i64,
+        file_name: String,
+        parent_number: Option<i64>,
+        actor: &str,
+    ) -> Version {
+        let now = self.now_ms();
+        Version {
+            vdisk_id,
+            number,
+            file_name,
+            parent_number,
+            access: AccessMode::Maintenance,
+            origin: String::new(),
+            created_at_ms: now,
+            created_by: actor.to_string(),
+            changed_at_ms: now,
+            changed_by: actor.to_string(),
+        }
+    }
+
+    /// Inserts a version row whose file `path` exists; removes the file when it cannot.
+    async fn commit_version(
+        &self,
+        v: &Version,
+        path: &Path,
+        action: &str,
+        actor: &str,
+    ) -> Result<Version> {
+        let result = async {
+            if v.number >= VERSIONS_MAX {
+                return Err(FarmError::conflict(format!(
+                    "a vdisk has at most {VERSIONS_MAX} versions"
+                )));
+            }
+            let mut tx = self.pool.begin().await?;
+            insert_version(&mut tx, v).await?;
+            let detail = json!({ "number": v.number, "file": v.file_name, "access": v.access });
+            let id = v.vdisk_id.to_string();
+            audit(
+                &mut tx,
+                v.created_at_ms,
+                actor,
+                action,
+                "vdisk",
+                &id,
+                &detail,
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
+        self.version(v.vdisk_id, v.number).await
+    }
+
+    /// `promote`: maintenance → test → production. A maintenance version is promoted only
+    /// while no maintenance device is booted from it.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`] past production or while booted.
+    pub async fn promote(&self, vdisk_id: i64, number: i64, actor: &str) -> Result<Version> {
+        let lock = self.vdisk_lock(vdisk_id);
+        let _held = lock.lock().await;
+        let v = self.version(vdisk_id, number).await?;
+        let to = match v.access {
+            AccessMode::Maintenance => {
+                if self
+                    .booted(vdisk_id, number, DeviceType::Maintenance)
+                    .await?
+                    > 0
+                {
+                    return Err(FarmError::conflict(format!(
+                        "version {number} is booted by a maintenance device; shut it down first"
+                    )));
+                }
+                AccessMode::Test
+            }
+            AccessMode::Test => AccessMode::Production,
+            AccessMode::Production => {
+                return Err(FarmError::conflict(format!(
+                    "version {number} is already in production"
+                )));
+            }
+        };
+        self.set_access(&v, to, "version.promote", actor).await
+    }
+
+    /// `revert`: production → test (while no production device is booted from it), test →
+    /// maintenance (while no test device is, only for the newest version and when no other
+    /// maintenance version exists).
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`].
+    pub async fn revert(&self, vdisk_id: i64, number: i64, actor: &str) -> Result<Version> {
+        let lock = self.vdisk_lock(vdisk_id);
+        let _held = lock.lock().await;
+        let versions = self.versions(vdisk_id).await?;
+        let v = versions
+            .iter()
+            .find(|v| v.number == number)
+            .ok_or_else(|| {
+                FarmError::not_found(format!("vdisk {vdisk_id} has no version {number}"))
+            })?;
+        let (to, users) = match v.access {
+            AccessMode::Production => (AccessMode::Test, DeviceType::Production),
+            AccessMode::Test => {
+                if newest(&versions)?.number != number {
+                    return Err(FarmError::conflict(format!(
+                        "only the newest version can go back to maintenance; version {number} \
+                         has newer versions"
+                    )));
+                }
+                check_no_maintenance(&versions)?;
+                (AccessMode::Maintenance, DeviceType::Test)
+            }
+            AccessMode::Maintenance => {
+                return Err(FarmError::conflict(format!(
+                    "version {number} is in maintenance: there is no step back"
+                )));
+            }
+        };
+        if self.booted(vdisk_id, number, users).await? > 0 {
+            return Err(FarmError::conflict(format!(
+                "version {number} is booted by a {users} device"
+            )));
+        }
+        self.set_access(v, to, "version.revert", actor).await
+    }
+
+    async fn set_access(
+        &self,
+        v: &Version,
+        to: AccessMode,
+        action: &str,
+        actor: &str,
+    ) -> Result<Version> {
+        let now = self.now_ms();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "UPDATE versions SET access = $1, changed_at_ms = $2, changed_by = $3 \
+             WHERE vdisk_id = $4 AND number = $5",
+        )
+        .bind(to.as_str())
+        .bind(now)
+        .bind(actor)
+        .bind(v.vdisk_id)
+        .bind(v.number)
+        .execute(&mut *tx)
+        .await?;
+        let detail = json!({ "number": v.number, "from": v.access, "to": to });
+        audit(
+            &mut tx,
+            now,
+            actor,
+            action,
+            "vdisk",
+            &v.vdisk_id.to_string(),
+            &detail,
+        )
+        .await?;
+        tx.commit().await?;
+        self.version(v.vdisk_id, v.number).await
+    }
+
+    /// `delete`: removes the newest version (not version 0) and its file, when no device
+    /// is booted from it and none is pinned to it.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`].
+    pub async fn delete_version(&self, vdisk_id: i64, number: i64, actor: &str) -> Result<()> {
+        let lock = self.vdisk_lock(vdisk_id);
+        let _held = lock.lock().await;
+        let vdisk = self.vdisk(vdisk_id).await?;
+        let versions = self.versions(vdisk_id).await?;
+        let v = versions
+            .iter()
+            .find(|v| v.number == number)
+            .ok_or_else(|| {
+                FarmError::not_found(format!("vdisk {vdisk_id} has no version {number}"))
+            })?;
+        if newest(&versions)?.number != number {
+            return Err(FarmError::conflict(format!(
+                "only the newest version can be deleted; version {number} has newer versions"
+            )));
+        }
+        if versions.len() == 1 {
+            return Err(FarmError::conflict(
+                "the only version of a vdisk cannot be deleted; delete the vdisk",
+            ));
+        }
+        let live: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM sessions WHERE vdisk_id = $1 AND version_number = $2 \
+             AND expires_at_ms > $3",
+        )
+        .bind(vdisk_id)
+        .bind(number)
+        .bind(self.now_ms())
+        .fetch_one(&self.pool)
+        .await?;
+        let pinned: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM devices WHERE vdisk_id = $1 AND pinned_version = $2",
+        )
+        .bind(vdisk_id)
+        .bind(number)
+        .fetch_one(&self.pool)
+        .await?;
+        if live > 0 || pinned > 0 {
+            return Err(FarmError::conflict(format!(
+                "version {number} is in use ({live} booted devices, {pinned} pinned devices)"
+            )));
+        }
+        let path = self.version_path(&vdisk, v).await?;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM sessions WHERE vdisk_id = $1 AND version_number = $2")
+            .bind(vdisk_id)
+            .bind(number)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM versions WHERE vdisk_id = $1 AND number = $2")
+            .bind(vdisk_id)
+            .bind(number)
+            .execute(&mut *tx)
+            .await?;
+        let detail = json!({ "number": number, "file": v.file_name });
+        let id = vdisk_id.to_string();
+        audit(
+            &mut tx,
+            self.now_ms(),
+            actor,
+            "version.delete",
+            "vdisk",
+            &id,
+            &detail,
+        )
+        .await?;
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(FarmError::new(
+                    Kind::Image,
+                    format!("remove {}: {e}", path.display()),
+                ));
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The version a device of `device_type` boots: production → the pinned version or the
+    /// newest production one; test → the newest test or production one; maintenance → the
+    /// maintenance version.
+    ///
+    /// # Errors
+    /// [`crate::Kind::Conflict`] when there is none.
+    pub async fn boot_version(
+        &self,
+        vdisk_id: i64,
+        device_type: DeviceType,
+        pinned: Option<i64>,
+    ) -> Result<Version> {
+        let versions = self.versions(vdisk_id).await?;
+        let pick = |modes: &[AccessMode]| {
+            versions
+                .iter()
+                .rev()
+                .find(|v| modes.contains(&v.access))
+                .cloned()
+        };
+        let found = match (device_type, pinned) {
+            (DeviceType::Production, Some(n)) => versions
+                .iter()
+                .find(|v| v.number == n && v.access != AccessMode::Maintenance)
+                .cloned(),
+            (DeviceType::Production, None) => pick(&[AccessMode::Production]),
+            (DeviceType::Test, _) => pick(&[AccessMode::Test, AccessMode::Production]),
+            (DeviceType::Maintenance, _) => pick(&[AccessMode::Maintenance]),
+        };
+        found.ok_or_else(|| {
+            FarmError::conflict(format!(
+                "vdisk {vdisk_id} has no version a {device_type} device may boot"
+            ))
+        })
+    }
+}
+
+fn newest(versions: &[Version]) -> Result<&Version> {
+    versions
+        .last()
+        .ok_or_else(|| FarmError::conflict("the vdisk has no version"))
+}
+
+fn check_no_maintenance(versions: &[Version]) -> Result<()> {
+    match versions
+        .iter()
+        .find(|v| v.access == AccessMode::Maintenance)
+    {
+        Some(m) => Err(FarmError::conflict(format!(
+            "version {} is in maintenance; promote or delete it first",
+            m.number
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The number of files in the chain of version `number`.
+fn chain_len(versions: &[Version], number: i64) -> i64 {
+    let by_number: BTreeMap<i64, &Version> = versions.iter().map(|v| (v.number, v)).collect();
+    let mut n = 0;
+    let mut at = Some(number);
+    while let Some(k) = at {
+        n += 1;
+        at = by_number.get(&k).and_then(|v| v.parent_number);
+        if n > VERSIONS_MAX {
+            break;
+        }
+    }
+    n
+}
+
+/// The number of the base of version `number`'s chain.
+fn chain_base(versions: &[Version], number: i64) -> i64 {
+    let by_number: BTreeMap<i64, &Version> = versions.iter().map(|v| (v.number, v)).collect();
+    let mut at = number;
+    for _ in 0..VERSIONS_MAX {
+        match by_number.get(&at).and_then(|v| v.parent_number) {
+            Some(p) => at = p,
+            None => break,
+        }
+    }
+    at
+}
+
+async fn insert_version(tx: &mut sqlx::Transaction<'_, sqlx::Any>, v: &Version) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO versions (vdisk_id, number, file_name, parent_number, access, origin, \
+         created_at_ms, created_by, changed_at_ms, changed_by) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    )
+    .bind(v.vdisk_id)
+    .bind(v.number)
+    .bind(&v.file_name)
+    .bind(v.parent_number)
+    .bind(v.access.as_str())
+    .bind(&v.origin)
+    .bind(v.created_at_ms)
+    .bind(&v.created_by)
+    .bind(v.changed_at_ms)
+    .bind(&v.changed_by)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Creates an empty dynamic VHDX, refusing to overwrite; removes it when creation fails.
+fn create_vhdx(path: &Path, size: u64) -> disk::Result<()> {
+    let opts = disk::vhdx::CreateOptions {
+        size,
+        ..disk::vhdx::CreateOptions::default()
+    };
+    let f = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| disk::Error::io(format!("create {}", path.display()), e))?;
+    let storage: std::sync::Arc<dyn disk::Storage> = std::sync::Arc::new(disk::FileStorage::new(f));
+    let r = disk::vhdx::create(&storage, &opts);
+    if r.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    r
+}
+
+/// The virtual size of the image at `path` (its chain opened read-only).
+fn virtual_size(path: &Path) -> disk::Result<u64> {
+    let chain = disk::open::open(path, disk::open::OpenOptions::default())?;
+    Ok(chain.top().geometry().size)
+}

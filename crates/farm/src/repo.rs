@@ -1,0 +1,880 @@
+//! The typed repository: list, get, create, change and delete the farm's objects. Every
+//! change runs in one transaction with its audit entry, so a failed change leaves nothing.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+use sqlx::any::AnyRow;
+
+use crate::db::{Farm, audit, hash_secret};
+use crate::error::{FarmError, Result};
+use crate::input::{
+    DevicePatch, NewCollection, NewDevice, NewServer, NewSite, NewStore, NewToken, SettingsPatch,
+    StorePath,
+};
+use crate::model::{
+    AuditEntry, Collection, Device, DeviceType, FarmSettings, OptCacheMode, Page, Server, Session,
+    Site, Store, StorePathOverride, Token,
+};
+use crate::validate;
+
+/// The largest automatic-merge threshold.
+pub const AUTO_MERGE_CHAIN_MAX: i64 = 64;
+
+pub(crate) const DEVICE_COLUMNS: &str = "id, collection_id, mac, name, device_type, vdisk_id, \
+     cache_mode, ram_bytes, pinned_version, created_at_ms, changed_at_ms";
+const SESSION_COLUMNS: &str = "id, device_id, vdisk_id, version_number, device_type, export_name, created_at_ms, \
+     expires_at_ms";
+
+/// One filter of a list: `column = value`.
+pub(crate) type Filter<'a> = Option<(&'a str, i64)>;
+
+impl Farm {
+    /// A page of `table`'s rows (`columns`), ordered by `order`, optionally filtered.
+    pub(crate) async fn page_of<T>(
+        &self,
+        table: &str,
+        columns: &str,
+        order: &str,
+        filter: Filter<'_>,
+        limit: Option<i64>,
+        offset: Option<i64>,
+    ) -> Result<Page<T>>
+    where
+        T: for<'r> sqlx::FromRow<'r, AnyRow> + Send + Unpin,
+    {
+        let (limit, offset) = validate::page(limit, offset)?;
+        let (where_sql, first) = match filter {
+            Some((col, _)) => (format!("WHERE {col} = $1"), 2),
+            None => (String::new(), 1),
+        };
+        let select = format!(
+            "SELECT {columns} FROM {table} {where_sql} ORDER BY {order} LIMIT ${first} OFFSET ${}",
+            first + 1
+        );
+        let count = format!("SELECT COUNT(*) FROM {table} {where_sql}");
+        let mut q = sqlx::query_as::<_, T>(&select);
+        let mut c = sqlx::query_scalar::<_, i64>(&count);
+        if let Some((_, v)) = filter {
+            q = q.bind(v);
+            c = c.bind(v);
+        }
+        let items = q.bind(limit).bind(offset).fetch_all(&self.pool).await?;
+        let total = c.fetch_one(&self.pool).await?;
+        Ok(Page {
+            items,
+            total,
+            limit,
+            offset,
+        })
+    }
+
+    /// One row by id, or [`crate::Kind::NotFound`] naming `what`.
+    pub(crate) async fn one<T>(&self, table: &str, columns: &str, what: &str, id: i64) -> Result<T>
+    where
+        T: for<'r> sqlx::FromRow<'r, AnyRow> + Send + Unpin,
+    {
+        let sql = format!("SELECT {columns} FROM {table} WHERE id = $1");
+        sqlx::query_as::<_, T>(&sql)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| FarmError::not_found(format!("no {what} with id {id}")))
+    }
+
+    /// Deletes one row by id with its audit entry.
+    async fn delete_row(&self, table: &str, what: &str, id: i64, actor: &str) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        let sql = format!("DELETE FROM {table} WHERE id = $1");
+        let n = sqlx::query(&sql).bind(id).execute(&mut *tx).await?;
+        if n.rows_affected() == 0 {
+            return Err(FarmError::not_found(format!("no {what} with id {id}")));
+        }
+        let action = format!("{what}.delete");
+        audit(
+            &mut tx,
+            self.now_ms(),
+            actor,
+            &action,
+            what,
+            &id.to_string(),
+            &json!({}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    // ---- farm settings, tokens, audit ---------------------------------------------------
+
+    /// The farm settings.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`] when the farm is not initialized.
+    pub async fn settings(&self) -> Result<FarmSettings> {
+        sqlx::query_as("SELECT name, auto_merge_chain_max, created_at_ms FROM farm WHERE id = 1")
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| FarmError::not_found("the farm is not initialized"))
+    }
+
+    /// Changes the farm settings.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`]; [`crate::Kind::NotFound`].
+    pub async fn update_settings(&self, p: &SettingsPatch, actor: &str) -> Result<FarmSettings> {
+        let old = self.settings().await?;
+        let name = p.name.clone().unwrap_or(old.name);
+        validate::name("name", &name)?;
+        let max = p.auto_merge_chain_max.unwrap_or(old.auto_merge_chain_max);
+        if !(0..=AUTO_MERGE_CHAIN_MAX).contains(&max) {
+            return Err(FarmError::invalid(format!(
+                "auto_merge_chain_max must be 0 to {AUTO_MERGE_CHAIN_MAX}"
+            )));
+        }
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("UPDATE farm SET name = $1, auto_merge_chain_max = $2 WHERE id = 1")
+            .bind(&name)
+            .bind(max)
+            .execute(&mut *tx)
+            .await?;
+        audit(
+            &mut tx,
+            self.now_ms(),
+            actor,
+            "farm.update",
+            "farm",
+            "1",
+            &json!(p),
+        )
+        .await?;
+        tx.commit().await?;
+        self.settings().await
+    }
+
+    /// The token whose secret is `secret`, if any.
+    ///
+    /// # Errors
+    /// [`crate::Kind::Database`].
+    pub async fn authenticate(&self, secret: &str) -> Result<Option<Token>> {
+        Ok(sqlx::query_as(
+            "SELECT id, name, role, created_at_ms FROM api_tokens WHERE token_hash = $1",
+        )
+        .bind(hash_secret(secret))
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// A page of tokens (never their secrets).
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`] for a bad page.
+    pub async fn list_tokens(
+        &self,
+        limit: Option<i64>,
+        offset: Option<i64>,
+    ) -> Result<Page<Token>> {
+        let cols = "id, name, role, created_at_ms";
+        self.page_of("api_tokens", cols, "id", None, limit, offset)
+            .await
+    }
+
+    /// Creates a token; returns its secret (shown once) and its public part.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`]; [`crate::Kind::Conflict`] for a duplicate name.
+    pub async fn create_token(&self, t: &NewToken, actor: &str) -> Result<(String, Token)> {
+        let mut tx = self.pool.begin().await?;
+        let (secret, id) = self.insert_token(&mut tx, &t.name, t.role, actor).await?;
+        tx.commit().await?;
+        let token = self
+            .one("api_tokens", "id, name, role, created_at_ms", "token", id)
+            .await?;
+        Ok((secret, token))
+    }
+
+    /// Deletes a token.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn delete_token(&self, id: i64, actor: &str) -> Result<()> {
+        self.delete_row("api_tokens", "token", id, actor).await
+    }
+
+    /// A page of the audit log, newest first.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`] for a bad page.
+    pub async fn list_audit(
+        &self,
+        limit: Option<i64>,
+        offset: Option<i64>,
+    ) -> Result<Page<AuditEntry>> {
+        let cols = "id, at_ms, actor, action, object_type, object_id, detail";
+        self.page_of("audit_log", cols, "id DESC", None, limit, offset)
+            .await
+    }
+
+    // ---- sites and servers --------------------------------------------------------------
+
+    /// A page of sites.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`] for a bad page.
+    pub async fn list_sites(&self, limit: Option<i64>, offset: Option<i64>) -> Result<Page<Site>> {
+        let cols = "id, name, description, created_at_ms";
+        self.page_of("sites", cols, "id", None, limit, offset).await
+    }
+
+    /// One site.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn site(&self, id: i64) -> Result<Site> {
+        self.one("sites", "id, name, description, created_at_ms", "site", id)
+            .await
+    }
+
+    /// Creates a site.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`]; [`crate::Kind::Conflict`] for a duplicate name.
+    pub async fn create_site(&self, s: &NewSite, actor: &str) -> Result<Site> {
+        validate::name("name", &s.name)?;
+        validate::text("description", &s.description)?;
+        let now = self.now_ms();
+        let mut tx = self.pool.begin().await?;
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO sites (name, description, created_at_ms) VALUES ($1, $2, $3) \
+             RETURNING id",
+        )
+        .bind(&s.name)
+        .bind(&s.description)
+        .bind(now)
+        .fetch_one(&mut *tx)
+        .await?;
+        audit(
+            &mut tx,
+            now,
+            actor,
+            "site.create",
+            "site",
+            &id.to_string(),
+            &json!(s),
+        )
+        .await?;
+        tx.commit().await?;
+        self.site(id).await
+    }
+
+    /// Deletes a site that has no servers and no collections.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`] while it is used.
+    pub async fn delete_site(&self, id: i64, actor: &str) -> Result<()> {
+        self.delete_row("sites", "site", id, actor).await
+    }
+
+    /// A page of servers.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`] for a bad page.
+    pub async fn list_servers(
+        &self,
+        limit: Option<i64>,
+        offset: Option<i64>,
+    ) -> Result<Page<Server>> {
+        let cols = "id, site_id, name, address, registered_at_ms, heartbeat_at_ms";
+        self.page_of("servers", cols, "id", None, limit, offset)
+            .await
+    }
+
+    /// One server.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn server(&self, id: i64) -> Result<Server> {
+        let cols = "id, site_id, name, address, registered_at_ms, heartbeat_at_ms";
+        self.one("servers", cols, "server", id).await
+    }
+
+    /// Registers a server, or updates the one of that name (its site and address).
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`]; [`crate::Kind::NotFound`] for an unknown site.
+    pub async fn register_server(&self, s: &NewServer, actor: &str) -> Result<Server> {
+        validate::name("name", &s.name)?;
+        validate::text("address", &s.address)?;
+        if s.address.is_empty() {
+            return Err(FarmError::invalid("address must not be empty"));
+        }
+        self.site(s.site_id).await?;
+        let now = self.now_ms();
+        let mut tx = self.pool.begin().await?;
+        let existing: Option<i64> = sqlx::query_scalar("SELECT id FROM servers WHERE name = $1")
+            .bind(&s.name)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let id = if let Some(id) = existing {
+            sqlx::query(
+                "UPDATE servers SET site_id = $1, address = $2, heartbeat_at_ms = $3 \
+                 WHERE id = $4",
+            )
+            .bind(s.site_id)
+            .bind(&s.address)
+            .bind(now)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+            id
+        } else {
+            sqlx::query_scalar(
+                "INSERT INTO servers (site_id, name, address, registered_at_ms, heartbeat_at_ms) \
+                 VALUES ($1, $2, $3, $4, $4) RETURNING id",
+            )
+            .bind(s.site_id)
+            .bind(&s.name)
+            .bind(&s.address)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await?
+        };
+        audit(
+            &mut tx,
+            now,
+            actor,
+            "server.register",
+            "server",
+            &id.to_string(),
+            &json!(s),
+        )
+        .await?;
+        tx.commit().await?;
+        self.server(id).await
+    }
+
+    /// Records a heartbeat of a server (not audited: it is not a change of configuration).
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn heartbeat(&self, id: i64) -> Result<Server> {
+        let n = sqlx::query("UPDATE servers SET heartbeat_at_ms = $1 WHERE id = $2")
+            .bind(self.now_ms())
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        if n.rows_affected() == 0 {
+            return Err(FarmError::not_found(format!("no server with id {id}")));
+        }
+        self.server(id).await
+    }
+
+    // ---- stores -------------------------------------------------------------------------
+
+    /// A page of stores.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`] for a bad page.
+    pub async fn list_stores(
+        &self,
+        limit: Option<i64>,
+        offset: Option<i64>,
+    ) -> Result<Page<Store>> {
+        self.page_of(
+            "stores",
+            "id, name, path, created_at_ms",
+            "id",
+            None,
+            limit,
+            offset,
+        )
+        .await
+    }
+
+    /// One store.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn store(&self, id: i64) -> Result<Store> {
+        self.one("stores", "id, name, path, created_at_ms", "store", id)
+            .await
+    }
+
+    /// The directory of a store on this host (`server_id`: use that server's override).
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn store_dir(&self, id: i64, server_id: Option<i64>) -> Result<PathBuf> {
+        let store = self.store(id).await?;
+        let mut path = store.path;
+        if let Some(server_id) = server_id {
+            let o: Option<String> = sqlx::query_scalar(
+                "SELECT path FROM store_paths WHERE store_id = $1 AND server_id = $2",
+            )
+            .bind(id)
+            .bind(server_id)
+            .fetch_optional(&self.pool)
+            .await?;
+            if let Some(o) = o {
+                path = o;
+            }
+        }
+        Ok(self.store_root().join(path))
+    }
+
+    /// Creates a store (and its directory under the store root).
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`] (also for a path that escapes the store root);
+    /// [`crate::Kind::Conflict`] for a duplicate name.
+    pub async fn create_store(&self, s: &NewStore, actor: &str) -> Result<Store> {
+        validate::name("name", &s.name)?;
+        let path = validate::store_path(self.store_root(), &s.path)?;
+        let now = self.now_ms();
+        let mut tx = self.pool.begin().await?;
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO stores (name, path, created_at_ms) VALUES ($1, $2, $3) RETURNING id",
+        )
+        .bind(&s.name)
+        .bind(&path)
+        .bind(now)
+        .fetch_one(&mut *tx)
+        .await?;
+        let dir = self.store_root().join(&path);
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            FarmError::invalid(format!("create store directory {}: {e}", dir.display()))
+        })?;
+        let detail = json!({ "name": s.name, "path": path });
+        audit(
+            &mut tx,
+            now,
+            actor,
+            "store.create",
+            "store",
+            &id.to_string(),
+            &detail,
+        )
+        .await?;
+        tx.commit().await?;
+        self.store(id).await
+    }
+
+    /// Deletes a store that holds no vDisk (its directory stays).
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`] while it holds vDisks.
+    pub async fn delete_store(&self, id: i64, actor: &str) -> Result<()> {
+        self.delete_row("stores", "store", id, actor).await
+    }
+
+    /// Sets the path of a store on one server.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`] for an unknown store or server; [`crate::Kind::InvalidInput`]
+    /// for a path that escapes the store root.
+    pub async fn set_store_path(
+        &self,
+        store_id: i64,
+        server_id: i64,
+        p: &StorePath,
+        actor: &str,
+    ) -> Result<StorePathOverride> {
+        self.store(store_id).await?;
+        self.server(server_id).await?;
+        let path = validate::store_path(self.store_root(), &p.path)?;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM store_paths WHERE store_id = $1 AND server_id = $2")
+            .bind(store_id)
+            .bind(server_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("INSERT INTO store_paths (store_id, server_id, path) VALUES ($1, $2, $3)")
+            .bind(store_id)
+            .bind(server_id)
+            .bind(&path)
+            .execute(&mut *tx)
+            .await?;
+        let detail = json!({ "server_id": server_id, "path": path });
+        let id = store_id.to_string();
+        audit(
+            &mut tx,
+            self.now_ms(),
+            actor,
+            "store.set_path",
+            "store",
+            &id,
+            &detail,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(StorePathOverride {
+            store_id,
+            server_id,
+            path,
+        })
+    }
+
+    /// The per-server paths of a store.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn store_paths(&self, store_id: i64) -> Result<Vec<StorePathOverride>> {
+        self.store(store_id).await?;
+        Ok(sqlx::query_as(
+            "SELECT store_id, server_id, path FROM store_paths WHERE store_id = $1 \
+             ORDER BY server_id",
+        )
+        .bind(store_id)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    // ---- collections and devices --------------------------------------------------------
+
+    /// A page of collections.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`] for a bad page.
+    pub async fn list_collections(
+        &self,
+        limit: Option<i64>,
+        offset: Option<i64>,
+    ) -> Result<Page<Collection>> {
+        let cols = "id, site_id, name, auto_add, default_vdisk_id, created_at_ms";
+        self.page_of("collections", cols, "id", None, limit, offset)
+            .await
+    }
+
+    /// One collection.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn collection(&self, id: i64) -> Result<Collection> {
+        let cols = "id, site_id, name, auto_add, default_vdisk_id, created_at_ms";
+        self.one("collections", cols, "collection", id).await
+    }
+
+    /// Creates a collection.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`]; [`crate::Kind::NotFound`] for an unknown site or
+    /// vDisk; [`crate::Kind::Conflict`] for a duplicate name in the site.
+    pub async fn create_collection(&self, c: &NewCollection, actor: &str) -> Result<Collection> {
+        validate::name("name", &c.name)?;
+        self.site(c.site_id).await?;
+        if let Some(v) = c.default_vdisk_id {
+            self.vdisk(v).await?;
+        }
+        let now = self.now_ms();
+        let mut tx = self.pool.begin().await?;
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO collections (site_id, name, auto_add, default_vdisk_id, created_at_ms) \
+             VALUES ($1, $2, $3, $4, $5) RETURNING id",
+        )
+        .bind(c.site_id)
+        .bind(&c.name)
+        .bind(i64::from(c.auto_add))
+        .bind(c.default_vdisk_id)
+        .bind(now)
+        .fetch_one(&mut *tx)
+        .await?;
+        let id_s = id.to_string();
+        audit(
+            &mut tx,
+            now,
+            actor,
+            "collection.create",
+            "collection",
+            &id_s,
+            &json!(c),
+        )
+        .await?;
+        tx.commit().await?;
+        self.collection(id).await
+    }
+
+    /// Deletes a collection that holds no device.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`] while it holds devices.
+    pub async fn delete_collection(&self, id: i64, actor: &str) -> Result<()> {
+        self.delete_row("collections", "collection", id, actor)
+            .await
+    }
+
+    /// A page of devices, optionally of one collection.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`] for a bad page.
+    pub async fn list_devices(
+        &self,
+        collection_id: Option<i64>,
+        limit: Option<i64>,
+        offset: Option<i64>,
+    ) -> Result<Page<Device>> {
+        let filter = collection_id.map(|c| ("collection_id", c));
+        self.page_of("devices", DEVICE_COLUMNS, "id", filter, limit, offset)
+            .await
+    }
+
+    /// One device.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn device(&self, id: i64) -> Result<Device> {
+        self.one("devices", DEVICE_COLUMNS, "device", id).await
+    }
+
+    /// The device with that MAC (normalized first), if any.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`] for a malformed MAC.
+    pub async fn device_by_mac(&self, mac: &str) -> Result<Option<Device>> {
+        let mac = validate::mac(mac)?;
+        let sql = format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE mac = $1");
+        Ok(sqlx::query_as(&sql)
+            .bind(mac)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Checks a device's references and values.
+    async fn check_device(&self, d: &Device) -> Result<()> {
+        validate::name("name", &d.name)?;
+        self.collection(d.collection_id).await?;
+        if let Some(r) = d.ram_bytes {
+            validate::size("ram_bytes", r)?;
+        }
+        if let Some(v) = d.vdisk_id {
+            self.vdisk(v).await?;
+        }
+        if let Some(n) = d.pinned_version {
+            let v = d
+                .vdisk_id
+                .ok_or_else(|| FarmError::invalid("pinned_version needs a vdisk_id"))?;
+            self.version(v, n).await?;
+        }
+        Ok(())
+    }
+
+    /// Creates a device.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`]; [`crate::Kind::NotFound`] for an unknown collection,
+    /// vDisk or version; [`crate::Kind::Conflict`] for a MAC already known.
+    pub async fn create_device(&self, n: &NewDevice, actor: &str) -> Result<Device> {
+        let now = self.now_ms();
+        let d = Device {
+            id: 0,
+            collection_id: n.collection_id,
+            mac: validate::mac(&n.mac)?,
+            name: n.name.clone(),
+            device_type: n.device_type.unwrap_or(DeviceType::Production),
+            vdisk_id: n.vdisk_id,
+            cache_mode: OptCacheMode(n.cache_mode),
+            ram_bytes: n.ram_bytes,
+            pinned_version: n.pinned_version,
+            created_at_ms: now,
+            changed_at_ms: now,
+        };
+        self.check_device(&d).await?;
+        let mut tx = self.pool.begin().await?;
+        let id = insert_device(&mut tx, &d).await?;
+        let id_s = id.to_string();
+        audit(
+            &mut tx,
+            now,
+            actor,
+            "device.create",
+            "device",
+            &id_s,
+            &json!(n),
+        )
+        .await?;
+        tx.commit().await?;
+        self.device(id).await
+    }
+
+    /// Changes a device.
+    ///
+    /// # Errors
+    /// As [`Farm::create_device`].
+    pub async fn update_device(&self, id: i64, p: &DevicePatch, actor: &str) -> Result<Device> {
+        let mut d = self.device(id).await?;
+        if let Some(c) = p.collection_id {
+            d.collection_id = c;
+        }
+        if let Some(n) = &p.name {
+            d.name.clone_from(n);
+        }
+        if let Some(t) = p.device_type {
+            d.device_type = t;
+        }
+        if let Some(v) = p.vdisk_id {
+            d.vdisk_id = v;
+        }
+        if let Some(c) = p.cache_mode {
+            d.cache_mode = OptCacheMode(c);
+        }
+        if let Some(r) = p.ram_bytes {
+            d.ram_bytes = r;
+        }
+        if let Some(v) = p.pinned_version {
+            d.pinned_version = v;
+        }
+        d.changed_at_ms = self.now_ms();
+        self.check_device(&d).await?;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "UPDATE devices SET collection_id = $1, name = $2, device_type = $3, vdisk_id = $4, \
+             cache_mode = $5, ram_bytes = $6, pinned_version = $7, changed_at_ms = $8 \
+             WHERE id = $9",
+        )
+        .bind(d.collection_id)
+        .bind(&d.name)
+        .bind(d.device_type.as_str())
+        .bind(d.vdisk_id)
+        .bind(d.cache_mode.as_str())
+        .bind(d.ram_bytes)
+        .bind(d.pinned_version)
+        .bind(d.changed_at_ms)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        let id_s = id.to_string();
+        audit(
+            &mut tx,
+            d.changed_at_ms,
+            actor,
+            "device.update",
+            "device",
+            &id_s,
+            &json!(p),
+        )
+        .await?;
+        tx.commit().await?;
+        self.device(id).await
+    }
+
+    /// Deletes a device (and its sessions).
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn delete_device(&self, id: i64, actor: &str) -> Result<()> {
+        let exports: Vec<String> =
+            sqlx::query_scalar("SELECT export_name FROM sessions WHERE device_id = $1")
+                .bind(id)
+                .fetch_all(&self.pool)
+                .await?;
+        self.delete_row("devices", "device", id, actor).await?;
+        for e in exports {
+            self.sessions.remove(&e);
+        }
+        Ok(())
+    }
+
+    // ---- sessions -----------------------------------------------------------------------
+
+    /// A page of sessions that have not expired.
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`] for a bad page.
+    pub async fn list_sessions(
+        &self,
+        limit: Option<i64>,
+        offset: Option<i64>,
+    ) -> Result<Page<Session>> {
+        self.purge_expired_sessions().await?;
+        self.page_of(
+            "sessions",
+            SESSION_COLUMNS,
+            "created_at_ms",
+            None,
+            limit,
+            offset,
+        )
+        .await
+    }
+
+    /// Ends a session (the device is no longer booted from its version).
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`].
+    pub async fn end_session(&self, id: &str, actor: &str) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        let export: Option<String> =
+            sqlx::query_scalar("DELETE FROM sessions WHERE id = $1 RETURNING export_name")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let export = export.ok_or_else(|| FarmError::not_found(format!("no session {id:?}")))?;
+        audit(
+            &mut tx,
+            self.now_ms(),
+            actor,
+            "session.end",
+            "session",
+            id,
+            &json!({}),
+        )
+        .await?;
+        tx.commit().await?;
+        self.sessions.remove(&export);
+        Ok(())
+    }
+
+    /// The session of an export name, from the database (for a server that did not grant
+    /// it itself), if it has not expired.
+    ///
+    /// # Errors
+    /// [`crate::Kind::Database`].
+    pub async fn session_by_export(&self, export_name: &str) -> Result<Option<Session>> {
+        let sql = format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE export_name = $1 AND expires_at_ms > $2"
+        );
+        Ok(sqlx::query_as(&sql)
+            .bind(export_name)
+            .bind(self.now_ms())
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Deletes expired sessions and login nonces.
+    pub(crate) async fn purge_expired_sessions(&self) -> Result<()> {
+        let now = self.now_ms();
+        sqlx::query("DELETE FROM sessions WHERE expires_at_ms <= $1")
+            .bind(now)
+            .execute(&self.pool)
+            .await?;
+        sqlx::query("DELETE FROM login_nonces WHERE expires_at_ms <= $1")
+            .bind(now)
+            .execute(&self.pool)
+            .await?;
+        self.sessions.purge_expired(now);
+        Ok(())
+    }
+}
+
+/// Inserts a device row; returns its id.
+pub(crate) async fn insert_device(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    d: &Device,
+) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "INSERT INTO devices (collection_id, mac, name, device_type, vdisk_id, cache_mode, \
+         ram_bytes, pinned_version, created_at_ms, changed_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+    )
+    .bind(d.collection_id)
+    .bind(&d.mac)
+    .bind(&d.name)
+    .bind(d.device_type.as_str())
+    .bind(d.vdisk_id)
+    .bind(d.cache_mode.as_str())
+    .bind(d.ram_bytes)
+    .bind(d.pinned_version)
+    .bind(d.created_at_ms)
+    .bind(d.changed_at_ms)
+    .fetch_one(&mut **tx)
+    .await?)
+}

@@ -1,0 +1,203 @@
+//! Checks of untrusted input (API bodies): names, free text, MAC addresses, sizes, store
+//! paths and pagination. Each limit is a named constant; each failure is
+//! [`crate::Kind::InvalidInput`] with a message naming the field.
+
+use std::path::{Component, Path, PathBuf};
+
+use crate::error::{FarmError, Result};
+
+/// The longest name (site, server, store, collection, device, vDisk, token), in bytes.
+pub const NAME_BYTES_MAX: usize = 200;
+/// The longest free text (descriptions, addresses, paths), in bytes.
+pub const TEXT_BYTES_MAX: usize = 4096;
+/// The largest vDisk and RAM cache size accepted: 64 TiB, the VHDX limit.
+pub const SIZE_BYTES_MAX: i64 = 64 << 40;
+/// The default page size of a list.
+pub const PAGE_LIMIT_DEFAULT: i64 = 100;
+/// The largest page size of a list.
+pub const PAGE_LIMIT_MAX: i64 = 1000;
+
+/// Checks a name: 1 to [`NAME_BYTES_MAX`] bytes, not starting with '.', without '/', '\\',
+/// '@', '+' or control characters (the rules of a vDisk name in the store, applied to every
+/// name so that any can become a file or export name).
+///
+/// # Errors
+/// [`crate::Kind::InvalidInput`].
+pub fn name(field: &str, value: &str) -> Result<()> {
+    if value.is_empty() || value.len() > NAME_BYTES_MAX {
+        return Err(FarmError::invalid(format!(
+            "{field} must have 1 to {NAME_BYTES_MAX} bytes"
+        )));
+    }
+    if value.starts_with('.') {
+        return Err(FarmError::invalid(format!(
+            "{field} must not start with '.'"
+        )));
+    }
+    if value
+        .chars()
+        .any(|c| matches!(c, '/' | '\\' | '@' | '+') || c.is_control())
+    {
+        return Err(FarmError::invalid(format!(
+            "{field} must not contain '/', '\\', '@', '+' or control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks free text: at most [`TEXT_BYTES_MAX`] bytes, no NUL.
+///
+/// # Errors
+/// [`crate::Kind::InvalidInput`].
+pub fn text(field: &str, value: &str) -> Result<()> {
+    if value.len() > TEXT_BYTES_MAX {
+        return Err(FarmError::invalid(format!(
+            "{field} must have at most {TEXT_BYTES_MAX} bytes"
+        )));
+    }
+    if value.contains('\0') {
+        return Err(FarmError::invalid(format!("{field} must not contain NUL")));
+    }
+    Ok(())
+}
+
+/// Checks a size in bytes: 1 to [`SIZE_BYTES_MAX`].
+///
+/// # Errors
+/// [`crate::Kind::InvalidInput`].
+pub fn size(field: &str, value: i64) -> Result<()> {
+    if !(1..=SIZE_BYTES_MAX).contains(&value) {
+        return Err(FarmError::invalid(format!(
+            "{field} must be 1 to {SIZE_BYTES_MAX} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// Normalizes a MAC address (`AA-BB-CC-DD-EE-FF`, `aa:bb:...`, `aabbccddeeff`) to lowercase
+/// `aa:bb:cc:dd:ee:ff`.
+///
+/// # Errors
+/// [`crate::Kind::InvalidInput`] for anything that is not six hex bytes.
+pub fn mac(value: &str) -> Result<String> {
+    let bad = || FarmError::invalid(format!("invalid mac address {value:?}"));
+    let digits: String = value.chars().filter(|c| !matches!(c, ':' | '-')).collect();
+    let separators = value.len() - digits.len();
+    if digits.len() != 12 || !(separators == 0 || separators == 5) || value.len() > 17 {
+        return Err(bad());
+    }
+    if !digits.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    let lower = digits.to_ascii_lowercase();
+    let pairs: Vec<&str> = (0..6).map(|i| &lower[i * 2..i * 2 + 2]).collect();
+    Ok(pairs.join(":"))
+}
+
+/// Checks a store path and returns it normalized: relative to the store root (an absolute
+/// path is accepted when it lies under `root`), with no component that leaves the root.
+/// When the joined path exists, its canonical form (symlinks resolved) must lie under the
+/// canonical root too.
+///
+/// # Errors
+/// [`crate::Kind::InvalidInput`] for an empty path or one that escapes the root.
+pub fn store_path(root: &Path, value: &str) -> Result<String> {
+    text("path", value)?;
+    let escape = || FarmError::invalid(format!("store path {value:?} escapes the store root"));
+    let given = Path::new(value);
+    let relative = if given.is_absolute() {
+        given.strip_prefix(root).map_err(|_| escape())?
+    } else {
+        given
+    };
+    let mut parts: Vec<String> = Vec::new();
+    for c in relative.components() {
+        match c {
+            Component::Normal(p) => {
+                let p = p
+                    .to_str()
+                    .ok_or_else(|| FarmError::invalid("store path is not UTF-8"))?;
+                parts.push(p.to_string());
+            }
+            Component::CurDir => {}
+            Component::ParentDir => {
+                parts.pop().ok_or_else(escape)?;
+            }
+            Component::RootDir | Component::Prefix(_) => return Err(escape()),
+        }
+    }
+    if parts.is_empty() {
+        return Err(FarmError::invalid(
+            "store path must name a directory under the store root",
+        ));
+    }
+    let normalized = parts.join("/");
+    let joined: PathBuf = root.join(&normalized);
+    if let (Ok(real), Ok(real_root)) = (joined.canonicalize(), root.canonicalize())
+        && !real.starts_with(&real_root)
+    {
+        return Err(escape());
+    }
+    Ok(normalized)
+}
+
+/// Checks `limit` and `offset` of a list and returns them with the default applied.
+///
+/// # Errors
+/// [`crate::Kind::InvalidInput`] for a limit outside 1..=[`PAGE_LIMIT_MAX`] or a negative
+/// offset.
+pub fn page(limit: Option<i64>, offset: Option<i64>) -> Result<(i64, i64)> {
+    let limit = limit.unwrap_or(PAGE_LIMIT_DEFAULT);
+    if !(1..=PAGE_LIMIT_MAX).contains(&limit) {
+        return Err(FarmError::invalid(format!(
+            "limit must be 1 to {PAGE_LIMIT_MAX}"
+        )));
+    }
+    let offset = offset.unwrap_or(0);
+    if offset < 0 {
+        return Err(FarmError::invalid("offset must not be negative"));
+    }
+    Ok((limit, offset))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mac_forms_normalize_to_lowercase_colons() {
+        assert_eq!(mac("AA-BB-CC-00-11-22").unwrap(), "aa:bb:cc:00:11:22");
+        assert_eq!(mac("aabbcc001122").unwrap(), "aa:bb:cc:00:11:22");
+    }
+
+    #[test]
+    fn mac_with_wrong_length_is_refused() {
+        assert!(mac("aa:bb:cc:dd:ee").is_err());
+        assert!(mac("aa:bb:cc:dd:ee:fg").is_err());
+        assert!(mac("a:ab:bc:cd:de:ef:f").is_err());
+    }
+
+    #[test]
+    fn store_path_with_dotdot_out_of_root_is_refused() {
+        let root = Path::new("/srv/ferry");
+        assert!(store_path(root, "../etc").is_err());
+        assert!(store_path(root, "a/../../etc").is_err());
+        assert!(store_path(root, "/etc").is_err());
+        assert!(store_path(root, "").is_err());
+    }
+
+    #[test]
+    fn store_path_inside_root_is_normalized() {
+        let root = Path::new("/srv/ferry");
+        assert_eq!(store_path(root, "a/./b/../c").unwrap(), "a/c");
+        assert_eq!(store_path(root, "/srv/ferry/x").unwrap(), "x");
+    }
+
+    #[test]
+    fn name_with_slash_or_leading_dot_is_refused() {
+        assert!(name("name", "a/b").is_err());
+        assert!(name("name", ".hidden").is_err());
+        assert!(name("name", "").is_err());
+        assert!(name("name", "golden-2024").is_ok());
+    }
+}

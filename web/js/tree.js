@@ -1,0 +1,47 @@
+// The farm tree: sites → servers and device collections → devices; stores → vDisks.
+
+import { all, call } from './api.js';
+import { badge, h, fill } from './dom.js';
+
+function node(label, children, open = true) {
+  const kids = children.filter(Boolean);
+  if (kids.length === 0) return h('li', { role: 'treeitem' }, label);
+  return h('li', { role: 'treeitem', 'aria-expanded': String(open) },
+    h('details', { open }, h('summary', {}, label), h('ul', { role: 'group' }, kids)));
+}
+
+function kind(k) {
+  return h('span', { class: 'kind' }, k);
+}
+
+export async function showTree() {
+  const [farm, sites, servers, stores, collections, devices, vdisks] = await Promise.all([
+    call('GET', '/farm'), all('/sites'), all('/servers'), all('/stores'),
+    all('/collections'), all('/devices'), all('/vdisks'),
+  ]);
+  const now = Date.now();
+  const vdiskName = new Map(vdisks.map((v) => [v.id, v.name]));
+  const siteNodes = sites.map((site) => node(h('span', {}, kind('site'), site.name), [
+    node(h('span', {}, kind('servers'), `${servers.filter((s) => s.site_id === site.id).length}`),
+      servers.filter((s) => s.site_id === site.id).map((s) => node(h('span', {},
+        kind('server'), s.name, ' ', h('span', { class: 'muted' }, s.address), ' ',
+        now - s.heartbeat_at_ms < 60000 ? badge('alive', 'ok') : badge('silent', 'bad')), []))),
+    ...collections.filter((c) => c.site_id === site.id).map((c) => node(
+      h('span', {}, kind('collection'), c.name, c.auto_add ? ' (auto-add)' : ''),
+      devices.filter((d) => d.collection_id === c.id).map((d) => node(h('span', {},
+        kind('device'), d.name, ' ', h('span', { class: 'muted mono' }, d.mac), ' ',
+        badge(d.device_type), ' → ',
+        d.vdisk_id ? h('a', { href: `#/vdisks/${d.vdisk_id}` }, vdiskName.get(d.vdisk_id) || d.vdisk_id)
+          : h('span', { class: 'muted' }, 'no vDisk')), [])))),
+  ]));
+  const storeNodes = stores.map((st) => node(h('span', {}, kind('store'), st.name, ' ',
+    h('span', { class: 'muted mono' }, st.path)),
+  vdisks.filter((v) => v.store_id === st.id).map((v) => node(h('span', {}, kind('vDisk'),
+    h('a', { href: `#/vdisks/${v.id}` }, v.name)), []))));
+  fill(document.getElementById('farm-tree'),
+    h('ul', { role: 'tree', 'aria-label': 'Farm tree' },
+      node(h('span', {}, kind('farm'), farm.name), [
+        node(h('span', {}, kind('sites'), String(sites.length)), siteNodes),
+        node(h('span', {}, kind('stores'), String(stores.length)), storeNodes),
+      ])));
+}
