@@ -10,6 +10,9 @@
 //!   nbd-seq, nbd-iops, bootstorm              Ferry's NBD server (a child process,
 //!                                             `ferry-bench serve-internal`) vs nbdkit and
 //!                                             qemu-nbd: nbdcopy, fio nbd, boot-trace replay
+//!   target    `ferry target` per cache mode   the VDI workload (fio nbd) vs qemu-nbd qcow2
+//!                                             overlays, nbdkit cow; nbdkit memory and
+//!                                             io_uring O_DIRECT ceilings
 //! ```
 //!
 //! and prints a Markdown report (`--out FILE` rewrites that file, docs/BENCHMARKS.md through
@@ -22,6 +25,7 @@ mod iops;
 mod nbd;
 mod report;
 mod sys;
+mod target;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -81,7 +85,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm"
+        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target"
     )]
     only: Vec<Bench>,
     /// Skip the untimed qemu-img compare/check of Ferry's outputs.
@@ -130,6 +134,7 @@ enum Bench {
     NbdSeq,
     NbdIops,
     Bootstorm,
+    Target,
 }
 
 impl Bench {
@@ -220,6 +225,9 @@ fn main() -> Result<()> {
     if argv.get(1).map(String::as_str) == Some("serve-internal") {
         return nbd::serve_internal(&argv[2..]);
     }
+    if argv.get(1).map(String::as_str) == Some("sim-boot") {
+        return nbd::sim_boot(&argv[2..]);
+    }
     let args = Args::parse();
     note("ferry-bench starting");
     let runs = args.runs();
@@ -288,6 +296,9 @@ const WORK_FILES: &[&str] = &[
     "seq.raw",
     "boot.raw",
     "boot-trace.iolog",
+    "golden.raw",
+    "overlay.qcow2",
+    "ceiling.dat",
 ];
 
 fn cleanup(dir: &Path, user_dir: bool) {
@@ -346,6 +357,7 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
         merge: None,
         iops: None,
         nbd: Vec::new(),
+        target: None,
         total_minutes: 0.0,
     };
     if old_benches {
@@ -382,6 +394,12 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
     }
     if args.only.contains(&Bench::Bootstorm) {
         report.nbd.push(nbd::bootstorm_bench(&cfg, &ncfg)?);
+    }
+    if args.only.contains(&Bench::Target) {
+        let ds = nbd::make_data_set(&cfg, "golden", target::GOLDEN_BYTES, cfg.seed ^ 0x7a9)?;
+        let r = target::target_bench(&cfg, &ds);
+        nbd::remove_data_set(&ds);
+        report.target = Some(r?);
     }
     report.load_end = sys::loadavg();
     report.load_during = cfg.loads.summary();

@@ -242,6 +242,8 @@ pub struct Report {
     pub iops: Option<(IopsTable, String)>,
     /// The NBD sections (nbd-seq, nbd-iops, bootstorm), rendered by `nbd.rs`.
     pub nbd: Vec<String>,
+    /// The target write-cache section (`target.rs`), which carries its own conditions.
+    pub target: Option<String>,
     /// Wall-clock minutes of the whole harness run.
     pub total_minutes: f64,
 }
@@ -261,7 +263,7 @@ pub fn merge_nbd_sections(old: &str, new: &str) -> String {
     }
     let fresh: Vec<&str> = sections(new)
         .into_iter()
-        .filter(|s| s.starts_with("## NBD"))
+        .filter(|s| s.starts_with("## NBD") || s.starts_with("## Target"))
         .collect();
     let mut used = vec![false; fresh.len()];
     let mut out = String::new();
@@ -293,8 +295,9 @@ I/O runs: a smoke test), `--size 8G` (virtual disk size, default 4G), `--dir DIR
 directory on the disk to measure; default a temporary directory under /var/tmp, removed \
 afterwards; needs about 5× the disk size free), `--runs N` (timed runs per tool, default 3, \
 median reported), `--threads N` and `--iops-seconds S` (random I/O workers and duration), \
-`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm` (a run of only NBD sections merges \
-them into the existing file instead of rewriting it), `--nbd-size 2G`, `--boot-disk-size 4G`, \
+`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target` (a run of only NBD or target \
+sections merges them into the existing file instead of rewriting it; `--only target` runs the \
+write-cache section alone, about 5 minutes), `--nbd-size 2G`, `--boot-disk-size 4G`, \
 `--boot-scale F` (boot trace size relative to 600 MB / 70,000 reads), `--boot-clients \
 1,10,100`, `--seed N`, `--no-verify` (skip the untimed `qemu-img \
 compare`/`check` of Ferry's outputs), `--keep`, and `--out FILE` (write the report \
@@ -336,6 +339,9 @@ impl Report {
             for s in &self.nbd {
                 out.push_str(s);
             }
+        }
+        if let Some(t) = &self.target {
+            out.push_str(t);
         }
         out
     }

@@ -3,10 +3,11 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 
-use disk::device::{Geometry, LayerRun, ParentRef, check_bounds};
+use disk::device::{Geometry, LayerRun, ParentRef, Piece, check_bounds};
 use disk::{BlockDevice, Error, ErrorKind, Result};
 use vhdx::Guid;
 
@@ -14,11 +15,13 @@ use crate::shard::{Claim, Key, Lookup, Published, Shard};
 use crate::stats::{BlockCacheStats, Counters};
 use crate::stream::Streams;
 use crate::{
-    CacheConfig, CacheError, ChainKey, ENTRY_OVERHEAD_BYTES, IDLE_CHAINS_MAX, SHARD_MIN_BLOCKS,
-    SHARDS_MAX,
+    CacheConfig, CacheError, ChainKey, ENTRY_OVERHEAD_BYTES, IDLE_CHAINS_MAX, PAGE_BYTES_MIN,
+    READ_AHEAD_ACCURACY_PERCENT, READ_AHEAD_WARMUP_BLOCKS, SHARD_MIN_BLOCKS, SHARDS_MAX,
 };
 
-/// A block buffer whose bytes are counted in `resident_bytes` while it lives.
+/// A block buffer whose bytes are counted in `resident_bytes` while it lives. It holds the
+/// pages `[lo_page, lo_page + len / page)` of its block (the last may be short at the end of
+/// the device).
 struct Block {
     bytes: Box<[u8]>,
     counters: Arc<Counters>,
@@ -42,6 +45,12 @@ impl Block {
     }
 }
 
+impl AsRef<[u8]> for Block {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
 impl Drop for Block {
     fn drop(&mut self) {
         self.counters.resident_bytes.sub(self.bytes.len() as u64);
@@ -54,34 +63,53 @@ impl fmt::Debug for Block {
     }
 }
 
+/// The largest scratch buffer a thread keeps between store reads (bigger runs allocate).
+const SCRATCH_KEEP_BYTES: usize = 4 << 20;
+
+thread_local! {
+    /// Each thread's buffer for multi-block store reads, reused so a read-ahead window is
+    /// not zero-filled and faulted in again every time.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A ready block's bytes.
 #[derive(Debug, Clone)]
 enum Data {
-    Bytes(Arc<Block>),
+    /// A buffer holding the block's bytes from byte `lo` on.
+    Bytes { block: Arc<Block>, lo: u32 },
     /// All zeros: no buffer is kept.
     Zero,
 }
 
-impl Data {
-    fn of(block: Block) -> Data {
-        if is_zero(&block.bytes) {
-            Data::Zero
-        } else {
-            Data::Bytes(Arc::new(block))
-        }
-    }
+/// What the cache keeps per block: its bytes and which of its pages they hold. A block
+/// fetched for one small read holds only that read's pages, so the store is read for the
+/// bytes clients ask for, not whole granules (see the crate's design notes).
+#[derive(Debug, Clone)]
+struct Cached {
+    data: Data,
+    /// Bit `i` set: page `i` of the block is valid.
+    valid: u64,
+}
 
+impl Cached {
     fn charge_bytes(&self) -> u64 {
-        match self {
-            Data::Bytes(b) => b.bytes.len() as u64 + ENTRY_OVERHEAD_BYTES,
+        match &self.data {
+            Data::Bytes { block, .. } => block.bytes.len() as u64 + ENTRY_OVERHEAD_BYTES,
             Data::Zero => ENTRY_OVERHEAD_BYTES,
         }
     }
 
-    /// Copies the block's bytes `[at, at + dst.len())` into `dst`.
+    fn covers(&self, need: u64) -> bool {
+        self.valid & need == need
+    }
+
+    /// Copies the block's bytes `[at, at + dst.len())` (valid pages) into `dst`.
     fn copy_to(&self, dst: &mut [u8], at: usize) {
-        match self {
-            Data::Bytes(b) => dst.copy_from_slice(&b.bytes[at..at + dst.len()]),
+        match &self.data {
+            Data::Bytes { block, lo } => {
+                let i = at - *lo as usize;
+                dst.copy_from_slice(&block.bytes[i..i + dst.len()]);
+            }
             Data::Zero => dst.fill(0),
         }
     }
@@ -103,7 +131,7 @@ struct Flight {
 #[derive(Debug)]
 enum FlightState {
     Pending,
-    Ready(Data),
+    Ready(Cached),
     Failed(ErrorKind, String),
 }
 
@@ -120,7 +148,7 @@ impl Flight {
         self.done.notify_all();
     }
 
-    fn wait(&self) -> Result<Data> {
+    fn wait(&self) -> Result<Cached> {
         let mut g = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         while matches!(*g, FlightState::Pending) {
             g = self.done.wait(g).unwrap_or_else(PoisonError::into_inner);
@@ -133,7 +161,7 @@ impl Flight {
     }
 }
 
-type CacheShard = Shard<Data, Arc<Flight>>;
+type CacheShard = Shard<Cached, Arc<Flight>>;
 
 /// Ownership of one claimed block: `publish` or `fail` it; dropping it unfinished (a panic
 /// in the store read) abandons the fill so waiters wake with an error instead of hanging.
@@ -141,18 +169,20 @@ struct Claimed<'a> {
     shared: &'a Shared,
     key: Key,
     flight: Arc<Flight>,
+    /// The entry this fill extends (a refill of more pages), if any.
+    old: Option<Cached>,
     open: bool,
 }
 
 impl Claimed<'_> {
-    fn publish(mut self, data: Data) -> Published {
+    fn publish(mut self, data: Cached, prefetched: bool) -> Published {
         let charge = data.charge_bytes();
         let p = self
             .shared
             .shard_of(self.key)
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .publish(self.key, data.clone(), charge);
+            .publish(self.key, data.clone(), charge, prefetched);
         self.flight.finish(FlightState::Ready(data));
         self.open = false;
         p
@@ -186,13 +216,33 @@ impl Drop for Claimed<'_> {
 
 /// What a reader found for a block.
 enum Found<'a> {
-    Ready(Data),
+    Ready(Cached, bool),
     Wait(Arc<Flight>),
     Claimed(Claimed<'a>),
 }
 
+/// Read-ahead accounting of one chain, shared by its wrappers: blocks prefetched and blocks
+/// of those a demand read later used. Read-ahead stays on only while it pays off.
+#[derive(Debug, Default)]
+struct ReadAheadScore {
+    issued: AtomicU64,
+    used: AtomicU64,
+}
+
+impl ReadAheadScore {
+    /// True while the chain's read-ahead is accurate enough to go on: always during the
+    /// first [`READ_AHEAD_WARMUP_BLOCKS`], then while at least
+    /// [`READ_AHEAD_ACCURACY_PERCENT`] of the prefetched blocks were used.
+    fn allows(&self) -> bool {
+        let issued = self.issued.load(Ordering::Relaxed);
+        let used = self.used.load(Ordering::Relaxed);
+        issued < READ_AHEAD_WARMUP_BLOCKS || used * 100 >= issued * READ_AHEAD_ACCURACY_PERCENT
+    }
+}
+
 /// Interned chain keys. Ids are never reused, so an entry can never be read under another
-/// chain's id. `token`'s strong count minus one is the number of live wrappers.
+/// chain's id. `token`'s strong count minus one is the number of live wrappers; it also
+/// carries the chain's read-ahead score.
 #[derive(Debug, Default)]
 struct ChainTable {
     next_id: u64,
@@ -203,14 +253,14 @@ struct ChainTable {
 #[derive(Debug)]
 struct ChainEntry {
     id: u64,
-    token: Arc<()>,
+    token: Arc<ReadAheadScore>,
     used_tick: u64,
 }
 
 impl ChainTable {
     /// The id of `key` (a new one if unknown), a token to hold while wrapped, and the ids of
     /// idle chains forgotten to stay under [`IDLE_CHAINS_MAX`] (their entries must be purged).
-    fn intern(&mut self, key: ChainKey) -> (u64, Arc<()>, Vec<u64>) {
+    fn intern(&mut self, key: ChainKey) -> (u64, Arc<ReadAheadScore>, Vec<u64>) {
         self.tick += 1;
         if let Some(e) = self.by_key.get_mut(&key) {
             e.used_tick = self.tick;
@@ -232,7 +282,7 @@ impl ChainTable {
         self.next_id += 1;
         let e = ChainEntry {
             id: self.next_id,
-            token: Arc::new(()),
+            token: Arc::default(),
             used_tick: self.tick,
         };
         let out = (e.id, e.token.clone(), forgotten);
@@ -253,6 +303,8 @@ struct Job {
 struct Shared {
     config: CacheConfig,
     block_bytes: u64,
+    /// The unit of a partial block: `block_bytes / 64`, at least [`PAGE_BYTES_MIN`].
+    page_bytes: u64,
     shards: Box<[RwLock<CacheShard>]>,
     counters: Arc<Counters>,
     chains: Mutex<ChainTable>,
@@ -269,8 +321,9 @@ struct ChainHandle {
     inner: Arc<dyn BlockDevice>,
     size: u64,
     blocks: u64,
-    /// Keeps the chain "live" in the table while any wrapper of it exists.
-    _token: Arc<()>,
+    /// Keeps the chain "live" in the table while any wrapper of it exists; the chain's
+    /// read-ahead score.
+    score: Arc<ReadAheadScore>,
 }
 
 impl Shared {
@@ -280,40 +333,57 @@ impl Shared {
         &self.shards[(h >> 32) as usize % self.shards.len()]
     }
 
-    fn find_or_claim(&self, key: Key) -> Found<'_> {
+    /// Bytes of block `b` of `chain` (the last block may be short).
+    fn block_len(&self, chain: &ChainHandle, b: u64) -> u64 {
+        self.block_bytes.min(chain.size - b * self.block_bytes)
+    }
+
+    /// The mask of the pages of block `b` that `[start, end)` touches.
+    fn need_mask(&self, b: u64, start: u64, end: u64) -> u64 {
+        let base = b * self.block_bytes;
+        let lo = start.max(base) - base;
+        let hi = end.min(base + self.block_bytes) - base;
+        pages_mask(lo / self.page_bytes, (hi - 1) / self.page_bytes + 1)
+    }
+
+    fn find_or_claim(&self, key: Key, need: u64) -> Found<'_> {
         let found = self
             .shard_of(key)
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .lookup(key);
         match found {
-            Lookup::Ready(d) => Found::Ready(d),
-            Lookup::Loading(f) => Found::Wait(f),
-            Lookup::Absent => self.claim(key),
+            Lookup::Ready(c, first) | Lookup::Refilling(c, first, _) if c.covers(need) => {
+                Found::Ready(c, first)
+            }
+            Lookup::Loading(f) | Lookup::Refilling(_, _, f) => Found::Wait(f),
+            Lookup::Ready(..) | Lookup::Absent => self.claim(key, need),
         }
     }
 
-    fn claim(&self, key: Key) -> Found<'_> {
+    /// Claims `key` unless it is loading or ready with every page of `need`.
+    fn claim(&self, key: Key, need: u64) -> Found<'_> {
         let flight = Flight::new();
         let claim = self
             .shard_of(key)
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .claim(key, flight.clone());
+            .claim(key, flight.clone(), |c: &Cached| c.covers(need));
         match claim {
-            Claim::Claimed => Found::Claimed(Claimed {
+            Claim::Claimed { old } => Found::Claimed(Claimed {
                 shared: self,
                 key,
                 flight,
+                old,
                 open: true,
             }),
-            Claim::Ready(d) => Found::Ready(d),
+            Claim::Ready(c) => Found::Ready(c, false),
             Claim::Loading(f) => Found::Wait(f),
         }
     }
 
-    /// Claims the absent blocks after `first` (already claimed), up to `end` and at most
-    /// `fill_blocks_max` in all, stopping at the first block that is not absent.
+    /// Claims the absent blocks after the run's last, up to `end` and at most
+    /// `fill_blocks_max` in all, stopping at the first block that is present.
     fn extend_run<'a>(&'a self, chain: &ChainHandle, run: &mut Vec<Claimed<'a>>, end: u64) {
         let max = u64::from(self.config.fill_blocks_max);
         let first = run[0].key.block;
@@ -322,64 +392,188 @@ impl Shared {
                 chain: chain.id,
                 block: first + run.len() as u64,
             };
-            match self.claim(key) {
-                Found::Claimed(c) => run.push(c),
-                Found::Ready(_) | Found::Wait(_) => break,
+            match self.claim(key, u64::MAX) {
+                Found::Claimed(c) if c.old.is_none() => run.push(c),
+                // A partial entry (refused by an all-pages need) is put back as it was.
+                Found::Claimed(c) => {
+                    let old = c.old.clone();
+                    if let Some(old) = old {
+                        self.publish(c, old, false);
+                    }
+                    break;
+                }
+                Found::Ready(..) | Found::Wait(_) => break,
             }
         }
     }
 
-    /// Reads the claimed run from the store in one read and publishes each block, calling
-    /// `each(block, data)` as it does.
+    /// Reads `[lo, hi)` (page-aligned, or ending at the device's end) from the store in one
+    /// read, merges it into the claimed run's blocks (the first block's and the last block's
+    /// entries may be partial), publishes each, and calls `each(block, entry)`.
     ///
     /// # Errors
     /// The store read's error; every claim of the run fails with it, so waiters see it too.
-    fn fill_run(
+    fn fill(
         &self,
         chain: &ChainHandle,
         run: Vec<Claimed<'_>>,
-        mut each: impl FnMut(u64, &Data),
+        (lo, hi): (u64, u64),
+        prefetched: bool,
+        mut each: impl FnMut(u64, &Cached),
     ) -> Result<()> {
         let first = run[0].key.block;
         let n = run.len() as u64;
-        let start = first * self.block_bytes;
-        let end = ((first + n) * self.block_bytes).min(chain.size);
         // At most RUN_BLOCKS_LIMIT x BLOCK_BYTES_MAX = 1 GiB, which fits a usize.
-        let len = (end - start) as usize;
-        let mut buf = Block::zeroed(len, &self.counters);
-        if let Err(e) = chain.inner.read_at(&mut buf.bytes, start) {
-            let msg = format!("store read of blocks {first}..{} failed: {e}", first + n);
-            for c in run {
-                c.fail(e.kind(), msg.clone());
+        let len = (hi - lo) as usize;
+        if n == 1 && run[0].old.is_none() {
+            // One block, new: read straight into the buffer the entry keeps.
+            let mut buf = Block::zeroed(len, &self.counters);
+            if let Err(e) = chain.inner.read_at(&mut buf.bytes, lo) {
+                return Err(self.fail_run(run, lo, hi, e));
             }
-            return Err(e);
-        }
-        self.counters.store_reads.add(1);
-        self.counters.store_read_bytes.add(len as u64);
-        if n == 1 {
-            let data = Data::of(buf);
-            for c in run {
-                self.publish(c, &data);
-            }
-            each(first, &data);
-            return Ok(());
-        }
-        let bs = self.block_bytes as usize;
-        for (i, c) in run.into_iter().enumerate() {
-            let piece = &buf.bytes[i * bs..((i + 1) * bs).min(len)];
-            let data = if is_zero(piece) {
+            self.counters.store_reads.add(1);
+            self.counters.store_read_bytes.add(len as u64);
+            let base = first * self.block_bytes;
+            let valid = self.piece_mask(base, lo, hi);
+            let data = if is_zero(&buf.bytes) {
                 Data::Zero
             } else {
-                Data::Bytes(Arc::new(Block::copy_of(piece, &self.counters)))
+                Data::Bytes {
+                    block: Arc::new(buf),
+                    lo: (lo - base) as u32,
+                }
             };
-            self.publish(c, &data);
-            each(first + i as u64, &data);
+            let entry = Cached { data, valid };
+            each(first, &entry);
+            for c in run {
+                self.publish(c, entry.clone(), prefetched);
+            }
+            return Ok(());
+        }
+        // Several blocks (or a refill to merge): read into this thread's scratch buffer,
+        // then copy each block's piece into its own right-sized buffer.
+        let scratch =
+            SCRATCH.with(|s| s.try_borrow_mut().ok().map(|mut s| std::mem::take(&mut *s)));
+        let mut scratch = scratch.unwrap_or_default();
+        if scratch.len() < len {
+            scratch.resize(len, 0);
+        }
+        let r = chain.inner.read_at(&mut scratch[..len], lo);
+        let out = match r {
+            Err(e) => Err(self.fail_run(run, lo, hi, e)),
+            Ok(()) => {
+                self.counters.store_reads.add(1);
+                self.counters.store_read_bytes.add(len as u64);
+                self.publish_run(chain, run, lo, hi, prefetched, &scratch[..len], &mut each)
+            }
+        };
+        if scratch.len() <= SCRATCH_KEEP_BYTES {
+            SCRATCH.with(|s| {
+                if let Ok(mut s) = s.try_borrow_mut() {
+                    *s = scratch;
+                }
+            });
+        }
+        out
+    }
+
+    /// Fails every claim of a run whose store read of `[lo, hi)` failed; returns the error.
+    fn fail_run(&self, run: Vec<Claimed<'_>>, lo: u64, hi: u64, e: Error) -> Error {
+        let msg = format!("store read of {lo:#x}..{hi:#x} failed: {e}");
+        for c in run {
+            c.fail(e.kind(), msg.clone());
+        }
+        e
+    }
+
+    /// The mask of the pages of the block at `base` that `[lo, hi)` covers (`hi` may end
+    /// mid-page at the end of the device).
+    fn piece_mask(&self, base: u64, lo: u64, hi: u64) -> u64 {
+        pages_mask(
+            (lo - base) / self.page_bytes,
+            (hi - base).div_ceil(self.page_bytes),
+        )
+    }
+
+    /// Publishes the blocks of a run whose bytes `[lo, hi)` were read into `src_all`, each
+    /// into its own right-sized buffer (or merged into its old entry).
+    #[allow(clippy::too_many_arguments)]
+    fn publish_run(
+        &self,
+        chain: &ChainHandle,
+        run: Vec<Claimed<'_>>,
+        lo: u64,
+        hi: u64,
+        prefetched: bool,
+        src_all: &[u8],
+        each: &mut impl FnMut(u64, &Cached),
+    ) -> Result<()> {
+        let first = run[0].key.block;
+        for (i, mut c) in run.into_iter().enumerate() {
+            let b = first + i as u64;
+            let base = b * self.block_bytes;
+            let (p_lo, p_hi) = (lo.max(base), hi.min(base + self.block_len(chain, b)));
+            let piece_mask = self.piece_mask(base, p_lo, p_hi);
+            let src = &src_all[(p_lo - lo) as usize..(p_hi - lo) as usize];
+            let entry = match c.old.take() {
+                None if is_zero(src) => Cached {
+                    data: Data::Zero,
+                    valid: piece_mask,
+                },
+                None => Cached {
+                    data: Data::Bytes {
+                        block: Arc::new(Block::copy_of(src, &self.counters)),
+                        lo: (p_lo - base) as u32,
+                    },
+                    valid: piece_mask,
+                },
+                Some(old) => self.merge(chain, b, old, src, p_lo - base, piece_mask),
+            };
+            each(b, &entry);
+            self.publish(c, entry, prefetched);
         }
         Ok(())
     }
 
-    fn publish(&self, claim: Claimed<'_>, data: &Data) {
-        let p = claim.publish(data.clone());
+    /// An entry holding `old`'s valid pages and `src` at byte `at` of block `b`.
+    fn merge(
+        &self,
+        chain: &ChainHandle,
+        b: u64,
+        old: Cached,
+        src: &[u8],
+        at: u64,
+        piece_mask: u64,
+    ) -> Cached {
+        let valid = old.valid | piece_mask;
+        if matches!(old.data, Data::Zero) && is_zero(src) {
+            return Cached {
+                data: Data::Zero,
+                valid,
+            };
+        }
+        let first_page = u64::from(valid.trailing_zeros());
+        let end_page = 64 - u64::from(valid.leading_zeros());
+        let lo = first_page * self.page_bytes;
+        let hi = (end_page * self.page_bytes).min(self.block_len(chain, b));
+        let mut own = Block::zeroed((hi - lo) as usize, &self.counters);
+        if let Data::Bytes { block, lo: old_lo } = &old.data {
+            let from = (u64::from(*old_lo) - lo) as usize;
+            own.bytes[from..from + block.bytes.len()].copy_from_slice(&block.bytes);
+        }
+        let from = (at - lo) as usize;
+        own.bytes[from..from + src.len()].copy_from_slice(src);
+        Cached {
+            data: Data::Bytes {
+                block: Arc::new(own),
+                lo: lo as u32,
+            },
+            valid,
+        }
+    }
+
+    fn publish(&self, claim: Claimed<'_>, entry: Cached, prefetched: bool) {
+        let p = claim.publish(entry, prefetched);
         self.counters.evictions.add(p.evicted);
     }
 
@@ -394,28 +588,129 @@ impl Shared {
                 chain: chain.id,
                 block: b,
             };
-            match self.find_or_claim(key) {
-                Found::Ready(d) => {
+            let need = self.need_mask(b, offset, end);
+            match self.find_or_claim(key, need) {
+                Found::Ready(c, first_use) => {
                     self.counters.hits.add(1);
-                    copy_block(buf, offset, b, bs, &d);
+                    if first_use {
+                        chain.score.used.fetch_add(1, Ordering::Relaxed);
+                        self.counters.read_ahead_used.add(1);
+                    }
+                    copy_block(buf, offset, b, bs, &c);
                     b += 1;
                 }
                 Found::Wait(f) => {
                     self.counters.inflight_waits.add(1);
-                    copy_block(buf, offset, b, bs, &f.wait()?);
-                    b += 1;
+                    let c = f.wait()?;
+                    // A fill of other pages of the block: look again (and claim the rest).
+                    if c.covers(need) {
+                        copy_block(buf, offset, b, bs, &c);
+                        b += 1;
+                    }
                 }
                 Found::Claimed(c) => {
+                    let have = c.old.as_ref().map_or(0, |o| o.valid);
                     let mut run = vec![c];
                     self.extend_run(chain, &mut run, last + 1);
                     let n = run.len() as u64;
                     self.counters.misses.add(n);
-                    self.fill_run(chain, run, |blk, d| copy_block(buf, offset, blk, bs, d))?;
+                    let lo = b * bs + u64::from((need & !have).trailing_zeros()) * self.page_bytes;
+                    let bl = b + n - 1;
+                    let need_last = if n == 1 {
+                        need & !have
+                    } else {
+                        self.need_mask(bl, offset, end)
+                    };
+                    let end_page = 64 - u64::from(need_last.leading_zeros());
+                    let hi = (bl * bs + end_page * self.page_bytes)
+                        .min(bl * bs + self.block_len(chain, bl));
+                    self.fill(chain, run, (lo, hi), false, |blk, c| {
+                        copy_block(buf, offset, blk, bs, c);
+                    })?;
                     b += n;
                 }
             }
         }
         Ok(())
+    }
+
+    /// The pieces of `[offset, offset + len)` if every page is ready (hits counted), else
+    /// `None`. Never waits, never reads the store, never copies block bytes.
+    fn try_read_shared(&self, chain: &ChainHandle, offset: u64, len: u64) -> Option<Vec<Piece>> {
+        let bs = self.block_bytes;
+        let end = offset + len;
+        let (first, last) = (offset / bs, (end - 1) / bs);
+        let mut pieces = Vec::with_capacity((last - first + 1) as usize);
+        for b in first..=last {
+            let key = Key {
+                chain: chain.id,
+                block: b,
+            };
+            let found = self
+                .shard_of(key)
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .lookup(key);
+            let (Lookup::Ready(c, first_use) | Lookup::Refilling(c, first_use, _)) = found else {
+                return None;
+            };
+            if !c.covers(self.need_mask(b, offset, end)) {
+                return None;
+            }
+            if first_use {
+                chain.score.used.fetch_add(1, Ordering::Relaxed);
+                self.counters.read_ahead_used.add(1);
+            }
+            let base = b * bs;
+            let (lo, hi) = (offset.max(base), end.min(base + bs));
+            let n = (hi - lo) as usize;
+            match c.data {
+                Data::Zero => match pieces.last_mut() {
+                    Some(Piece::Zero(z)) => *z += n,
+                    _ => pieces.push(Piece::Zero(n)),
+                },
+                Data::Bytes { block, lo: at } => pieces.push(Piece::Shared {
+                    buf: block,
+                    start: (lo - base) as usize - at as usize,
+                    len: n,
+                }),
+            }
+        }
+        self.counters.hits.add(last - first + 1);
+        Some(pieces)
+    }
+
+    /// A demand read served only if every page it needs is ready; false (and `buf` left
+    /// in an unspecified state) otherwise. Never waits, never reads the store.
+    fn try_read(&self, chain: &ChainHandle, buf: &mut [u8], offset: u64) -> bool {
+        let bs = self.block_bytes;
+        let end = offset + buf.len() as u64;
+        let (first, last) = (offset / bs, (end - 1) / bs);
+        for b in first..=last {
+            let key = Key {
+                chain: chain.id,
+                block: b,
+            };
+            let found = self
+                .shard_of(key)
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .lookup(key);
+            match found {
+                Lookup::Ready(c, first_use) | Lookup::Refilling(c, first_use, _)
+                    if c.covers(self.need_mask(b, offset, end)) =>
+                {
+                    if first_use {
+                        chain.score.used.fetch_add(1, Ordering::Relaxed);
+                        self.counters.read_ahead_used.add(1);
+                    }
+                    copy_block(buf, offset, b, bs, &c);
+                }
+                _ => return false,
+            }
+        }
+        self.counters.hits.add(last - first + 1);
+        true
     }
 
     /// Prefetches the absent blocks of `blocks` (a read-ahead job). Errors are counted and
@@ -436,15 +731,29 @@ impl Shared {
                 b += 1;
                 continue;
             }
-            let Found::Claimed(c) = self.claim(key) else {
-                b += 1;
-                continue;
+            let c = match self.claim(key, 0) {
+                Found::Claimed(c) if c.old.is_none() => c,
+                Found::Claimed(c) => {
+                    // Cannot happen with an empty need; put the entry back regardless.
+                    if let Some(old) = c.old.clone() {
+                        self.publish(c, old, false);
+                    }
+                    b += 1;
+                    continue;
+                }
+                Found::Ready(..) | Found::Wait(_) => {
+                    b += 1;
+                    continue;
+                }
             };
             let mut run = vec![c];
             self.extend_run(chain, &mut run, blocks.end);
             let n = run.len() as u64;
             self.counters.read_ahead_blocks.add(n);
-            if let Err(e) = self.fill_run(chain, run, |_, _| {}) {
+            chain.score.issued.fetch_add(n, Ordering::Relaxed);
+            let lo = b * self.block_bytes;
+            let hi = ((b + n) * self.block_bytes).min(chain.size);
+            if let Err(e) = self.fill(chain, run, (lo, hi), true, |_, _| {}) {
                 self.counters.read_ahead_errors.add(1);
                 tracing::debug!(chain = ?chain.key, block = b, error = %e, "read-ahead failed");
                 return;
@@ -454,13 +763,20 @@ impl Shared {
     }
 }
 
+/// Bits `lo..hi` set (pages `lo` to `hi - 1`), `hi <= 64`.
+fn pages_mask(lo: u64, hi: u64) -> u64 {
+    debug_assert!(lo < hi && hi <= 64);
+    let upto = if hi >= 64 { u64::MAX } else { (1u64 << hi) - 1 };
+    upto & !((1u64 << lo) - 1)
+}
+
 /// Copies the part of block `blk` (of `bs` bytes) that overlaps the request into `buf`.
-fn copy_block(buf: &mut [u8], offset: u64, blk: u64, bs: u64, data: &Data) {
+fn copy_block(buf: &mut [u8], offset: u64, blk: u64, bs: u64, c: &Cached) {
     let block_start = blk * bs;
     let lo = block_start.max(offset);
     let hi = (block_start + bs).min(offset + buf.len() as u64);
     let dst = &mut buf[(lo - offset) as usize..(hi - offset) as usize];
-    data.copy_to(dst, (lo - block_start) as usize);
+    c.copy_to(dst, (lo - block_start) as usize);
 }
 
 fn worker(rx: &Mutex<Receiver<Job>>) {
@@ -524,6 +840,7 @@ impl BlockCache {
         let shared = Arc::new(Shared {
             config,
             block_bytes,
+            page_bytes: (block_bytes / 64).max(PAGE_BYTES_MIN),
             shards,
             counters: Arc::default(),
             chains: Mutex::default(),
@@ -571,7 +888,7 @@ impl BlockCache {
             inner: dev,
             size: geometry.size,
             blocks: geometry.size.div_ceil(self.shared.block_bytes),
-            _token: token,
+            score: token,
         };
         Arc::new(CachedDevice {
             chain: Arc::new(chain),
@@ -632,6 +949,8 @@ impl BlockCache {
             read_ahead_dropped: c.read_ahead_dropped.get(),
             read_ahead_blocks: c.read_ahead_blocks.get(),
             read_ahead_errors: c.read_ahead_errors.get(),
+            read_ahead_refused: c.read_ahead_refused.get(),
+            read_ahead_used: c.read_ahead_used.get(),
             cached_bytes,
             cached_blocks,
             resident_bytes: c.resident_bytes.get(),
@@ -685,17 +1004,25 @@ impl CachedDevice {
         let Some(tx) = &shared.read_ahead else {
             return;
         };
-        let bs = shared.block_bytes;
-        let (first, last) = (offset / bs, (offset + len - 1) / bs);
         let window_max = u64::from(shared.config.read_ahead_blocks_max);
         let wanted = self
             .streams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .on_read(first, last, self.chain.blocks, window_max);
+            .on_read(
+                offset,
+                len,
+                shared.block_bytes,
+                self.chain.blocks,
+                window_max,
+            );
         let Some(blocks) = wanted else {
             return;
         };
+        if !self.chain.score.allows() {
+            shared.counters.read_ahead_refused.add(1);
+            return;
+        }
         let job = Job {
             chain: self.chain.clone(),
             blocks,
@@ -731,6 +1058,35 @@ impl BlockDevice for CachedDevice {
         }
         self.read_ahead(offset, buf.len() as u64);
         self.chain.shared.read(&self.chain, buf, offset)
+    }
+
+    fn try_read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {
+        if let Err(e) = check_bounds(self.geometry.size, offset, len) {
+            return Some(Err(e));
+        }
+        if len == 0 {
+            return Some(Ok(Vec::new()));
+        }
+        let pieces = self
+            .chain
+            .shared
+            .try_read_shared(&self.chain, offset, len)?;
+        self.read_ahead(offset, len);
+        Some(Ok(pieces))
+    }
+
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {
+        if let Err(e) = check_bounds(self.geometry.size, offset, buf.len() as u64) {
+            return Some(Err(e));
+        }
+        if buf.is_empty() {
+            return Some(Ok(()));
+        }
+        if !self.chain.shared.try_read(&self.chain, buf, offset) {
+            return None;
+        }
+        self.read_ahead(offset, buf.len() as u64);
+        Some(Ok(()))
     }
 
     fn write_at(&self, _buf: &[u8], _offset: u64) -> Result<()> {

@@ -43,14 +43,27 @@
 //!   2Q/ARC would resist scans better at the cost of ghost lists; revisit with recorded
 //!   traces. nbdkit's cache filter keeps a two-bitmap LRU per device, which does not fit one
 //!   budget shared across many chains.
-//! * **Granule.** [`DEFAULT_BLOCK_BYTES`] is 64 KiB. A boot reads ~600 MB in ~70,000 reads
-//!   (~8.6 KiB mean, clustered in files). The granule sets how much an isolated small read
-//!   over-reads from the store (the store ÷ unique bytes goal) and the per-entry overhead
-//!   (0.2% at 64 KiB). Round trips do not depend on it: contiguous misses of one request are
-//!   coalesced into one store read of up to `fill_blocks_max` blocks (1 MiB), and sequential
-//!   streams are read ahead in windows of up to 1 MiB. 256 KiB would over-read isolated 4 KiB
-//!   reads four times more and make a 1 GiB budget a coarse 4096 entries; 4 KiB would cost 3%
-//!   in entries and 16 times the lookups per MiB served.
+//! * **Granule and pages.** Entries are [`DEFAULT_BLOCK_BYTES`] (64 KiB) blocks, each made
+//!   of 64 pages or 4 KiB pages ([`PAGE_BYTES_MIN`]), whichever is larger, with a bit per
+//!   page saying whether it is held. A miss fetches only the pages the request touches
+//!   (and, when a request spans blocks, one contiguous store read for all of them); a later
+//!   read of other pages of the block extends the entry (a *refill*: the entry is taken
+//!   out, the missing pages read, and a merged entry published). A block's buffer spans
+//!   its held pages only. So the store is read for what clients ask and read-ahead fetches,
+//!   never for the rest of a granule: a boot reads ~600 MB in ~70,000 reads (~8.6 KiB
+//!   mean), and whole-granule fills read 1.48× a boot trace's unique bytes from the store
+//!   with no read-ahead at all (`ferry-bench sim-boot --read-ahead 0`, before pages), now
+//!   1.00×. The block stays the unit of lookup, eviction and entry overhead (0.2% at
+//!   64 KiB), so a sequential 1 MiB read costs 16 lookups, not 256.
+//! * **Read-ahead that pays for itself.** Per connection, a byte-exact stream detector
+//!   (`stream.rs`) asks for a window once a stream spans 256 KiB of contiguous reads. Per
+//!   chain, a score counts the blocks prefetched and those a demand read then used; after
+//!   [`READ_AHEAD_WARMUP_BLOCKS`], new read-ahead is refused while fewer than
+//!   [`READ_AHEAD_ACCURACY_PERCENT`] of them were used. A sequential copy keeps read-ahead
+//!   (everything prefetched is used); a boot, whose files end a few KiB into a block, turns
+//!   it off after the warm-up, so the store bytes stay within a few percent of the unique
+//!   bytes (the goal is 1.05×). Clients stream their own read-ahead anyway (the guest's
+//!   page cache), and a second boot reads from the cache, not the store.
 //! * **Keys.** A [`ChainKey`] is the top file's path plus its linkage identity (the VHDX
 //!   DataWriteGuid, which changes on the first write of any session). A version rewritten in
 //!   private mode or a file replaced in the store gets a new key, so stale entries are never
@@ -88,6 +101,15 @@ pub const RUN_BLOCKS_LIMIT: u32 = 256;
 pub const READ_AHEAD_THREADS_LIMIT: usize = 16;
 /// The deepest read-ahead queue.
 pub const READ_AHEAD_QUEUE_LIMIT: usize = 4096;
+/// The smallest part of a block the cache fetches and keeps on its own (a "page"): a block
+/// is `block_bytes / 64` pages of at least this size, each valid or not.
+pub const PAGE_BYTES_MIN: u64 = 4 << 10;
+/// Blocks a chain may prefetch before its read-ahead must show it pays off.
+pub const READ_AHEAD_WARMUP_BLOCKS: u64 = 128;
+/// The share of prefetched blocks (in percent) that demand reads must use for a chain's
+/// read-ahead to go on. Below it, new read-ahead is refused (and counted) until enough of
+/// what was prefetched is used.
+pub const READ_AHEAD_ACCURACY_PERCENT: u64 = 95;
 /// Idle chains (no live wrapper) remembered before the least recently wrapped is dropped
 /// with its entries.
 pub const IDLE_CHAINS_MAX: usize = 1024;

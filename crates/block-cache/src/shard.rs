@@ -22,10 +22,13 @@ pub(crate) struct Key {
 /// The state of a key as a reader finds it.
 #[derive(Debug)]
 pub(crate) enum Lookup<D, P> {
-    /// Ready data.
-    Ready(D),
+    /// Ready data, and whether this is the first demand use of a prefetched entry.
+    Ready(D, bool),
     /// Someone is filling it; wait on the token.
     Loading(P),
+    /// Ready data (and first use, as for `Ready`) that someone is extending: use it if it
+    /// holds what the reader needs, else wait on the token.
+    Refilling(D, bool, P),
     /// Neither.
     Absent,
 }
@@ -33,9 +36,13 @@ pub(crate) enum Lookup<D, P> {
 /// The outcome of trying to become the one filler of a key.
 #[derive(Debug)]
 pub(crate) enum Claim<D, P> {
-    /// The caller now owns the fill and must `publish` or `abandon` the key.
-    Claimed,
-    /// Already ready.
+    /// The caller now owns the fill and must `publish` or `abandon` the key. `old` is the
+    /// ready data the caller found insufficient (a refill), taken out of the cache.
+    Claimed {
+        /// The replaced entry's data, for a refill.
+        old: Option<D>,
+    },
+    /// Already ready (and sufficient).
     Ready(D),
     /// Someone else is filling it.
     Loading(P),
@@ -57,6 +64,9 @@ enum Entry<P> {
     /// Index into the ring.
     Ready(usize),
     Loading(P),
+    /// Ready at the ring index, and being extended by a fill (a refill of more pages):
+    /// readers of what it holds keep reading it meanwhile.
+    Refilling(usize, P),
 }
 
 #[derive(Debug)]
@@ -66,6 +76,9 @@ struct Slot<D> {
     charge_bytes: u64,
     /// The CLOCK bit: set by hits (under the read lock, hence atomic), cleared by the hand.
     referenced: AtomicBool,
+    /// Set when read-ahead filled the entry, cleared by its first demand hit (which the
+    /// caller counts as read-ahead that paid off).
+    prefetched: AtomicBool,
 }
 
 /// One shard. Invariants: `charged_bytes` is the sum of the ready slots' charges and never
@@ -99,17 +112,30 @@ impl<D: Clone, P: Clone> Shard<D, P> {
     pub fn lookup(&self, key: Key) -> Lookup<D, P> {
         match self.map.get(&key) {
             Some(Entry::Ready(i)) => {
-                let slot = self.slot(*i);
-                // Load first: a hot block's bit is usually set already, and a plain load
-                // keeps its cache line shared between the cores that read it.
-                if !slot.referenced.load(Ordering::Relaxed) {
-                    slot.referenced.store(true, Ordering::Relaxed);
-                }
-                Lookup::Ready(slot.data.clone())
+                let (d, first_use) = self.hit(*i);
+                Lookup::Ready(d, first_use)
+            }
+            Some(Entry::Refilling(i, p)) => {
+                let (d, first_use) = self.hit(*i);
+                Lookup::Refilling(d, first_use, p.clone())
             }
             Some(Entry::Loading(p)) => Lookup::Loading(p.clone()),
             None => Lookup::Absent,
         }
+    }
+
+    /// A hit on slot `i`: sets its CLOCK bit, returns its data and whether this is the first
+    /// demand use of a prefetched entry.
+    fn hit(&self, i: usize) -> (D, bool) {
+        let slot = self.slot(i);
+        // Load first: a hot block's bit is usually set already, and a plain load keeps its
+        // cache line shared between the cores that read it.
+        if !slot.referenced.load(Ordering::Relaxed) {
+            slot.referenced.store(true, Ordering::Relaxed);
+        }
+        let first_use = slot.prefetched.load(Ordering::Relaxed)
+            && slot.prefetched.swap(false, Ordering::Relaxed);
+        (slot.data.clone(), first_use)
     }
 
     /// True when `key` is ready or loading; does not touch the CLOCK bit (read-ahead uses
@@ -118,15 +144,33 @@ impl<D: Clone, P: Clone> Shard<D, P> {
         self.map.contains_key(&key)
     }
 
-    /// Makes the caller the filler of `key` unless it is ready or loading. Does not set the
-    /// CLOCK bit (read-ahead claims too).
-    pub fn claim(&mut self, key: Key, token: P) -> Claim<D, P> {
+    /// Makes the caller the filler of `key` unless it is loading, or ready with data that
+    /// `enough` accepts. Ready data that `enough` refuses (a block with only some of its
+    /// pages) stays readable while the caller extends it (`Refilling`), and a copy is handed
+    /// back. Does not set the CLOCK bit (read-ahead claims too).
+    pub fn claim(&mut self, key: Key, token: P, enough: impl Fn(&D) -> bool) -> Claim<D, P> {
         match self.map.get(&key) {
-            Some(Entry::Ready(i)) => Claim::Ready(self.slot(*i).data.clone()),
+            Some(Entry::Ready(i)) => {
+                let i = *i;
+                let data = self.slot(i).data.clone();
+                if enough(&data) {
+                    return Claim::Ready(data);
+                }
+                self.map.insert(key, Entry::Refilling(i, token));
+                Claim::Claimed { old: Some(data) }
+            }
+            Some(Entry::Refilling(i, p)) => {
+                let data = self.slot(*i).data.clone();
+                if enough(&data) {
+                    Claim::Ready(data)
+                } else {
+                    Claim::Loading(p.clone())
+                }
+            }
             Some(Entry::Loading(p)) => Claim::Loading(p.clone()),
             None => {
                 self.map.insert(key, Entry::Loading(token));
-                Claim::Claimed
+                Claim::Claimed { old: None }
             }
         }
     }
@@ -134,12 +178,16 @@ impl<D: Clone, P: Clone> Shard<D, P> {
     /// Turns the claimed `key` into a ready entry charged `charge_bytes`, evicting by CLOCK
     /// until it fits. New entries start with a clear bit: a block read once is the first to
     /// go, and a block read again (a second connection, a second boot) earns a second chance.
-    pub fn publish(&mut self, key: Key, data: D, charge_bytes: u64) -> Published {
+    pub fn publish(&mut self, key: Key, data: D, charge_bytes: u64, prefetched: bool) -> Published {
         let was = self.map.remove(&key);
         debug_assert!(
-            matches!(was, Some(Entry::Loading(_))),
+            matches!(was, Some(Entry::Loading(_) | Entry::Refilling(..))),
             "publish of a key that was not claimed"
         );
+        if let Some(Entry::Refilling(i, _)) = was {
+            // The new entry replaces the one it extends.
+            self.free_slot(i);
+        }
         let mut out = Published::default();
         if charge_bytes > self.budget_bytes {
             return out;
@@ -156,6 +204,7 @@ impl<D: Clone, P: Clone> Shard<D, P> {
             data,
             charge_bytes,
             referenced: AtomicBool::new(false),
+            prefetched: AtomicBool::new(prefetched),
         };
         let i = match self.free.pop() {
             Some(i) => {
@@ -176,8 +225,16 @@ impl<D: Clone, P: Clone> Shard<D, P> {
 
     /// Drops the claim on `key` after a failed fill; later readers retry.
     pub fn abandon(&mut self, key: Key) {
-        if let Some(Entry::Loading(_)) = self.map.get(&key) {
-            self.map.remove(&key);
+        match self.map.get(&key) {
+            Some(Entry::Loading(_)) => {
+                self.map.remove(&key);
+            }
+            Some(Entry::Refilling(i, _)) => {
+                // The entry being extended stays as it was.
+                let i = *i;
+                self.map.insert(key, Entry::Ready(i));
+            }
+            Some(Entry::Ready(_)) | None => {}
         }
     }
 
@@ -231,11 +288,24 @@ impl<D: Clone, P: Clone> Shard<D, P> {
         None
     }
 
+    /// Removes the slot at `i` and its map entry (a slot being refilled leaves its filler a
+    /// plain `Loading` claim). Returns its charged bytes.
     fn remove_slot(&mut self, i: usize) -> u64 {
+        let key = self.slot(i).key;
+        match self.map.remove(&key) {
+            Some(Entry::Refilling(_, p)) => {
+                self.map.insert(key, Entry::Loading(p));
+            }
+            Some(Entry::Ready(_) | Entry::Loading(_)) | None => {}
+        }
+        self.free_slot(i)
+    }
+
+    /// Frees ring slot `i` (its map entry is the caller's business); returns its charge.
+    fn free_slot(&mut self, i: usize) -> u64 {
         let Some(slot) = self.ring[i].take() else {
-            unreachable!("remove_slot is called on occupied slots only");
+            unreachable!("free_slot is called on occupied slots only");
         };
-        self.map.remove(&slot.key);
         self.free.push(i);
         self.charged_bytes -= slot.charge_bytes;
         slot.charge_bytes
@@ -254,8 +324,11 @@ mod tests {
     fn full_shard() -> Shard<u64, u32> {
         let mut s = Shard::new(30);
         for b in 0..3 {
-            assert!(matches!(s.claim(key(b), 0), Claim::Claimed));
-            s.publish(key(b), b * 100, 10);
+            assert!(matches!(
+                s.claim(key(b), 0, |_| true),
+                Claim::Claimed { old: None }
+            ));
+            s.publish(key(b), b * 100, 10, false);
         }
         s
     }
@@ -263,23 +336,23 @@ mod tests {
     #[test]
     fn claim_of_loading_key_returns_its_token() {
         let mut s: Shard<u64, u32> = Shard::new(100);
-        s.claim(key(7), 42);
-        assert!(matches!(s.claim(key(7), 43), Claim::Loading(42)));
+        s.claim(key(7), 42, |_| true);
+        assert!(matches!(s.claim(key(7), 43, |_| true), Claim::Loading(42)));
     }
 
     #[test]
     fn publish_makes_lookup_ready() {
         let mut s: Shard<u64, u32> = Shard::new(100);
-        s.claim(key(7), 1);
-        s.publish(key(7), 700, 10);
-        assert!(matches!(s.lookup(key(7)), Lookup::Ready(700)));
+        s.claim(key(7), 1, |_| true);
+        s.publish(key(7), 700, 10, false);
+        assert!(matches!(s.lookup(key(7)), Lookup::Ready(700, _)));
     }
 
     #[test]
     fn publish_past_budget_evicts_oldest_unreferenced() {
         let mut s = full_shard();
-        s.claim(key(3), 0);
-        let p = s.publish(key(3), 300, 10);
+        s.claim(key(3), 0, |_| true);
+        let p = s.publish(key(3), 300, 10, false);
         assert_eq!(p.evicted, 1);
         assert!(matches!(s.lookup(key(0)), Lookup::Absent));
     }
@@ -288,9 +361,9 @@ mod tests {
     fn referenced_entry_gets_second_chance() {
         let mut s = full_shard();
         let _ = s.lookup(key(0)); // sets block 0's bit
-        s.claim(key(3), 0);
-        s.publish(key(3), 300, 10);
-        assert!(matches!(s.lookup(key(0)), Lookup::Ready(0)));
+        s.claim(key(3), 0, |_| true);
+        s.publish(key(3), 300, 10, false);
+        assert!(matches!(s.lookup(key(0)), Lookup::Ready(0, _)));
         assert!(matches!(s.lookup(key(1)), Lookup::Absent));
     }
 
@@ -298,16 +371,16 @@ mod tests {
     fn contains_does_not_set_the_bit() {
         let mut s = full_shard();
         assert!(s.contains(key(0)));
-        s.claim(key(3), 0);
-        s.publish(key(3), 300, 10);
+        s.claim(key(3), 0, |_| true);
+        s.publish(key(3), 300, 10, false);
         assert!(!s.contains(key(0)));
     }
 
     #[test]
     fn entry_larger_than_budget_is_not_kept() {
         let mut s: Shard<u64, u32> = Shard::new(5);
-        s.claim(key(1), 0);
-        let p = s.publish(key(1), 1, 10);
+        s.claim(key(1), 0, |_| true);
+        let p = s.publish(key(1), 1, 10, false);
         assert!(!p.inserted);
         assert_eq!(s.charged_bytes(), 0);
     }
@@ -315,17 +388,20 @@ mod tests {
     #[test]
     fn abandon_lets_the_next_reader_claim() {
         let mut s: Shard<u64, u32> = Shard::new(100);
-        s.claim(key(1), 5);
+        s.claim(key(1), 5, |_| true);
         s.abandon(key(1));
-        assert!(matches!(s.claim(key(1), 6), Claim::Claimed));
+        assert!(matches!(
+            s.claim(key(1), 6, |_| true),
+            Claim::Claimed { old: None }
+        ));
     }
 
     #[test]
     fn remove_chain_drops_only_that_chain() {
         let mut s = full_shard();
         let other = Key { chain: 2, block: 0 };
-        s.claim(other, 0);
-        s.publish(other, 9, 0);
+        s.claim(other, 0, |_| true);
+        s.publish(other, 9, 0, false);
         assert_eq!(s.remove_chain(1), (3, 30));
         assert_eq!((s.ready_len(), s.charged_bytes()), (1, 0));
     }
@@ -334,9 +410,60 @@ mod tests {
     fn freed_slots_are_reused() {
         let mut s = full_shard();
         for b in 3..10 {
-            s.claim(key(b), 0);
-            s.publish(key(b), b, 10);
+            s.claim(key(b), 0, |_| true);
+            s.publish(key(b), b, 10, false);
         }
         assert_eq!(s.ring.len(), 3);
+    }
+
+    #[test]
+    fn an_insufficient_entry_stays_readable_while_refilled() {
+        let mut s = full_shard();
+        let before = s.charged_bytes();
+        assert!(matches!(
+            s.claim(key(1), 9, |d| *d > 1000),
+            Claim::Claimed { old: Some(100) }
+        ));
+        assert!(matches!(s.lookup(key(1)), Lookup::Refilling(100, _, 9)));
+        // Another reader content with the old data gets it; one that is not waits.
+        assert!(matches!(s.claim(key(1), 10, |_| true), Claim::Ready(100)));
+        assert!(matches!(
+            s.claim(key(1), 10, |d| *d > 1000),
+            Claim::Loading(9)
+        ));
+        s.publish(key(1), 2000, 10, false);
+        assert!(matches!(s.lookup(key(1)), Lookup::Ready(2000, false)));
+        assert_eq!(s.charged_bytes(), before);
+        assert_eq!(s.ready_len(), 3);
+    }
+
+    #[test]
+    fn an_abandoned_refill_keeps_the_old_entry() {
+        let mut s = full_shard();
+        s.claim(key(2), 9, |_| false);
+        s.abandon(key(2));
+        assert!(matches!(s.lookup(key(2)), Lookup::Ready(200, false)));
+    }
+
+    #[test]
+    fn evicting_an_entry_being_refilled_leaves_the_filler_a_claim() {
+        let mut s = full_shard();
+        s.claim(key(0), 9, |_| false);
+        // Blocks 0..2 have clear bits; a new block evicts block 0, the one being refilled.
+        s.claim(key(3), 1, |_| true);
+        s.publish(key(3), 300, 10, false);
+        assert!(matches!(s.lookup(key(0)), Lookup::Loading(9)));
+        s.publish(key(0), 7, 10, false);
+        assert!(matches!(s.lookup(key(0)), Lookup::Ready(7, false)));
+        assert_eq!(s.charged_bytes(), 30);
+    }
+
+    #[test]
+    fn a_prefetched_entry_reports_its_first_use_once() {
+        let mut s: Shard<u64, u32> = Shard::new(100);
+        s.claim(key(4), 0, |_| true);
+        s.publish(key(4), 4, 10, true);
+        assert!(matches!(s.lookup(key(4)), Lookup::Ready(4, true)));
+        assert!(matches!(s.lookup(key(4)), Lookup::Ready(4, false)));
     }
 }

@@ -33,6 +33,8 @@ pub(crate) struct Counters {
     pub read_ahead_dropped: Counter,
     pub read_ahead_blocks: Counter,
     pub read_ahead_errors: Counter,
+    pub read_ahead_refused: Counter,
+    pub read_ahead_used: Counter,
     /// Bytes of block buffers alive (cached, in flight, or being copied out).
     pub resident_bytes: Counter,
     /// The high-water mark of `resident_bytes`.
@@ -69,6 +71,10 @@ pub struct BlockCacheStats {
     pub read_ahead_blocks: u64,
     /// Read-ahead fills that failed (the demand read retries and reports).
     pub read_ahead_errors: u64,
+    /// Read-ahead jobs not issued because the chain's read-ahead was not paying off.
+    pub read_ahead_refused: u64,
+    /// Prefetched blocks that a demand read later used.
+    pub read_ahead_used: u64,
     /// Bytes charged to the budget now (data plus per-entry overhead).
     pub cached_bytes: u64,
     /// Entries cached now.

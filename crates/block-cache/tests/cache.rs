@@ -152,6 +152,99 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// With 64 KiB blocks of 4 KiB pages, reads of any size and alignment fill only the
+    /// pages they touch, later reads extend partial blocks, and every read (through
+    /// `read_at` or, when everything it needs is cached, `try_read_at`) returns the inner
+    /// device's bytes. The store never reads more than the device's size plus one page per
+    /// read, whatever the budget.
+    #[test]
+    fn partial_blocks_return_the_inner_bytes(
+        seed in any::<u64>(),
+        size in 1u64..600_000,
+        budget_blocks in 0u64..6,
+        fill_max in 1u32..4,
+        reads in prop::collection::vec((any::<u64>(), 1u64..150_000, any::<bool>()), 1..60),
+    ) {
+        let size = size.next_multiple_of(512);
+        let dev = Counting::new(content(seed, size as usize), 4096);
+        let cfg = CacheConfig {
+            // 5 stands for a budget larger than the device (nothing is evicted).
+            budget_bytes: if budget_blocks == 5 { 16 } else { budget_blocks }
+                * (64 * KIB + ENTRY_OVERHEAD_BYTES),
+            block_bytes: 64 << 10,
+            fill_blocks_max: fill_max,
+            read_ahead_blocks_max: 4,
+            read_ahead_threads: 1,
+            read_ahead_queue: 4,
+        };
+        let cache = BlockCache::with_config(cfg).unwrap();
+        let cached = cache.wrap(key("a"), dev.clone());
+        let (mut tried, mut served) = (0, 0);
+        for (pos, len, try_first) in reads {
+            let offset = pos % size;
+            let len = len.min(size - offset);
+            let mut want = vec![0u8; len as usize];
+            let mut got = vec![0xAAu8; len as usize];
+            dev.inner.read_at(&mut want, offset).unwrap();
+            let fast = if try_first { cached.try_read_at(&mut got, offset) } else { None };
+            tried += u32::from(try_first);
+            match fast {
+                Some(r) => {
+                    r.unwrap();
+                    served += 1;
+                }
+                None => cached.read_at(&mut got, offset).unwrap(),
+            }
+            prop_assert!(want == got, "read {len} bytes at {offset}");
+            // Read again at once: a budget larger than the device must serve it from memory.
+            if budget_blocks == 5 {
+                let mut again = vec![0x55u8; len as usize];
+                prop_assert!(cached.try_read_at(&mut again, offset).is_some());
+                prop_assert!(want == again);
+                // And as shared pieces of the cache's buffers, without a copy.
+                let pieces = cached.try_read_shared(offset, len).unwrap().unwrap();
+                let mut joined = Vec::with_capacity(len as usize);
+                for p in &pieces {
+                    match p.bytes() {
+                        Some(b) => joined.extend_from_slice(b),
+                        None => joined.resize(joined.len() + p.len(), 0),
+                    }
+                }
+                prop_assert!(want == joined);
+            }
+            prop_assert!(cache.stats().cached_bytes <= cache.stats().budget_bytes);
+        }
+        prop_assert!(served <= tried);
+    }
+}
+
+/// A cold cache answers `try_read_at` with `None` and reads nothing; after a demand read of
+/// 4 KiB, exactly that page is cached: `try_read_at` serves it and refuses its neighbour.
+#[test]
+fn try_read_serves_only_cached_pages() {
+    let dev = Counting::new(content(3, (256 * KIB) as usize), 4096);
+    let cache = BlockCache::with_config(plain(1 << 20, 64 << 10)).unwrap();
+    let cached = cache.wrap(key("a"), dev.clone());
+    let mut buf = vec![0u8; 4096];
+    assert!(cached.try_read_at(&mut buf, 8192).is_none());
+    assert_eq!(dev.bytes_read(), 0);
+    cached.read_at(&mut buf, 8192).unwrap();
+    assert_eq!(dev.bytes_read(), 4096);
+    assert!(matches!(cached.try_read_at(&mut buf, 8192), Some(Ok(()))));
+    assert!(cached.try_read_at(&mut buf, 12288).is_none());
+    // A read spanning the cached page and its neighbours fetches only the neighbours.
+    let mut wide = vec![0u8; 3 * 4096];
+    cached.read_at(&mut wide, 4096).unwrap();
+    assert_eq!(
+        dev.bytes_read(),
+        4096 * 4,
+        "the cached page is read again only as part of one contiguous store read"
+    );
+}
+
 /// 16 threads read the same 64 blocks at once, each in its own order, through a slow
 /// store: with read-ahead and coalescing off, the store sees exactly one read per block.
 #[test]
@@ -196,8 +289,9 @@ fn sixteen_threads_read_each_block_from_the_store_once() {
     );
 }
 
-/// The same storm with the default coalescing and read-ahead: still every block is read
-/// from the store exactly once, and the store reads only the device's bytes.
+/// The same storm with the default coalescing and read-ahead: still every byte is read
+/// from the store exactly once (a block may be fetched in several page ranges, since
+/// 16 KiB readers fetch 16 KiB), and the store reads only the device's bytes.
 #[test]
 fn storm_with_read_ahead_reads_each_block_once() {
     const BLOCK: u64 = 64 * KIB;
@@ -226,7 +320,7 @@ fn storm_with_read_ahead_reads_each_block_once() {
     handles.into_iter().for_each(|h| h.join().unwrap());
     let per_block = dev.block_reads();
     assert_eq!(per_block.len() as u64, BLOCKS);
-    assert!(per_block.values().all(|&n| n == 1), "{per_block:?}");
+    assert!(per_block.values().all(|&n| n <= 4), "{per_block:?}");
     assert_eq!(dev.bytes_read(), BLOCK * BLOCKS);
 }
 
@@ -379,8 +473,9 @@ fn writes_trims_and_zeroes_are_refused() {
     assert!(!wrapped.can_write());
 }
 
-/// A sequential 4 KiB reader gets its later blocks from read-ahead: most blocks are hits
-/// or waits on a prefetch, not demand misses.
+/// A sequential 4 KiB reader gets its later blocks from read-ahead: once the stream has
+/// earned it (its first 256 KiB, 64 page misses), most reads are hits or waits on a
+/// prefetch, not demand misses, and the prefetched blocks are counted as used.
 #[test]
 fn sequential_reader_is_served_by_read_ahead() {
     const BLOCK: u64 = 64 * KIB;
@@ -397,7 +492,9 @@ fn sequential_reader_is_served_by_read_ahead() {
     }
     let s = cache.stats();
     assert!(s.read_ahead_blocks > 32, "{s:?}");
-    assert!(s.misses < 16, "{s:?}");
+    assert!(s.read_ahead_used > 32, "{s:?}");
+    assert!(s.misses < 128, "{s:?}");
+    assert_eq!(s.store_read_bytes, 64 * BLOCK, "{s:?}");
 }
 
 /// All-zero blocks keep no buffer: they are charged the entry overhead only.

@@ -8,6 +8,7 @@
 //! copy.rs        `ferry vdisk merge|convert|capture|compact` (long work: bars and summaries)
 //! quickstart.rs  `ferry quickstart`: a demo vDisk with one version, then its info
 //! server.rs      `ferry server`: NBD + metrics over a store, until SIGINT/SIGTERM
+//! target.rs      `ferry target`: the target device agent; `status`, `mark-booted`
 //! progress.rs    indicatif bars behind `disk::ops::Progress`
 //! size.rs        "10G", "512M", "32MiB" parsing
 //! farm.rs        `ferry farm init|serve|vdisk|server|token|session|audit|settings`
@@ -42,6 +43,7 @@ mod progress;
 mod quickstart;
 mod server;
 mod size;
+mod target;
 mod vdisk;
 
 use std::io::Write as _;
@@ -135,6 +137,20 @@ enum Command {
                             ferry version promote 1 --vdisk golden\n  \
                             ferry version list --vdisk golden --json")]
     Version(farm_objects::VersionArgs),
+    /// Run the target device agent: attach a vDisk from the servers, keep this machine's
+    /// writes in a write cache, and export the disk on a unix socket.
+    #[command(after_help = "Cache modes:\n  \
+        ram                RAM only (--ram); full -> writes fail with ENOSPC\n  \
+        ram-overflow       RAM, least recently used blocks moved to a file in --overflow DIR\n  \
+        disk               a file in --overflow DIR only\n  \
+        server             the server's cache for this --device, discarded on disconnect\n  \
+        server-persistent  the server's cache for this --device, kept\n  \
+        private            the vDisk itself (maintenance; one device)\n\n\
+        Examples:\n  ferry target --server 10.0.0.5,10.0.0.6 --vdisk golden --cache ram-overflow \\\n      \
+        --ram 2G --overflow /var/cache/ferry --export unix:/run/ferry/target.sock\n  \
+        qemu-system-x86_64 -drive file=nbd+unix:///?socket=/run/ferry/target.sock,format=raw\n  \
+        ferry target status --json\n  ferry target mark-booted")]
+    Target(target::Args),
 }
 
 /// Options every command sees.
@@ -159,7 +175,8 @@ fn main() -> ExitCode {
         }
     };
     // A server reports what it serves and when it stops: info unless --quiet.
-    let serving = matches!(cli.command, Command::Server(_));
+    let serving = matches!(cli.command, Command::Server(_))
+        || matches!(&cli.command, Command::Target(t) if t.command.is_none());
     let verbose = if serving && !cli.quiet {
         cli.verbose.max(1)
     } else {
@@ -177,6 +194,7 @@ fn main() -> ExitCode {
         Command::Collection(args) => farm_objects::collection(args),
         Command::Device(args) => farm_objects::device(args),
         Command::Version(args) => farm_objects::version(args),
+        Command::Target(args) => target::run(&args, global),
     };
     match result {
         Ok(code) => code,

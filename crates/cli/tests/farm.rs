@@ -297,6 +297,8 @@ fn schemathesis_finds_no_server_error() {
     };
     let f = Farm::start(None);
     populate(&f);
+    // schemathesis keeps a cache directory (.schemathesis) in its working directory.
+    let cwd = tempfile::tempdir().unwrap();
     let schema = format!("{}/api/v1/openapi.json", f.api);
     let out = Command::new(st)
         .args([
@@ -310,6 +312,7 @@ fn schemathesis_finds_no_server_error() {
         .args(["--max-examples", "30", "--seed", "1", "--no-color"])
         .args(["--header", &format!("Authorization: Bearer {}", f.token)])
         .env("SCHEMATHESIS_HOOKS", "")
+        .current_dir(cwd.path())
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

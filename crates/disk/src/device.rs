@@ -161,6 +161,77 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn warnings(&self) -> Vec<String> {
         Vec::new()
     }
+
+    /// [`BlockDevice::read_at`] if it can complete from memory without waiting on I/O or
+    /// on another thread's fill (a block-cache hit); `None` otherwise, and then nothing was
+    /// done: the caller makes the ordinary, possibly blocking call. Servers use it to answer
+    /// hits on the reactor thread instead of handing them to a blocking pool.
+    fn try_read_at(&self, _buf: &mut [u8], _offset: u64) -> Option<Result<()>> {
+        None
+    }
+
+    /// The bytes `[offset, offset+len)` as pieces of buffers the device already holds in
+    /// memory (a block cache's entries), without copying them, if every byte is there; `None`
+    /// otherwise (nothing was done). A server writes the pieces straight to its socket.
+    fn try_read_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<Piece>>> {
+        None
+    }
+
+    /// [`BlockDevice::write_at`] if it can complete in memory without blocking (a RAM write
+    /// cache with room); `None` otherwise, and then nothing was written.
+    fn try_write_at(&self, _buf: &[u8], _offset: u64) -> Option<Result<()>> {
+        None
+    }
+}
+
+/// An immutable buffer shared between a cache and the readers of its bytes.
+pub type SharedBuf = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// A part of a [`BlockDevice::try_read_shared`] answer.
+#[derive(Clone)]
+pub enum Piece {
+    /// `len` bytes of `buf` from `start`.
+    Shared {
+        /// The buffer.
+        buf: SharedBuf,
+        /// First byte in `buf`.
+        start: usize,
+        /// Length.
+        len: usize,
+    },
+    /// `len` zero bytes.
+    Zero(usize),
+}
+
+impl Piece {
+    /// The piece's length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Piece::Shared { len, .. } | Piece::Zero(len) => *len,
+        }
+    }
+
+    /// True for an empty piece.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes of a shared piece; `None` for zeros.
+    pub fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            Piece::Shared { buf, start, len } => Some(&(**buf).as_ref()[*start..*start + *len]),
+            Piece::Zero(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Piece {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Piece::Shared { start, len, .. } => write!(f, "Shared({start}+{len})"),
+            Piece::Zero(len) => write!(f, "Zero({len})"),
+        }
+    }
 }
 
 /// Checks that `[offset, offset+len)` lies inside a device of `size` bytes.

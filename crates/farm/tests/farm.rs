@@ -478,7 +478,33 @@ async fn unknown_device_is_refused_or_auto_added(t: TestFarm) {
     );
 }
 
+async fn pinned_production_device_boots_its_pinned_version(t: TestFarm) {
+    let fx = fixture(&t).await;
+    for n in 1..=2 {
+        t.farm.new_version(fx.vdisk, ADMIN).await.unwrap();
+        t.farm.promote(fx.vdisk, n, ADMIN).await.unwrap();
+        t.farm.promote(fx.vdisk, n, ADMIN).await.unwrap();
+    }
+    let d = add_device(&t, &fx, "aa:bb:cc:00:00:40", DeviceType::Production).await;
+    assert_eq!(login(&t, "aa:bb:cc:00:00:40").await.unwrap().version, 2);
+    let pin = DevicePatch {
+        pinned_version: Some(Some(1)),
+        ..DevicePatch::default()
+    };
+    t.farm.update_device(d, &pin, ADMIN).await.unwrap();
+    assert_eq!(login(&t, "aa:bb:cc:00:00:40").await.unwrap().version, 1);
+    // Pinning a version that does not exist is refused and keeps the old pin.
+    let bad = DevicePatch {
+        pinned_version: Some(Some(9)),
+        ..DevicePatch::default()
+    };
+    let e = t.farm.update_device(d, &bad, ADMIN).await.unwrap_err();
+    assert_eq!(e.kind(), Kind::NotFound);
+    assert_eq!(t.farm.device(d).await.unwrap().pinned_version, Some(1));
+}
+
 dual_tests!(
+    pinned_production_device_boots_its_pinned_version,
     init_twice_is_a_conflict,
     token_authenticates_by_secret_only,
     crud_and_audit,

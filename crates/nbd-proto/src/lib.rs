@@ -1,4 +1,4 @@
-//! Pure codec of the NBD protocol, server side: the fixed newstyle handshake, options and
+//! Pure codec of the NBD protocol, server and client side: the fixed newstyle handshake, options and
 //! their replies, transmission requests, simple and structured replies, and metadata
 //! context queries. Specified by `doc/proto.md` of github.com/NetworkBlockDevice/nbd.
 //!
@@ -15,10 +15,12 @@
 //! meta       meta context queries, base:allocation
 //! request    28-byte request header, check() for stream framing
 //! reply      simple reply, structured reply chunks
+//! client     the client's framing: option reply and reply headers, chunk payloads
 //! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs, clippy::cast_possible_truncation)]
 
+pub mod client;
 pub mod consts;
 pub mod handshake;
 pub mod meta;

@@ -302,7 +302,7 @@ fn parse_message(kind: u16, p: &mut Reader<'_>) -> Result<(u32, String), ReplyEr
     Ok((error, message))
 }
 
-fn parse_payload(kind: u16, data: &[u8]) -> Result<ChunkPayload, ReplyError> {
+pub(crate) fn parse_payload(kind: u16, data: &[u8]) -> Result<ChunkPayload, ReplyError> {
     let bad = |what| ReplyError::InvalidChunk { kind, what };
     let mut p = Reader::new(data);
     let payload = match kind {

@@ -241,6 +241,19 @@ struct Inner {
     /// Open write caches, for the bytes-on-disk gauge.
     write_caches: Mutex<HashMap<PathBuf, Weak<VhdxImage>>>,
     counters: Counters,
+    /// Resolves session-scoped export names (device login), when the server runs a farm.
+    sessions: Mutex<Option<Arc<dyn SessionResolver>>>,
+}
+
+/// Export names that start with this are session-scoped: granted by device login, and
+/// served only while the [`SessionResolver`] knows them.
+pub const SESSION_EXPORT_PREFIX: &str = "ferry-s-";
+
+/// Turns a session-scoped export name into the export it stands for (e.g. `NAME@3`,
+/// `NAME@3+DEVICE`, `NAME+private`). Implemented over the farm's session table.
+pub trait SessionResolver: Send + Sync + std::fmt::Debug {
+    /// The export a live session grants, or `None` (unknown or expired).
+    fn resolve(&self, export_name: &str) -> Option<String>;
 }
 
 /// The export registry. Cloning gives another handle to the same registry.
@@ -277,8 +290,15 @@ impl Registry {
                 uses: Mutex::default(),
                 write_caches: Mutex::default(),
                 counters: Counters::default(),
+                sessions: Mutex::default(),
             }),
         })
+    }
+
+    /// Serves session-scoped export names (`ferry-s-…`) through `resolver`. Without one,
+    /// such names are refused.
+    pub fn set_sessions(&self, resolver: Arc<dyn SessionResolver>) {
+        *lock(&self.inner.sessions) = Some(resolver);
     }
 
     /// The shared block cache.
@@ -417,6 +437,16 @@ impl Drop for Lease {
 
 impl Inner {
     fn open(self: &Arc<Self>, name: &str) -> Result<ExportHandle, OpenError> {
+        if name.starts_with(SESSION_EXPORT_PREFIX) {
+            let resolver = lock(&self.sessions).clone();
+            let real = resolver
+                .and_then(|r| r.resolve(name))
+                .ok_or_else(|| OpenError::NotFound("no live session of that name".into()))?;
+            if real.starts_with(SESSION_EXPORT_PREFIX) {
+                return Err(OpenError::Other("a session resolved to a session".into()));
+            }
+            return self.open(&real);
+        }
         let spec = parse_export_name(name).map_err(store_err)?;
         if spec.mode == Mode::Private {
             let res = self.store.resolve_version(&spec.vdisk, None);

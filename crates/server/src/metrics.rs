@@ -252,7 +252,7 @@ impl Metrics {
 }
 
 fn render_cache(out: &mut String, c: &BlockCacheStats) {
-    let counters: [(&'static str, &str, u64); 9] = [
+    let counters: [(&'static str, &str, u64); 11] = [
         (
             "ferry_cache_hits_total",
             "Block lookups served from the cache.",
@@ -297,6 +297,16 @@ fn render_cache(out: &mut String, c: &BlockCacheStats) {
             "ferry_cache_read_ahead_errors_total",
             "Read-ahead fills that failed.",
             c.read_ahead_errors,
+        ),
+        (
+            "ferry_cache_read_ahead_used_total",
+            "Prefetched blocks that a demand read later used.",
+            c.read_ahead_used,
+        ),
+        (
+            "ferry_cache_read_ahead_refused_total",
+            "Read-ahead jobs not issued because the chain's read-ahead was not paying off.",
+            c.read_ahead_refused,
         ),
     ];
     for (name, help, v) in counters {

@@ -435,3 +435,35 @@ fn stale_server_cache_files_are_swept_at_start_and_persistent_kept() {
     let _reg = fx.registry();
     assert_eq!((stale.exists(), kept.exists()), (false, true));
 }
+
+/// A session table of one grant, as the farm's device login fills it.
+#[derive(Debug)]
+struct OneSession(&'static str, &'static str);
+
+impl server::exports::SessionResolver for OneSession {
+    fn resolve(&self, export_name: &str) -> Option<String> {
+        (export_name == self.0).then(|| self.1.to_string())
+    }
+}
+
+#[test]
+fn session_exports_resolve_through_the_farm_and_only_while_granted() {
+    let fx = Fixture::new();
+    let reg = fx.registry();
+    let session = "ferry-s-0123456789abcdef0123456789abcdef";
+    // Without a resolver, a session name is refused (not taken for a vDisk's name).
+    assert!(is_not_found(reg.open(session)));
+    reg.set_sessions(Arc::new(OneSession(session, "golden@1")));
+    assert_eq!(
+        read_all(open(&reg, session).device.as_ref()),
+        fx.expected[1]
+    );
+    assert!(is_not_found(
+        reg.open("ferry-s-ffffffffffffffffffffffffffffffff")
+    ));
+    // A session granting a per-device write cache gives a writable export.
+    reg.set_sessions(Arc::new(OneSession(session, "golden@2+pc01")));
+    let h = open(&reg, session);
+    assert!(h.writable);
+    assert_eq!(read_all(h.device.as_ref()), fx.expected[2]);
+}

@@ -7,7 +7,8 @@
 //!               │  takes a slot            (global Semaphore        │
 //!               │  (+ payload bytes)        `max_blocking`)          ▼
 //!               │                                      mpsc (capacity = slots) ─► writer task
-//!               └─ early errors go straight to the mpsc                 └─► BufWriter ─► socket
+//!               ├─ early errors go straight to the mpsc                 └─► BufWriter ─► socket
+//!               └─ in-memory hits (`try_read_at`/`try_write_at`) ─► mpsc
 //! ```
 //!
 //! Invariants:
@@ -23,13 +24,18 @@
 //!   disk call has returned, so the end of the connection can wait for every disk call
 //!   (and then flush and release) without waiting for a client that will never read.
 //!
-//! The simpler design, a disk call inline in the reader, was rejected: it serializes a
-//! connection's requests and blocks the reactor.
+//! The simpler design, every disk call inline in the reader, was rejected: it serializes a
+//! connection's requests and blocks the reactor on store I/O. Only calls the device can
+//! finish in memory (a block-cache hit, a RAM write cache with room, up to
+//! `INLINE_MAX_BYTES`) run inline: handing those to the blocking pool cost two thread
+//! wake-ups per request, more CPU than the copy itself, and a boot storm is almost all
+//! hits.
 
 use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
+use disk::device::Piece;
 use disk::{BlockDevice, ExtentKind};
 use nbd_proto::reply::{Chunk, ChunkPayload, Descriptor, SimpleReply, encode_offset_data_header};
 use nbd_proto::{
@@ -47,6 +53,12 @@ use super::{MAX_BLOCK_STATUS_EXTENTS, MAX_BLOCK_STATUS_QUERY, MAX_PAYLOAD, to_nb
 const WRITE_BUFFER_BYTES: usize = 256 << 10;
 /// Bytes of the scratch buffer that discards an oversized write's payload.
 const DISCARD_BUFFER_BYTES: usize = 64 << 10;
+/// The largest read or write served on the connection's own task when the device can do it
+/// in memory (a copy of this size takes tens of microseconds; larger ones go to the pool
+/// so one client's big reads do not hold up the reactor).
+const INLINE_MAX_BYTES: u32 = 1 << 20;
+/// Shared reads of at least this many bytes skip the write buffer.
+const DIRECT_WRITE_BYTES: usize = 64 << 10;
 /// Bytes per step of `NBD_CMD_WRITE_ZEROES` with `NBD_CMD_FLAG_NO_HOLE` and of
 /// `NBD_CMD_CACHE`.
 const ZERO_STEP_BYTES: usize = 1 << 20;
@@ -68,6 +80,13 @@ enum Frame {
     Ok,
     /// Read data.
     Data { offset: u64, data: Vec<u8> },
+    /// Read data as pieces of the device's own buffers (a block cache's entries), written
+    /// to the socket without a copy into a reply buffer.
+    Shared {
+        offset: u64,
+        len: usize,
+        pieces: Vec<Piece>,
+    },
     /// A read that returned only zeros (structured replies only).
     Hole { offset: u64, len: u32 },
     /// Failure.
@@ -291,20 +310,71 @@ async fn admit<R: AsyncRead + Unpin>(
             .await
             .map_err(|_| End::WriterGone);
     }
+    let mut out = Outgoing {
+        cookie: req.cookie,
+        is_read,
+        frame: Frame::Ok,
+        _slot: slot,
+        _bytes: bytes,
+    };
+    let start = Instant::now();
+    if let Some(frame) = try_inline(&req, export, &mut payload) {
+        // Served from memory on this task: no hand-off to the blocking pool.
+        let ok = !matches!(frame, Frame::Error { .. });
+        ctx.metrics
+            .request(req.command.name(), u64::from(req.len), start.elapsed(), ok);
+        out.frame = frame;
+        return tx.send(out).await.map_err(|_| End::WriterGone);
+    }
     let job = Job {
         req,
         export: export.clone(),
         payload,
-        out: Outgoing {
-            cookie: req.cookie,
-            is_read,
-            frame: Frame::Ok,
-            _slot: slot,
-            _bytes: bytes,
-        },
+        out,
     };
     tokio::spawn(run_job(job, Arc::clone(ctx), tx.clone(), done.clone()));
     Ok(())
+}
+
+/// Serves a read or write that the device can complete in memory without blocking (a block
+/// cache hit, a RAM write cache with room), or returns `None` to send it to the blocking
+/// pool. A read's buffer is left in `payload` for the pool to reuse.
+fn try_inline(req: &Request, e: &Export, payload: &mut Vec<u8>) -> Option<Frame> {
+    let dev = e.device.as_ref();
+    match req.command {
+        Command::Read if req.len > 0 => {
+            if let Some(r) = dev.try_read_shared(req.offset, u64::from(req.len)) {
+                return Some(match r {
+                    Err(err) => disk_error(req, &err),
+                    Ok(pieces) if e.structured && pieces.iter().all(|p| p.bytes().is_none()) => {
+                        Frame::Hole {
+                            offset: req.offset,
+                            len: req.len,
+                        }
+                    }
+                    Ok(pieces) => Frame::Shared {
+                        offset: req.offset,
+                        len: req.len as usize,
+                        pieces,
+                    },
+                });
+            }
+            if req.len > INLINE_MAX_BYTES {
+                return None;
+            }
+            payload.resize(req.len as usize, 0);
+            let r = dev.try_read_at(payload, req.offset)?;
+            let data = std::mem::take(payload);
+            Some(read_frame(req, r, data, e.structured))
+        }
+        Command::Write if !req.flags.fua() && req.len <= INLINE_MAX_BYTES => {
+            match dev.try_write_at(payload, req.offset)? {
+                Ok(()) => Some(Frame::Ok),
+                Err(err) => Some(disk_error(req, &err)),
+            }
+        }
+        _ => None,
+    }
 }
 
 async fn discard<R: AsyncRead + Unpin>(reader: &mut R, mut left: u64) -> io::Result<()> {
@@ -430,7 +500,7 @@ async fn run_job(job: Job, ctx: Arc<ConnCtx>, tx: mpsc::Sender<Outgoing>, done: 
 fn execute(req: &Request, e: &Export, payload: Vec<u8>) -> Frame {
     let dev = e.device.as_ref();
     let r = match req.command {
-        Command::Read => return read(dev, req, e.structured),
+        Command::Read => return read(dev, req, e.structured, payload),
         Command::Write => dev.write_at(&payload, req.offset),
         Command::Flush => dev.flush(),
         Command::Trim => dev.trim(req.offset, u64::from(req.len)),
@@ -466,15 +536,21 @@ fn disk_error(req: &Request, err: &disk::Error) -> Frame {
     error(to_nbd_errno(err), err.to_string())
 }
 
-fn read(dev: &dyn BlockDevice, req: &Request, structured: bool) -> Frame {
+fn read(dev: &dyn BlockDevice, req: &Request, structured: bool, mut data: Vec<u8>) -> Frame {
     if req.len == 0 {
         return Frame::Ok;
     }
-    let mut data = vec![0u8; req.len as usize];
-    if let Err(err) = dev.read_at(&mut data, req.offset) {
+    data.resize(req.len as usize, 0);
+    let r = dev.read_at(&mut data, req.offset);
+    read_frame(req, r, data, structured)
+}
+
+/// The reply to a read of `data` whose outcome was `r`.
+fn read_frame(req: &Request, r: disk::Result<()>, data: Vec<u8>, structured: bool) -> Frame {
+    if let Err(err) = r {
         return disk_error(req, &err);
     }
-    if structured && data.iter().all(|&b| b == 0) {
+    if structured && is_zero(&data) {
         return Frame::Hole {
             offset: req.offset,
             len: req.len,
@@ -484,6 +560,12 @@ fn read(dev: &dyn BlockDevice, req: &Request, structured: bool) -> Frame {
         offset: req.offset,
         data,
     }
+}
+
+/// True when every byte is zero (chunked OR-folds vectorize; the early exit is per chunk).
+fn is_zero(b: &[u8]) -> bool {
+    b.chunks(512)
+        .all(|c| c.iter().fold(0u8, |acc, &x| acc | x) == 0)
 }
 
 fn write_zeros(dev: &dyn BlockDevice, req: &Request) -> disk::Result<()> {
@@ -568,6 +650,9 @@ async fn write_replies<W: AsyncWrite + Unpin>(
         if let Some(d) = data {
             w.write_all(d).await?;
         }
+        if let Frame::Shared { len, pieces, .. } = &out.frame {
+            write_pieces(&mut w, *len, pieces).await?;
+        }
         // Releases the request's slot and bytes.
         drop(out);
         if rx.is_empty() {
@@ -576,6 +661,61 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     }
     w.flush().await?;
     w.shutdown().await
+}
+
+/// Zeros for the zero pieces of a shared read.
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// Writes a shared read's pieces: small replies through the buffer (batched with others),
+/// large ones straight from the cache's buffers to the socket with vectored writes.
+async fn write_pieces<W: AsyncWrite + Unpin>(
+    w: &mut BufWriter<W>,
+    len: usize,
+    pieces: &[Piece],
+) -> io::Result<()> {
+    if len < DIRECT_WRITE_BYTES {
+        for p in pieces {
+            match p.bytes() {
+                Some(b) => w.write_all(b).await?,
+                None => write_zeros_to(w, p.len()).await?,
+            }
+        }
+        return Ok(());
+    }
+    w.flush().await?;
+    let sock = w.get_mut();
+    let mut slices: Vec<io::IoSlice<'_>> = Vec::with_capacity(pieces.len());
+    for p in pieces {
+        match p.bytes() {
+            Some(b) => slices.push(io::IoSlice::new(b)),
+            None => {
+                let mut left = p.len();
+                while left > 0 {
+                    let n = left.min(ZEROS.len());
+                    slices.push(io::IoSlice::new(&ZEROS[..n]));
+                    left -= n;
+                }
+            }
+        }
+    }
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = sock.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        io::IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}
+
+async fn write_zeros_to<W: AsyncWrite + Unpin>(w: &mut W, mut left: usize) -> io::Result<()> {
+    while left > 0 {
+        let n = left.min(ZEROS.len());
+        w.write_all(&ZEROS[..n]).await?;
+        left -= n;
+    }
+    Ok(())
 }
 
 /// Encodes a reply's header into `head`; returns the data to write after it, if any.
@@ -605,6 +745,13 @@ fn encode<'a>(out: &'a Outgoing, structured: bool, head: &mut Vec<u8>) -> Option
                 simple(0).encode(head);
             }
             return Some(data);
+        }
+        Frame::Shared { offset, len, .. } => {
+            if structured {
+                let _ = encode_offset_data_header(cookie, *offset, *len, true, head);
+            } else {
+                simple(0).encode(head);
+            }
         }
         Frame::Hole { offset, len } => put(
             chunk(ChunkPayload::OffsetHole {

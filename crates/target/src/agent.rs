@@ -1,0 +1,371 @@
+//! The agent: builds the stack (remote vDisk, write cache, counters), serves it on the
+//! export socket with `server::nbd`, answers the control socket, and stops on `shutdown`.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use disk::BlockDevice;
+use server::nbd::{ExportHandle, ExportInfo, ExportSource, NoMetrics, OpenError, ServerConfig};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use write_cache::{FileStore, OverflowStore, WriteCache};
+
+use crate::CacheMode;
+use crate::client::ClientError;
+use crate::control::REQUEST_BYTES_MAX;
+use crate::remote::{Remote, RemoteConfig, RemoteCounters, Replay};
+use crate::stats::{Boot, Counted, IoCounters, Sampler, Status};
+
+/// Most connections to the local export at once.
+const EXPORT_CONNECTIONS_MAX: usize = 64;
+/// How often the IOPS sampler runs.
+const SAMPLE_PERIOD: Duration = Duration::from_secs(1);
+
+/// Everything `ferry target` is told.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Servers, `host[:port]`, in failover order.
+    pub servers: Vec<String>,
+    /// The vDisk name.
+    pub vdisk: String,
+    /// This device's name (server cache modes).
+    pub device: String,
+    /// Cache mode.
+    pub mode: CacheMode,
+    /// RAM budget of `ram` and `ram-overflow`.
+    pub ram_bytes: u64,
+    /// Directory of the overflow file (`ram-overflow`, `disk`).
+    pub overflow_dir: Option<PathBuf>,
+    /// Most bytes of the overflow file.
+    pub overflow_bytes_max: u64,
+    /// Cache block in bytes.
+    pub block_bytes: u32,
+    /// The unix socket of the local export.
+    pub export_socket: PathBuf,
+    /// The unix socket of the control protocol.
+    pub control_socket: PathBuf,
+    /// Boot ends after this many bytes read, if set (else at `mark-booted`).
+    pub boot_bytes: Option<u64>,
+    /// Timeout of one connect and handshake.
+    pub connect_timeout: Duration,
+    /// Timeout of one request.
+    pub request_timeout: Duration,
+    /// How long a failover may look for a server.
+    pub failover_timeout: Duration,
+    /// Most bytes of writes kept for replay after a failover (server modes).
+    pub replay_bytes_max: u64,
+}
+
+impl AgentConfig {
+    /// A configuration with the documented defaults.
+    pub fn new(servers: Vec<String>, vdisk: &str, mode: CacheMode, export_socket: PathBuf) -> Self {
+        let control_socket = control_path_for(&export_socket);
+        AgentConfig {
+            servers,
+            vdisk: vdisk.to_string(),
+            device: "target".to_string(),
+            mode,
+            ram_bytes: 1 << 30,
+            overflow_dir: None,
+            overflow_bytes_max: 1 << 40,
+            block_bytes: write_cache::DEFAULT_BLOCK_BYTES,
+            export_socket,
+            control_socket,
+            boot_bytes: None,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+            failover_timeout: Duration::from_secs(60),
+            replay_bytes_max: 256 << 20,
+        }
+    }
+}
+
+/// The control socket of an export socket: `PATH.ctl`.
+pub fn control_path_for(export_socket: &Path) -> PathBuf {
+    let mut s = export_socket.as_os_str().to_owned();
+    s.push(".ctl");
+    PathBuf::from(s)
+}
+
+/// Why the agent could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// No server attached the export.
+    #[error("cannot attach the vDisk")]
+    Attach(#[source] ClientError),
+    /// The cache configuration is invalid.
+    #[error("invalid write cache")]
+    Cache(#[source] write_cache::ConfigError),
+    /// The mode needs `--overflow DIR`.
+    #[error("cache mode {0} needs an overflow directory")]
+    NoOverflowDir(&'static str),
+    /// The overflow file could not be created.
+    #[error("cannot create the overflow file in {}", dir.display())]
+    Overflow {
+        /// The directory.
+        dir: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server refused writes on a server-cache export.
+    #[error("the server attached {0:?} read-only")]
+    NotWritable(String),
+    /// A socket could not be bound.
+    #[error("cannot listen on {}", path.display())]
+    Listen {
+        /// The socket path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The running stack, shared by the export and the control socket.
+#[derive(Debug)]
+pub struct Agent {
+    cfg: AgentConfig,
+    export: String,
+    remote: Arc<Remote>,
+    remote_counters: Arc<RemoteCounters>,
+    cache: Option<Arc<WriteCache>>,
+    device: Arc<dyn BlockDevice>,
+    io: Arc<IoCounters>,
+    boot: Arc<Boot>,
+    sampler: Sampler,
+}
+
+impl Agent {
+    /// Attaches the vDisk and builds the stack (blocking: connects to servers).
+    ///
+    /// # Errors
+    /// [`AgentError`].
+    pub fn build(cfg: AgentConfig) -> Result<Agent, AgentError> {
+        let export = cfg.mode.export_name(&cfg.vdisk, &cfg.device);
+        let replay = match cfg.mode {
+            CacheMode::Server => Replay::All,
+            CacheMode::ServerPersistent | CacheMode::Private => Replay::UntilFlush,
+            _ => Replay::None,
+        };
+        let remote = Arc::new(
+            Remote::connect(RemoteConfig {
+                servers: cfg.servers.clone(),
+                export: export.clone(),
+                connect_timeout: cfg.connect_timeout,
+                request_timeout: cfg.request_timeout,
+                failover_timeout: cfg.failover_timeout,
+                replay,
+                replay_bytes_max: cfg.replay_bytes_max,
+            })
+            .map_err(AgentError::Attach)?,
+        );
+        let cache = match cfg.mode.local() {
+            Some(mode) => Some(Arc::new(make_cache(&cfg, mode, &remote)?)),
+            None if !remote.can_write() => return Err(AgentError::NotWritable(export)),
+            None => None,
+        };
+        let top: Arc<dyn BlockDevice> = match &cache {
+            Some(c) => Arc::clone(c) as Arc<dyn BlockDevice>,
+            None => Arc::clone(&remote) as Arc<dyn BlockDevice>,
+        };
+        let io = Arc::new(IoCounters::default());
+        let boot = Arc::new(Boot::new(cfg.boot_bytes));
+        let device = Arc::new(Counted::new(top, Arc::clone(&io), Arc::clone(&boot)));
+        Ok(Agent {
+            sampler: Sampler::new(&io),
+            remote_counters: remote.counters(),
+            export,
+            remote,
+            cache,
+            device,
+            io,
+            boot,
+            cfg,
+        })
+    }
+
+    /// The status report.
+    pub fn status(&self) -> Status {
+        let u = self.cache.as_ref().map(|c| c.usage()).unwrap_or_default();
+        let r = self.sampler.rates();
+        let io = &self.io;
+        let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        Status {
+            server: self.remote.server(),
+            servers: self.cfg.servers.clone(),
+            vdisk: self.cfg.vdisk.clone(),
+            export: self.export.clone(),
+            version: self.remote.description().to_string(),
+            size_bytes: self.device.size(),
+            cache_mode: self.cfg.mode.name().to_string(),
+            cache_block_bytes: u.block_bytes,
+            ram_bytes: u.ram_bytes,
+            ram_bytes_max: u.ram_bytes_max,
+            overflow_bytes: u.overflow_bytes,
+            overflow_bytes_max: u.overflow_bytes_max,
+            evictions: u.evictions,
+            enospc: u.enospc,
+            bytes_read: ld(&io.bytes_read),
+            bytes_written: ld(&io.bytes_written),
+            reads: ld(&io.reads),
+            writes: ld(&io.writes),
+            read_iops: r.read_iops,
+            write_iops: r.write_iops,
+            errors: ld(&io.errors),
+            retries: ld(&self.remote_counters.retries),
+            failovers: ld(&self.remote_counters.failovers),
+            uptime_s: self.boot.uptime().as_secs_f64(),
+            boot_time_s: self.boot.time().map(|t| t.as_secs_f64()),
+        }
+    }
+
+    /// Ends the boot clock (`ferry target mark-booted`).
+    pub fn mark_booted(&self) -> Duration {
+        self.boot.mark()
+    }
+}
+
+fn make_cache(
+    cfg: &AgentConfig,
+    mode: write_cache::Mode,
+    remote: &Arc<Remote>,
+) -> Result<WriteCache, AgentError> {
+    let store: Option<Arc<dyn OverflowStore>> = match mode {
+        write_cache::Mode::Ram => None,
+        _ => {
+            let dir = cfg
+                .overflow_dir
+                .as_ref()
+                .ok_or(AgentError::NoOverflowDir(cfg.mode.name()))?;
+            let store = FileStore::create_in(dir).map_err(|source| AgentError::Overflow {
+                dir: dir.clone(),
+                source,
+            })?;
+            Some(Arc::new(store))
+        }
+    };
+    let config = write_cache::Config {
+        mode,
+        block_bytes: cfg.block_bytes,
+        ram_bytes_max: cfg.ram_bytes,
+        overflow_bytes_max: cfg.overflow_bytes_max,
+    };
+    let next = Arc::clone(remote) as Arc<dyn BlockDevice>;
+    WriteCache::new(next, config, store).map_err(AgentError::Cache)
+}
+
+/// The one export of the agent: any name ("" or the vDisk's) opens the stack.
+struct TargetSource {
+    agent: Arc<Agent>,
+}
+
+impl ExportSource for TargetSource {
+    fn list(&self) -> Vec<ExportInfo> {
+        vec![ExportInfo {
+            name: self.agent.cfg.vdisk.clone(),
+            description: format!(
+                "{} with a {} write cache",
+                self.agent.cfg.vdisk,
+                self.agent.cfg.mode.name()
+            ),
+            size: self.agent.device.size(),
+        }]
+    }
+
+    fn open(&self, name: &str) -> Result<ExportHandle, OpenError> {
+        if !name.is_empty() && name != self.agent.cfg.vdisk {
+            return Err(OpenError::NotFound(name.to_string()));
+        }
+        Ok(ExportHandle {
+            device: Arc::clone(&self.agent.device),
+            writable: true,
+            release: None,
+        })
+    }
+}
+
+/// Attaches, serves the export and the control socket until `shutdown` completes.
+///
+/// # Errors
+/// [`AgentError`].
+pub async fn run(cfg: AgentConfig, shutdown: impl Future) -> Result<(), AgentError> {
+    let agent = tokio::task::spawn_blocking(move || Agent::build(cfg))
+        .await
+        .expect("building the agent does not panic")?;
+    let agent = Arc::new(agent);
+    let control_path = agent.cfg.control_socket.clone();
+    let _ = std::fs::remove_file(&control_path);
+    let control = UnixListener::bind(&control_path).map_err(|source| AgentError::Listen {
+        path: control_path.clone(),
+        source,
+    })?;
+    let control_task = tokio::spawn(serve_control(control, Arc::clone(&agent)));
+    let sampler_agent = Arc::clone(&agent);
+    let sampler_task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(SAMPLE_PERIOD);
+        loop {
+            tick.tick().await;
+            sampler_agent
+                .sampler
+                .sample(&sampler_agent.io, Instant::now());
+        }
+    });
+    let config = ServerConfig {
+        nbd_listen: None,
+        nbd_socket: Some(agent.cfg.export_socket.clone()),
+        max_connections: EXPORT_CONNECTIONS_MAX,
+        ..ServerConfig::default()
+    };
+    let source = Arc::new(TargetSource {
+        agent: Arc::clone(&agent),
+    });
+    tracing::info!(export = %agent.cfg.export_socket.display(), mode = agent.cfg.mode.name(),
+        server = %agent.remote.server(), "serving the vDisk");
+    let r = server::nbd::run(config, source, Arc::new(NoMetrics), shutdown).await;
+    control_task.abort();
+    sampler_task.abort();
+    let _ = std::fs::remove_file(&control_path);
+    r.map_err(|source| AgentError::Listen {
+        path: agent.cfg.export_socket.clone(),
+        source,
+    })
+}
+
+async fn serve_control(listener: UnixListener, agent: Arc<Agent>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(answer(stream, Arc::clone(&agent)));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "control socket accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn answer(stream: UnixStream, agent: Arc<Agent>) {
+    let (r, mut w) = stream.into_split();
+    let mut line = String::new();
+    let mut r = BufReader::new(r.take(REQUEST_BYTES_MAX as u64));
+    if r.read_line(&mut line).await.is_err() {
+        return;
+    }
+    let reply = match line.trim() {
+        "status" => serde_json::to_value(agent.status()).unwrap_or_default(),
+        "mark-booted" => {
+            let t = agent.mark_booted();
+            tracing::info!(boot_time = ?t, "marked booted");
+            serde_json::json!({ "boot_time_s": t.as_secs_f64() })
+        }
+        other => serde_json::json!({ "error": format!("unknown command {other:?}") }),
+    };
+    let mut text = reply.to_string();
+    text.push('\n');
+    let _ = w.write_all(text.as_bytes()).await;
+}

@@ -1,0 +1,560 @@
+//! One NBD connection to a server, client side: the fixed newstyle handshake with
+//! structured replies, then pipelined requests over the one socket with replies matched by
+//! cookie.
+//!
+//! # Design notes
+//!
+//! ```text
+//!  caller threads ──(register cookie in `pending`)──► writer Mutex ─► socket
+//!                  ◄── per-request channel ◄── reader thread ◄──────── socket
+//! ```
+//!
+//! Any number of callers (the local export's blocking pool) send requests; each waits on
+//! its own channel. One reader thread reads replies in the order the server sends them and
+//! completes the matching request: simple replies, or structured chunks assembled into the
+//! request's buffer (data and holes at their offsets, errors kept) until the chunk flagged
+//! DONE. When the socket fails, the reader marks the connection dead under the `pending`
+//! lock and fails every waiting request with [`ClientError::Disconnected`]; a request
+//! registered afterwards sees the flag under the same lock, so none waits forever. Every
+//! request also has a timeout, after which the connection is shut down (a server that
+//! stops answering counts as lost).
+//!
+//! Sync threads rather than tokio: the caller is `BlockDevice`, a sync trait called on a
+//! blocking pool, and a thread parked on a channel costs nothing while the reply travels.
+
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{RecvTimeoutError, SyncSender, sync_channel};
+use std::time::Duration;
+
+use nbd_proto::client::{
+    MAX_CHUNK_META_LEN, OFFSET_DATA_PREFIX_LEN, OptionReplyHeader, REPLY_PREFIX_LEN, ReplyHeader,
+    parse_chunk_payload,
+};
+use nbd_proto::option::OptionReply;
+use nbd_proto::reply::ChunkPayload;
+use nbd_proto::{
+    ClientFlags, ClientOption, Command, CommandFlags, Info, InfoRequest, NBD_FLAG_NO_ZEROES,
+    NBD_INFO_BLOCK_SIZE, NBD_INFO_DESCRIPTION, NBD_OPT_GO, NBD_OPT_STRUCTURED_REPLY,
+    NBD_REPLY_TYPE_OFFSET_DATA, Request, ServerGreeting,
+};
+use parking_lot::Mutex;
+
+/// The most option replies one `NBD_OPT_GO` may produce before the client gives up.
+const GO_REPLIES_MAX: usize = 64;
+/// Bytes of the socket's read buffer.
+const READ_BUFFER_BYTES: usize = 256 << 10;
+/// Bytes of the socket's write buffer.
+const WRITE_BUFFER_BYTES: usize = 256 << 10;
+
+/// Why a request or a connection failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// The connection is gone (reset, closed, timed out): try another server.
+    #[error("connection to {0} lost")]
+    Disconnected(String),
+    /// Connecting or the handshake failed.
+    #[error("cannot attach {export:?} from {server}: {reason}")]
+    Handshake {
+        /// The server.
+        server: String,
+        /// The export.
+        export: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The server broke the protocol; the connection is closed.
+    #[error("protocol error from {server}: {what}")]
+    Protocol {
+        /// The server.
+        server: String,
+        /// What.
+        what: String,
+    },
+    /// The server answered the request with an error.
+    #[error("server error {errno}: {message}")]
+    Server {
+        /// `NBD_E*`.
+        errno: u32,
+        /// The server's message, if it sent one.
+        message: String,
+    },
+}
+
+impl ClientError {
+    /// True when the request may succeed on another connection.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Disconnected(_)
+                | ClientError::Handshake { .. }
+                | ClientError::Protocol { .. }
+        )
+    }
+}
+
+/// What the server said about the export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportInfo {
+    /// Size in bytes.
+    pub size: u64,
+    /// Transmission flags (`NBD_FLAG_*`).
+    pub flags: u16,
+    /// `NBD_INFO_DESCRIPTION`, or empty.
+    pub description: String,
+}
+
+type Completion = Result<Vec<u8>, ClientError>;
+
+/// A request waiting for its reply.
+#[derive(Debug)]
+struct Pending {
+    tx: SyncSender<Completion>,
+    offset: u64,
+    /// The read's data (zeros until chunks fill it), empty for other commands.
+    buf: Vec<u8>,
+    error: Option<(u32, String)>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// Requests in flight by cookie; `dead` is set under this lock.
+    pending: Mutex<HashMap<u64, Pending>>,
+    dead: AtomicBool,
+}
+
+/// A connected, negotiated NBD client connection.
+#[derive(Debug)]
+pub struct Connection {
+    server: String,
+    socket: TcpStream,
+    writer: Mutex<BufWriter<TcpStream>>,
+    shared: Arc<Shared>,
+    next_cookie: AtomicU64,
+    timeout: Duration,
+    /// The export as negotiated.
+    pub info: ExportInfo,
+}
+
+fn hs(server: &str, export: &str, reason: impl std::fmt::Display) -> ClientError {
+    ClientError::Handshake {
+        server: server.to_string(),
+        export: export.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+impl Connection {
+    /// Connects to `server` (`host[:port]`, port 10809 by default), negotiates structured
+    /// replies and opens `export` with `NBD_OPT_GO`.
+    ///
+    /// # Errors
+    /// [`ClientError::Handshake`].
+    pub fn connect(
+        server: &str,
+        export: &str,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+    ) -> Result<Connection, ClientError> {
+        let err = |r: &dyn std::fmt::Display| hs(server, export, r);
+        let addr = with_default_port(server);
+        let sa = addr
+            .to_socket_addrs()
+            .map_err(|e| err(&e))?
+            .next()
+            .ok_or_else(|| err(&"no address"))?;
+        let socket = TcpStream::connect_timeout(&sa, connect_timeout).map_err(|e| err(&e))?;
+        socket.set_nodelay(true).map_err(|e| err(&e))?;
+        socket
+            .set_read_timeout(Some(request_timeout))
+            .map_err(|e| err(&e))?;
+        let mut s = socket.try_clone().map_err(|e| err(&e))?;
+        let info = negotiate(&mut s, export).map_err(|e| err(&e))?;
+        // Transmission: the reader thread blocks without a timeout; requests time out.
+        socket.set_read_timeout(None).map_err(|e| err(&e))?;
+        let shared = Arc::new(Shared::default());
+        let reader =
+            BufReader::with_capacity(READ_BUFFER_BYTES, socket.try_clone().map_err(|e| err(&e))?);
+        let writer =
+            BufWriter::with_capacity(WRITE_BUFFER_BYTES, socket.try_clone().map_err(|e| err(&e))?);
+        let sh = Arc::clone(&shared);
+        let name = server.to_string();
+        std::thread::Builder::new()
+            .name("nbd-client-reader".into())
+            .spawn(move || read_replies(reader, &sh, &name))
+            .map_err(|e| err(&e))?;
+        Ok(Connection {
+            server: server.to_string(),
+            socket,
+            writer: Mutex::new(writer),
+            shared,
+            next_cookie: AtomicU64::new(1),
+            timeout: request_timeout,
+            info,
+        })
+    }
+
+    /// The server this connection goes to.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// True once the connection failed.
+    pub fn is_dead(&self) -> bool {
+        self.shared.dead.load(Ordering::Acquire)
+    }
+
+    /// Closes the socket; waiting requests fail with `Disconnected`.
+    pub fn kill(&self) {
+        let _ = self.socket.shutdown(Shutdown::Both);
+    }
+
+    /// Reads `buf.len()` bytes at `offset`.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), ClientError> {
+        let len = u32::try_from(buf.len()).map_err(|_| ClientError::Protocol {
+            server: self.server.clone(),
+            what: "read over 4 GiB".into(),
+        })?;
+        let data = self.request(Command::Read, offset, len, None)?;
+        buf.copy_from_slice(&data);
+        Ok(())
+    }
+
+    /// Writes `buf` at `offset`.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub fn write(&self, buf: &[u8], offset: u64) -> Result<(), ClientError> {
+        let len = u32::try_from(buf.len()).map_err(|_| ClientError::Protocol {
+            server: self.server.clone(),
+            what: "write over 4 GiB".into(),
+        })?;
+        self.request(Command::Write, offset, len, Some(buf))
+            .map(drop)
+    }
+
+    /// `NBD_CMD_FLUSH`.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub fn flush(&self) -> Result<(), ClientError> {
+        self.request(Command::Flush, 0, 0, None).map(drop)
+    }
+
+    /// `NBD_CMD_TRIM`.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub fn trim(&self, offset: u64, len: u32) -> Result<(), ClientError> {
+        self.request(Command::Trim, offset, len, None).map(drop)
+    }
+
+    /// `NBD_CMD_WRITE_ZEROES`.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub fn write_zeroes(&self, offset: u64, len: u32) -> Result<(), ClientError> {
+        self.request(Command::WriteZeroes, offset, len, None)
+            .map(drop)
+    }
+
+    fn lost(&self) -> ClientError {
+        ClientError::Disconnected(self.server.clone())
+    }
+
+    fn request(
+        &self,
+        command: Command,
+        offset: u64,
+        len: u32,
+        payload: Option<&[u8]>,
+    ) -> Result<Vec<u8>, ClientError> {
+        let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = sync_channel(1);
+        {
+            let mut pending = self.shared.pending.lock();
+            if self.is_dead() {
+                return Err(self.lost());
+            }
+            let buf = if command == Command::Read {
+                vec![0u8; len as usize]
+            } else {
+                Vec::new()
+            };
+            pending.insert(
+                cookie,
+                Pending {
+                    tx,
+                    offset,
+                    buf,
+                    error: None,
+                },
+            );
+        }
+        let mut head = Vec::with_capacity(nbd_proto::REQUEST_LEN);
+        Request {
+            flags: CommandFlags(0),
+            command,
+            cookie,
+            offset,
+            len,
+        }
+        .encode(&mut head);
+        let sent = {
+            let mut w = self.writer.lock();
+            w.write_all(&head)
+                .and_then(|()| payload.map_or(Ok(()), |p| w.write_all(p)))
+                .and_then(|()| w.flush())
+        };
+        if sent.is_err() {
+            self.shared.pending.lock().remove(&cookie);
+            self.kill();
+            return Err(self.lost());
+        }
+        match rx.recv_timeout(self.timeout) {
+            Ok(r) => r,
+            Err(RecvTimeoutError::Timeout) => {
+                tracing::warn!(server = %self.server, timeout = ?self.timeout,
+                    "request timed out; dropping the connection");
+                self.kill();
+                Err(self.lost())
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(self.lost()),
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `host` → `host:10809`; `host:port` and `[v6]:port` unchanged.
+pub fn with_default_port(server: &str) -> String {
+    let has_port = match server.rsplit_once(':') {
+        Some((host, port)) => {
+            port.parse::<u16>().is_ok() && (!host.contains(':') || host.ends_with(']'))
+        }
+        None => false,
+    };
+    if has_port {
+        server.to_string()
+    } else {
+        format!("{server}:10809")
+    }
+}
+
+fn io<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+fn read_option_reply(s: &mut TcpStream) -> Result<(u32, OptionReply), String> {
+    let mut msg = vec![0u8; nbd_proto::option::OPTION_REPLY_HEADER_LEN];
+    s.read_exact(&mut msg).map_err(io("read option reply"))?;
+    let h = OptionReplyHeader::parse(&msg).map_err(io("option reply"))?;
+    msg.resize(h.message_len(), 0);
+    s.read_exact(&mut msg[nbd_proto::option::OPTION_REPLY_HEADER_LEN..])
+        .map_err(io("read option reply"))?;
+    OptionReply::parse(&msg).map_err(io("option reply"))
+}
+
+fn negotiate(s: &mut TcpStream, export: &str) -> Result<ExportInfo, String> {
+    let mut greeting = [0u8; nbd_proto::handshake::GREETING_LEN];
+    s.read_exact(&mut greeting).map_err(io("read greeting"))?;
+    let g = ServerGreeting::parse(&greeting).map_err(io("greeting"))?;
+    let mut out = Vec::new();
+    ClientFlags {
+        fixed_newstyle: true,
+        no_zeroes: g.handshake_flags & NBD_FLAG_NO_ZEROES != 0,
+    }
+    .encode(&mut out);
+    ClientOption::StructuredReply.encode(&mut out);
+    s.write_all(&out).map_err(io("send options"))?;
+    match read_option_reply(s)? {
+        (NBD_OPT_STRUCTURED_REPLY, OptionReply::Ack) => {}
+        (_, other) => return Err(format!("structured replies refused: {other:?}")),
+    }
+    out.clear();
+    ClientOption::Go(InfoRequest {
+        name: export.to_string(),
+        requests: vec![NBD_INFO_BLOCK_SIZE, NBD_INFO_DESCRIPTION],
+    })
+    .encode(&mut out);
+    s.write_all(&out).map_err(io("send NBD_OPT_GO"))?;
+    let (mut size, mut flags, mut description) = (None, 0u16, String::new());
+    for _ in 0..GO_REPLIES_MAX {
+        match read_option_reply(s)? {
+            (
+                NBD_OPT_GO,
+                OptionReply::Info(Info::Export {
+                    size: sz,
+                    transmission_flags,
+                }),
+            ) => {
+                size = Some(sz);
+                flags = transmission_flags;
+            }
+            (NBD_OPT_GO, OptionReply::Info(Info::Description(d))) => description = d,
+            (NBD_OPT_GO, OptionReply::Info(_)) => {}
+            (NBD_OPT_GO, OptionReply::Ack) => {
+                let size = size.ok_or("no NBD_INFO_EXPORT before the ACK")?;
+                return Ok(ExportInfo {
+                    size,
+                    flags,
+                    description,
+                });
+            }
+            (NBD_OPT_GO, OptionReply::Error { code, message }) => {
+                return Err(format!("refused ({code:#x}): {message}"));
+            }
+            (opt, r) => return Err(format!("unexpected reply to option {opt}: {r:?}")),
+        }
+    }
+    Err("too many replies to NBD_OPT_GO".into())
+}
+
+/// The reader thread: completes requests until the socket fails, then fails the rest.
+fn read_replies(mut r: BufReader<TcpStream>, shared: &Shared, server: &str) {
+    let why = match read_loop(&mut r, shared) {
+        Ok(()) => "closed by the server".to_string(),
+        Err(e) => e,
+    };
+    let mut pending = shared.pending.lock();
+    shared.dead.store(true, Ordering::Release);
+    if !pending.is_empty() {
+        tracing::warn!(%server, in_flight = pending.len(), reason = %why, "NBD connection lost");
+    } else {
+        tracing::info!(%server, reason = %why, "NBD connection closed");
+    }
+    for (_, p) in pending.drain() {
+        let _ =
+            p.tx.send(Err(ClientError::Disconnected(server.to_string())));
+    }
+}
+
+fn take(shared: &Shared, cookie: u64) -> Result<Pending, String> {
+    shared
+        .pending
+        .lock()
+        .remove(&cookie)
+        .ok_or_else(|| format!("reply for unknown cookie {cookie}"))
+}
+
+fn complete(p: Pending) {
+    let r = match p.error {
+        Some((errno, message)) => Err(ClientError::Server { errno, message }),
+        None => Ok(p.buf),
+    };
+    let _ = p.tx.send(r);
+}
+
+fn read_loop(r: &mut BufReader<TcpStream>, shared: &Shared) -> Result<(), String> {
+    let mut head = [0u8; 20];
+    let mut meta = Vec::new();
+    loop {
+        match r.read_exact(&mut head[..REPLY_PREFIX_LEN]) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        }
+        let header = match ReplyHeader::parse(&head[..REPLY_PREFIX_LEN]) {
+            Ok((h, _)) => h,
+            Err(nbd_proto::ReplyError::Truncated { need }) => {
+                r.read_exact(&mut head[REPLY_PREFIX_LEN..REPLY_PREFIX_LEN + need])
+                    .map_err(io("read reply"))?;
+                ReplyHeader::parse(&head[..REPLY_PREFIX_LEN + need])
+                    .map_err(io("reply"))?
+                    .0
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        match header {
+            ReplyHeader::Simple { error, cookie } => {
+                let mut p = take(shared, cookie)?;
+                if error == 0 {
+                    r.read_exact(&mut p.buf).map_err(io("read data"))?;
+                } else {
+                    p.buf.clear();
+                    p.error = Some((error, String::new()));
+                }
+                complete(p);
+            }
+            ReplyHeader::Chunk {
+                done,
+                kind,
+                cookie,
+                len,
+            } => {
+                let mut p = take(shared, cookie)?;
+                if kind == NBD_REPLY_TYPE_OFFSET_DATA {
+                    let mut off = [0u8; OFFSET_DATA_PREFIX_LEN];
+                    r.read_exact(&mut off).map_err(io("read chunk"))?;
+                    let at = u64::from_be_bytes(off);
+                    let n = len as usize - OFFSET_DATA_PREFIX_LEN;
+                    let dst = range(&p, at, n as u64)?;
+                    r.read_exact(&mut p.buf[dst]).map_err(io("read data"))?;
+                } else {
+                    debug_assert!(len <= MAX_CHUNK_META_LEN, "checked by the codec");
+                    meta.resize(len as usize, 0);
+                    r.read_exact(&mut meta).map_err(io("read chunk"))?;
+                    match parse_chunk_payload(kind, &meta).map_err(io("chunk"))? {
+                        ChunkPayload::OffsetHole { offset, len } => {
+                            let dst = range(&p, offset, u64::from(len))?;
+                            p.buf[dst].fill(0);
+                        }
+                        ChunkPayload::Error { error, message }
+                        | ChunkPayload::ErrorOffset { error, message, .. } => {
+                            p.error = Some((error, message));
+                        }
+                        _ => {}
+                    }
+                }
+                if done {
+                    complete(p);
+                } else {
+                    shared.pending.lock().insert(cookie, p);
+                }
+            }
+        }
+    }
+}
+
+/// The part of a read's buffer a chunk covers, checked against the request.
+fn range(p: &Pending, at: u64, len: u64) -> Result<std::ops::Range<usize>, String> {
+    let rel = at
+        .checked_sub(p.offset)
+        .filter(|rel| {
+            rel.checked_add(len)
+                .is_some_and(|e| e <= p.buf.len() as u64)
+        })
+        .ok_or_else(|| format!("chunk {at:#x}+{len:#x} outside its request"))?;
+    // Inside the buffer, so it fits usize.
+    Ok(rel as usize..(rel + len) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_gets_the_default_port() {
+        assert_eq!(with_default_port("10.0.0.1"), "10.0.0.1:10809");
+    }
+
+    #[test]
+    fn host_with_port_is_kept() {
+        assert_eq!(with_default_port("srv:1234"), "srv:1234");
+    }
+
+    #[test]
+    fn bracketed_v6_with_port_is_kept() {
+        assert_eq!(with_default_port("[::1]:99"), "[::1]:99");
+    }
+}

@@ -1,0 +1,477 @@
+//! The vDisk as the servers serve it: a [`BlockDevice`] over one NBD [`Connection`] at a
+//! time, which moves to the next server of the list when the current one is lost.
+//!
+//! # Design notes
+//!
+//! A request that fails with a transient error (connection reset or closed, timeout,
+//! protocol error) is retried, after a *failover*: the first caller to notice takes the
+//! `active` write lock, closes the dead connection and tries the servers in order after the
+//! failed one, for at most `failover_timeout`. Other callers wait on the same lock and then
+//! retry on the new connection; at most [`RETRIES_MAX`] times per request.
+//!
+//! Writes survive a failover through a *replay log*: every acknowledged write, trim and
+//! zeroing is kept (a copy of the data) until it is known to be on stable storage, and on
+//! a new connection the log is replayed, in acknowledgement order, before any other
+//! request runs. How long entries stay depends on where the server keeps the writes:
+//!
+//! ```text
+//!  Replay::UntilFlush  server-persistent, private: the server's file is shared storage
+//!                      and a flush makes writes durable there; entries acknowledged
+//!                      before a successful flush was sent are dropped when it completes.
+//!                      Past `replay_bytes_max` the log flushes on its own.
+//!  Replay::All         server: the server discards the cache when the connection goes, so
+//!                      every write since attach is kept, up to `replay_bytes_max`; past
+//!                      that the log is dropped, and a later failover fails (EIO) rather
+//!                      than silently lose writes (fail-stop).
+//!  Replay::None        read-only exports (the local cache modes)
+//! ```
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use disk::device::{Geometry, check_bounds};
+use disk::{BlockDevice, Error, ErrorKind, Result};
+use nbd_proto::{
+    NBD_EINVAL, NBD_ENOSPC, NBD_EPERM, NBD_FLAG_READ_ONLY, NBD_FLAG_SEND_TRIM,
+    NBD_FLAG_SEND_WRITE_ZEROES,
+};
+use parking_lot::{Mutex, RwLock};
+
+use crate::client::{ClientError, Connection};
+
+/// Attempts of one request (each after a failover) before it fails with EIO.
+pub const RETRIES_MAX: u32 = 8;
+/// The longest single NBD request the device sends; longer calls are split.
+const REQUEST_BYTES_MAX: usize = 8 << 20;
+/// Pause between two rounds over the server list.
+const ROUND_PAUSE: Duration = Duration::from_millis(200);
+
+/// How long acknowledged writes are kept for replay after a failover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// Nothing is written (read-only export).
+    None,
+    /// Until a flush acknowledged by the server covers them.
+    UntilFlush,
+    /// Since attach (the server discards its cache when the connection goes).
+    All,
+}
+
+/// Settings of a [`Remote`].
+#[derive(Debug, Clone)]
+pub struct RemoteConfig {
+    /// Servers, `host[:port]`, in failover order.
+    pub servers: Vec<String>,
+    /// The export name to attach.
+    pub export: String,
+    /// Timeout of one TCP connect and handshake.
+    pub connect_timeout: Duration,
+    /// Timeout of one request; past it the server counts as lost.
+    pub request_timeout: Duration,
+    /// How long one failover may try servers before the request fails.
+    pub failover_timeout: Duration,
+    /// Replay policy.
+    pub replay: Replay,
+    /// Most bytes of write data the replay log holds.
+    pub replay_bytes_max: u64,
+}
+
+/// Failover counters.
+#[derive(Debug, Default)]
+pub struct RemoteCounters {
+    /// Requests retried after a transient failure.
+    pub retries: AtomicU64,
+    /// Moves to another connection.
+    pub failovers: AtomicU64,
+    /// Log entries replayed on new connections.
+    pub replayed: AtomicU64,
+}
+
+#[derive(Debug)]
+enum Op {
+    Write { offset: u64, data: Vec<u8> },
+    Trim { offset: u64, len: u32 },
+    Zero { offset: u64, len: u32 },
+}
+
+#[derive(Debug, Default)]
+struct Log {
+    entries: VecDeque<(u64, Op)>,
+    next_seq: u64,
+    bytes: u64,
+    /// The log overflowed in `Replay::All`: a failover can no longer restore every write.
+    incomplete: bool,
+}
+
+#[derive(Debug)]
+struct Active {
+    conn: Arc<Connection>,
+    index: usize,
+}
+
+/// The remote vDisk with failover (see the module docs).
+#[derive(Debug)]
+pub struct Remote {
+    cfg: RemoteConfig,
+    active: RwLock<Active>,
+    size: u64,
+    flags: u16,
+    description: String,
+    log: Mutex<Log>,
+    counters: Arc<RemoteCounters>,
+}
+
+impl Remote {
+    /// Attaches the export from the first server that serves it.
+    ///
+    /// # Errors
+    /// Every server refused or failed (the last error).
+    pub fn connect(cfg: RemoteConfig) -> std::result::Result<Remote, ClientError> {
+        let mut last = None;
+        for (index, server) in cfg.servers.iter().enumerate() {
+            match Connection::connect(
+                server,
+                &cfg.export,
+                cfg.connect_timeout,
+                cfg.request_timeout,
+            ) {
+                Ok(conn) => {
+                    let info = conn.info.clone();
+                    tracing::info!(%server, export = %cfg.export, size = info.size,
+                        description = %info.description, "attached");
+                    return Ok(Remote {
+                        active: RwLock::new(Active {
+                            conn: Arc::new(conn),
+                            index,
+                        }),
+                        size: info.size,
+                        flags: info.flags,
+                        description: info.description,
+                        log: Mutex::new(Log::default()),
+                        counters: Arc::default(),
+                        cfg,
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(%server, error = %e, "server unavailable");
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Disconnected("no server given".into())))
+    }
+
+    /// The server in use.
+    pub fn server(&self) -> String {
+        self.active.read().conn.server().to_string()
+    }
+
+    /// The export's description as the server gave it (vDisk and version).
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// The failover counters.
+    pub fn counters(&self) -> Arc<RemoteCounters> {
+        Arc::clone(&self.counters)
+    }
+
+    /// Runs `op` on the current connection, failing over and retrying on transient errors.
+    /// Returns the result and the connection that produced it.
+    fn call<T>(
+        &self,
+        what: &str,
+        mut op: impl FnMut(&Connection) -> std::result::Result<T, ClientError>,
+    ) -> Result<(T, Arc<Connection>)> {
+        let mut attempt = 0;
+        loop {
+            let conn = Arc::clone(&self.active.read().conn);
+            let e = match op(&conn) {
+                Ok(v) => return Ok((v, conn)),
+                Err(e) if e.is_transient() => e,
+                Err(e) => return Err(server_error(what, &e)),
+            };
+            attempt += 1;
+            self.counters.retries.fetch_add(1, Ordering::Relaxed);
+            if attempt > RETRIES_MAX {
+                return Err(Error::with_source(
+                    ErrorKind::Io,
+                    format!("{what}: out of retries"),
+                    e,
+                ));
+            }
+            self.failover(&conn)?;
+        }
+    }
+
+    /// Runs a change and records it for replay. A change acknowledged by a connection that
+    /// was replaced before it was recorded was not replayed, so it runs again.
+    fn apply(&self, what: &str, mut op: Op) -> Result<()> {
+        loop {
+            let ((), conn) = self.call(what, |c| run(c, &op))?;
+            match self.record(op, &conn)? {
+                None => return Ok(()),
+                Some(again) => op = again,
+            }
+        }
+    }
+
+    /// Replaces `failed` by a connection to another server (unless another caller already
+    /// did), replaying the log.
+    fn failover(&self, failed: &Arc<Connection>) -> Result<()> {
+        let mut active = self.active.write();
+        if !Arc::ptr_eq(&active.conn, failed) && !active.conn.is_dead() {
+            return Ok(());
+        }
+        active.conn.kill();
+        if self.log.lock().incomplete {
+            tracing::error!("server lost and the replay log overflowed: writes cannot be restored");
+            return Err(Error::new(
+                ErrorKind::Io,
+                "server lost; the server cache had more writes than the replay log holds",
+            ));
+        }
+        let n = self.cfg.servers.len();
+        let deadline = Instant::now() + self.cfg.failover_timeout;
+        let mut k = 1;
+        while Instant::now() < deadline {
+            let index = (active.index + k) % n;
+            let server = &self.cfg.servers[index];
+            k += 1;
+            if k % n == 1 {
+                std::thread::sleep(ROUND_PAUSE);
+            }
+            let conn = match Connection::connect(
+                server,
+                &self.cfg.export,
+                self.cfg.connect_timeout,
+                self.cfg.request_timeout,
+            ) {
+                Ok(c) if c.info.size == self.size => c,
+                Ok(c) => {
+                    tracing::warn!(%server, size = c.info.size, expected = self.size,
+                        "server serves a different size; skipped");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::debug!(%server, error = %e, "failover candidate unavailable");
+                    continue;
+                }
+            };
+            match self.replay(&conn) {
+                Ok(n) => {
+                    tracing::warn!(from = %active.conn.server(), to = %server, replayed = n,
+                        "failed over");
+                    *active = Active {
+                        conn: Arc::new(conn),
+                        index,
+                    };
+                    self.counters.failovers.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(e) if e.is_transient() => continue,
+                Err(e) => return Err(server_error("replay", &e)),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Io,
+            format!("no server answered within {:?}", self.cfg.failover_timeout),
+        ))
+    }
+
+    fn replay(&self, conn: &Connection) -> std::result::Result<u64, ClientError> {
+        let log = self.log.lock();
+        for (_, op) in &log.entries {
+            run(conn, op)?;
+        }
+        let n = log.entries.len() as u64;
+        self.counters.replayed.fetch_add(n, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Records a change `conn` acknowledged. Gives it back when `conn` is no longer the
+    /// active connection (a failover replayed the log without it).
+    fn record(&self, op: Op, conn: &Arc<Connection>) -> Result<Option<Op>> {
+        if self.cfg.replay == Replay::None {
+            return Ok(None);
+        }
+        let bytes = match &op {
+            Op::Write { data, .. } => data.len() as u64,
+            _ => 0,
+        };
+        let over = {
+            // A failover holds `active` for writing while it replays: the check and the
+            // push are atomic with respect to it.
+            let active = self.active.read();
+            if !Arc::ptr_eq(&active.conn, conn) {
+                return Ok(Some(op));
+            }
+            let mut log = self.log.lock();
+            if log.incomplete {
+                return Ok(None);
+            }
+            let seq = log.next_seq;
+            log.next_seq += 1;
+            log.entries.push_back((seq, op));
+            log.bytes += bytes;
+            log.bytes > self.cfg.replay_bytes_max
+        };
+        if over {
+            match self.cfg.replay {
+                Replay::UntilFlush => self.flush()?,
+                _ => {
+                    let mut log = self.log.lock();
+                    tracing::warn!(
+                        bytes = log.bytes,
+                        "replay log full: a server loss will now fail I/O"
+                    );
+                    log.entries.clear();
+                    log.bytes = 0;
+                    log.incomplete = true;
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn run(c: &Connection, op: &Op) -> std::result::Result<(), ClientError> {
+    match op {
+        Op::Write { offset, data } => c.write(data, *offset),
+        Op::Trim { offset, len } => c.trim(*offset, *len),
+        Op::Zero { offset, len } => c.write_zeroes(*offset, *len),
+    }
+}
+
+fn server_error(what: &str, e: &ClientError) -> Error {
+    let kind = match e {
+        ClientError::Server { errno, .. } => match *errno {
+            NBD_ENOSPC => ErrorKind::LimitExceeded,
+            NBD_EPERM => ErrorKind::ReadOnly,
+            NBD_EINVAL => ErrorKind::InvalidArgument,
+            _ => ErrorKind::Io,
+        },
+        _ => ErrorKind::Io,
+    };
+    Error::with_source(kind, what.to_string(), e.clone())
+}
+
+impl BlockDevice for Remote {
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            size: self.size,
+            logical_sector_size: 512,
+            physical_sector_size: 4096,
+            block_size: 1 << 20,
+        }
+    }
+
+    fn format(&self) -> &'static str {
+        "nbd"
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        check_bounds(self.size, offset, buf.len() as u64)?;
+        let mut done = 0;
+        while done < buf.len() {
+            let n = (buf.len() - done).min(REQUEST_BYTES_MAX);
+            let at = offset + done as u64;
+            let part = &mut buf[done..done + n];
+            self.call("read", |c| c.read(part, at))?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        check_bounds(self.size, offset, buf.len() as u64)?;
+        let mut done = 0;
+        while done < buf.len() {
+            let n = (buf.len() - done).min(REQUEST_BYTES_MAX);
+            let at = offset + done as u64;
+            let data = buf[done..done + n].to_vec();
+            self.apply("write", Op::Write { offset: at, data })?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        let watermark = self.log.lock().next_seq;
+        self.call("flush", Connection::flush)?;
+        if self.cfg.replay == Replay::UntilFlush {
+            let mut log = self.log.lock();
+            while log.entries.front().is_some_and(|(seq, _)| *seq < watermark) {
+                if let Some((_, Op::Write { data, .. })) = log.entries.pop_front() {
+                    log.bytes -= data.len() as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        check_bounds(self.size, offset, len)?;
+        if self.flags & NBD_FLAG_SEND_TRIM == 0 {
+            return Ok(());
+        }
+        for (at, n) in split(offset, len) {
+            self.apply("trim", Op::Trim { offset: at, len: n })?;
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        check_bounds(self.size, offset, len)?;
+        if self.flags & NBD_FLAG_SEND_WRITE_ZEROES == 0 {
+            let zeros = vec![0u8; (len as usize).min(REQUEST_BYTES_MAX)];
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(zeros.len() as u64) as usize;
+                self.write_at(&zeros[..n], offset + done)?;
+                done += n as u64;
+            }
+            return Ok(());
+        }
+        for (at, n) in split(offset, len) {
+            self.apply("write zeroes", Op::Zero { offset: at, len: n })?;
+        }
+        Ok(())
+    }
+
+    fn can_write(&self) -> bool {
+        self.flags & NBD_FLAG_READ_ONLY == 0
+    }
+}
+
+/// `[offset, offset+len)` in pieces of at most 1 GiB (NBD lengths are 32-bit).
+fn split(offset: u64, len: u64) -> impl Iterator<Item = (u64, u32)> {
+    const STEP: u64 = 1 << 30;
+    (0..len.div_ceil(STEP)).map(move |i| {
+        let at = i * STEP;
+        // At most STEP = 2^30.
+        (offset + at, (len - at).min(STEP) as u32)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_cuts_at_one_gib() {
+        let v: Vec<_> = split(10, (1 << 30) + 5).collect();
+        assert_eq!(v, vec![(10, 1 << 30), (10 + (1 << 30), 5)]);
+    }
+
+    #[test]
+    fn server_enospc_is_limit_exceeded() {
+        let e = ClientError::Server {
+            errno: NBD_ENOSPC,
+            message: String::new(),
+        };
+        assert_eq!(server_error("write", &e).kind(), ErrorKind::LimitExceeded);
+    }
+}

@@ -1,0 +1,297 @@
+//! What `ferry target status` shows: I/O counters kept by a [`Counted`] decorator at the
+//! top of the stack, boot time, and the [`Status`] report.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use disk::device::{Geometry, LayerRun};
+use disk::{BlockDevice, Result};
+use parking_lot::Mutex;
+
+/// I/O counters of the exported disk.
+#[derive(Debug, Default)]
+pub struct IoCounters {
+    /// Read requests.
+    pub reads: AtomicU64,
+    /// Bytes read.
+    pub bytes_read: AtomicU64,
+    /// Write requests (writes, zeroes).
+    pub writes: AtomicU64,
+    /// Bytes written.
+    pub bytes_written: AtomicU64,
+    /// Requests that failed.
+    pub errors: AtomicU64,
+}
+
+/// Boot time: from attach until `mark-booted`, or until `boot_bytes` have been read.
+#[derive(Debug)]
+pub struct Boot {
+    attached: Instant,
+    boot_bytes: Option<u64>,
+    booted: Mutex<Option<Duration>>,
+}
+
+impl Boot {
+    /// Starts the clock now; `boot_bytes` ends it after that many bytes read.
+    pub fn new(boot_bytes: Option<u64>) -> Boot {
+        Boot {
+            attached: Instant::now(),
+            boot_bytes,
+            booted: Mutex::new(None),
+        }
+    }
+
+    /// Ends the boot now, unless it already ended. Returns the boot time.
+    pub fn mark(&self) -> Duration {
+        *self
+            .booted
+            .lock()
+            .get_or_insert_with(|| self.attached.elapsed())
+    }
+
+    /// The boot time, once booted.
+    pub fn time(&self) -> Option<Duration> {
+        *self.booted.lock()
+    }
+
+    /// Time since attach.
+    pub fn uptime(&self) -> Duration {
+        self.attached.elapsed()
+    }
+
+    fn observe_read(&self, total: u64) {
+        if self.boot_bytes.is_some_and(|b| total >= b) && self.booted.lock().is_none() {
+            let t = self.mark();
+            tracing::info!(boot_time = ?t, bytes = total, "boot byte count reached");
+        }
+    }
+}
+
+/// Counts requests on the way to `inner`.
+#[derive(Debug)]
+pub struct Counted {
+    inner: Arc<dyn BlockDevice>,
+    counters: Arc<IoCounters>,
+    boot: Arc<Boot>,
+}
+
+impl Counted {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn BlockDevice>, counters: Arc<IoCounters>, boot: Arc<Boot>) -> Counted {
+        Counted {
+            inner,
+            counters,
+            boot,
+        }
+    }
+
+    fn count<T>(&self, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl BlockDevice for Counted {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+    fn format(&self) -> &'static str {
+        self.inner.format()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let r = self.inner.read_at(buf, offset);
+        if r.is_ok() {
+            self.counters.reads.fetch_add(1, Ordering::Relaxed);
+            let n = buf.len() as u64;
+            let total = self.counters.bytes_read.fetch_add(n, Ordering::Relaxed) + n;
+            self.boot.observe_read(total);
+        }
+        self.count(r)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let r = self.inner.write_at(buf, offset);
+        if r.is_ok() {
+            self.counters.writes.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .bytes_written
+                .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        }
+        self.count(r)
+    }
+    fn flush(&self) -> Result<()> {
+        let r = self.inner.flush();
+        self.count(r)
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        let r = self.inner.trim(offset, len);
+        self.count(r)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        let r = self.inner.write_zeroes(offset, len);
+        if r.is_ok() {
+            self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        }
+        self.count(r)
+    }
+    fn can_write(&self) -> bool {
+        self.inner.can_write()
+    }
+    fn map_layer(&self, offset: u64, len: u64) -> Result<Vec<LayerRun>> {
+        self.inner.map_layer(offset, len)
+    }
+    fn parent(&self) -> Option<Arc<dyn BlockDevice>> {
+        self.inner.parent()
+    }
+}
+
+/// Request rates over the last sampling window.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Rates {
+    /// Reads per second.
+    pub read_iops: f64,
+    /// Writes per second.
+    pub write_iops: f64,
+    /// Bytes read per second.
+    pub read_bytes_per_s: f64,
+    /// Bytes written per second.
+    pub write_bytes_per_s: f64,
+}
+
+/// Samples the counters every second and keeps the rate over the last window.
+#[derive(Debug)]
+pub struct Sampler {
+    last: Mutex<(Instant, [u64; 4])>,
+    rates: Mutex<Rates>,
+}
+
+impl Sampler {
+    /// A sampler starting now.
+    pub fn new(c: &IoCounters) -> Sampler {
+        Sampler {
+            last: Mutex::new((Instant::now(), snapshot(c))),
+            rates: Mutex::new(Rates::default()),
+        }
+    }
+
+    /// Takes a sample at `now`.
+    pub fn sample(&self, c: &IoCounters, now: Instant) {
+        let cur = snapshot(c);
+        let mut last = self.last.lock();
+        let dt = now.duration_since(last.0).as_secs_f64();
+        if dt <= 0.0 {
+            return;
+        }
+        let d = |i: usize| cur[i].saturating_sub(last.1[i]) as f64 / dt;
+        *self.rates.lock() = Rates {
+            read_iops: d(0),
+            write_iops: d(1),
+            read_bytes_per_s: d(2),
+            write_bytes_per_s: d(3),
+        };
+        *last = (now, cur);
+    }
+
+    /// The latest rates.
+    pub fn rates(&self) -> Rates {
+        *self.rates.lock()
+    }
+}
+
+fn snapshot(c: &IoCounters) -> [u64; 4] {
+    [
+        c.reads.load(Ordering::Relaxed),
+        c.writes.load(Ordering::Relaxed),
+        c.bytes_read.load(Ordering::Relaxed),
+        c.bytes_written.load(Ordering::Relaxed),
+    ]
+}
+
+/// The status report of a running agent (`ferry target status --json`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Status {
+    /// The server in use.
+    pub server: String,
+    /// Every configured server, in failover order.
+    pub servers: Vec<String>,
+    /// The vDisk name.
+    pub vdisk: String,
+    /// The export attached on the server.
+    pub export: String,
+    /// The server's description of the export (vDisk and version).
+    pub version: String,
+    /// Size of the disk in bytes.
+    pub size_bytes: u64,
+    /// Cache mode.
+    pub cache_mode: String,
+    /// Cache block in bytes (local modes).
+    pub cache_block_bytes: u32,
+    /// RAM used by the cache.
+    pub ram_bytes: u64,
+    /// RAM budget.
+    pub ram_bytes_max: u64,
+    /// Overflow file bytes in use.
+    pub overflow_bytes: u64,
+    /// Overflow budget.
+    pub overflow_bytes_max: u64,
+    /// Blocks moved from RAM to the overflow file.
+    pub evictions: u64,
+    /// Writes refused for lack of cache space (ENOSPC).
+    pub enospc: u64,
+    /// Bytes read from the exported disk.
+    pub bytes_read: u64,
+    /// Bytes written to the exported disk.
+    pub bytes_written: u64,
+    /// Read requests.
+    pub reads: u64,
+    /// Write requests.
+    pub writes: u64,
+    /// Reads per second, last second.
+    pub read_iops: f64,
+    /// Writes per second, last second.
+    pub write_iops: f64,
+    /// Requests that failed.
+    pub errors: u64,
+    /// Requests retried after a server was lost.
+    pub retries: u64,
+    /// Moves to another server.
+    pub failovers: u64,
+    /// Seconds since attach.
+    pub uptime_s: f64,
+    /// Seconds from attach to boot end, once booted.
+    pub boot_time_s: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boot_mark_is_kept_once() {
+        let b = Boot::new(None);
+        let t = b.mark();
+        assert_eq!(b.mark(), t);
+        assert_eq!(b.time(), Some(t));
+    }
+
+    #[test]
+    fn boot_bytes_reached_ends_the_boot() {
+        let b = Boot::new(Some(100));
+        b.observe_read(99);
+        assert_eq!(b.time(), None);
+        b.observe_read(100);
+        assert!(b.time().is_some());
+    }
+
+    #[test]
+    fn sampler_rates_are_per_second() {
+        let c = IoCounters::default();
+        let s = Sampler::new(&c);
+        let t0 = s.last.lock().0;
+        c.reads.fetch_add(50, Ordering::Relaxed);
+        s.sample(&c, t0 + Duration::from_millis(500));
+        assert_eq!(s.rates().read_iops, 100.0);
+    }
+}

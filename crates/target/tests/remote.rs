@@ -1,0 +1,301 @@
+//! The NBD client and failover against Ferry's own NBD server in this process (no external
+//! tools): pipelined requests from many threads over one connection, structured replies
+//! with holes, server errors, and failover with replay when a server goes away.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use disk::device::{Geometry, check_bounds};
+use disk::{BlockDevice, ErrorKind};
+use parking_lot::Mutex;
+use server::nbd::{
+    ExportHandle, ExportInfo, ExportSource, Listener, NoMetrics, OpenError, ServerConfig,
+};
+use target::client::Connection;
+use target::remote::{Remote, RemoteConfig, Replay};
+
+/// Size of the test disk.
+const SIZE: u64 = 8 << 20;
+
+/// A RAM disk shared by the servers of a test (as servers share a store). Bytes start as
+/// `i % 251` in the first half and zeros (holes) in the second.
+#[derive(Debug)]
+struct MemDisk {
+    data: Mutex<Vec<u8>>,
+    flushes: AtomicU64,
+}
+
+impl MemDisk {
+    fn new() -> Arc<MemDisk> {
+        let data = (0..SIZE)
+            .map(|i| if i < SIZE / 2 { (i % 251) as u8 } else { 0 })
+            .collect();
+        Arc::new(MemDisk {
+            data: Mutex::new(data),
+            flushes: AtomicU64::new(0),
+        })
+    }
+}
+
+impl BlockDevice for MemDisk {
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            size: SIZE,
+            logical_sector_size: 512,
+            physical_sector_size: 4096,
+            block_size: 1 << 20,
+        }
+    }
+    fn format(&self) -> &'static str {
+        "mem"
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> disk::Result<()> {
+        check_bounds(SIZE, offset, buf.len() as u64)?;
+        let d = self.data.lock();
+        buf.copy_from_slice(&d[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> disk::Result<()> {
+        check_bounds(SIZE, offset, buf.len() as u64)?;
+        let mut d = self.data.lock();
+        d[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+    fn flush(&self) -> disk::Result<()> {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn can_write(&self) -> bool {
+        true
+    }
+}
+
+struct Source(Arc<MemDisk>);
+
+impl ExportSource for Source {
+    fn list(&self) -> Vec<ExportInfo> {
+        vec![ExportInfo {
+            name: "golden".into(),
+            description: "test".into(),
+            size: SIZE,
+        }]
+    }
+    fn open(&self, name: &str) -> Result<ExportHandle, OpenError> {
+        if name != "golden" {
+            return Err(OpenError::NotFound(name.into()));
+        }
+        Ok(ExportHandle {
+            device: Arc::clone(&self.0) as Arc<dyn BlockDevice>,
+            writable: true,
+            release: None,
+        })
+    }
+}
+
+/// A server on 127.0.0.1:0 on its own runtime; `stop` shuts it down gracefully.
+struct Server {
+    addr: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(disk: &Arc<MemDisk>) -> Server {
+        let source = Arc::new(Source(Arc::clone(disk)));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let config = ServerConfig {
+                    nbd_listen: Some("127.0.0.1:0".parse().unwrap()),
+                    ..ServerConfig::default()
+                };
+                let l = Listener::bind(config).await.unwrap();
+                tx.send(l.local_addr().unwrap()).unwrap();
+                l.serve(source, Arc::new(NoMetrics), stopped).await;
+            });
+        });
+        let addr = rx.recv().unwrap().to_string();
+        Server {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn connect(addr: &str) -> Connection {
+    Connection::connect(
+        addr,
+        "golden",
+        Duration::from_secs(5),
+        Duration::from_secs(10),
+    )
+    .unwrap()
+}
+
+fn remote(servers: Vec<String>, replay: Replay) -> Remote {
+    Remote::connect(RemoteConfig {
+        servers,
+        export: "golden".into(),
+        connect_timeout: Duration::from_secs(5),
+        request_timeout: Duration::from_secs(10),
+        failover_timeout: Duration::from_secs(10),
+        replay,
+        replay_bytes_max: 1 << 20,
+    })
+    .unwrap()
+}
+
+#[test]
+fn handshake_reports_size_and_description() {
+    let disk = MemDisk::new();
+    let srv = Server::start(&disk);
+    let c = connect(&srv.addr);
+    assert_eq!(c.info.size, SIZE);
+    assert_eq!(c.info.description, "test");
+}
+
+#[test]
+fn unknown_export_is_a_handshake_error() {
+    let disk = MemDisk::new();
+    let srv = Server::start(&disk);
+    let e = Connection::connect(
+        &srv.addr,
+        "nope",
+        Duration::from_secs(5),
+        Duration::from_secs(5),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("refused"), "{e}");
+}
+
+/// Eight threads share one connection; each writes and reads back its own 64 KiB stripes,
+/// so replies must be matched to requests by cookie.
+#[test]
+fn pipelined_requests_from_threads_get_their_own_replies() {
+    let disk = MemDisk::new();
+    let srv = Server::start(&disk);
+    let c = Arc::new(connect(&srv.addr));
+    let threads: Vec<_> = (0..8u8)
+        .map(|t| {
+            let c = Arc::clone(&c);
+            std::thread::spawn(move || {
+                for round in 0..50u64 {
+                    let offset = (round * 8 + u64::from(t)) * 65536 % SIZE;
+                    let data = vec![t.wrapping_mul(31).wrapping_add(round as u8) | 1; 65536];
+                    c.write(&data, offset).unwrap();
+                    let mut back = vec![0u8; 65536];
+                    c.read(&mut back, offset).unwrap();
+                    assert_eq!(back, data, "thread {t} round {round}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+/// The server answers all-zero reads with a structured hole chunk; the client fills zeros.
+#[test]
+fn hole_reply_reads_as_zeros_and_data_as_data() {
+    let disk = MemDisk::new();
+    let srv = Server::start(&disk);
+    let c = connect(&srv.addr);
+    let mut buf = vec![7u8; 8192];
+    c.read(&mut buf, SIZE / 2).unwrap();
+    assert!(buf.iter().all(|&b| b == 0));
+    c.read(&mut buf, 1000).unwrap();
+    // Byte 1000 of the disk is 1000 % 251 = 247.
+    assert_eq!(buf[0], 247);
+}
+
+#[test]
+fn read_past_the_end_is_a_server_error() {
+    let disk = MemDisk::new();
+    let srv = Server::start(&disk);
+    let r = remote(vec![srv.addr.clone()], Replay::None);
+    let mut buf = vec![0u8; 4096];
+    // The Remote checks bounds itself; the raw connection gets the server's EINVAL.
+    assert_eq!(
+        r.read_at(&mut buf, SIZE).unwrap_err().kind(),
+        ErrorKind::OutOfBounds
+    );
+    let c = connect(&srv.addr);
+    let e = c.read(&mut buf, SIZE).unwrap_err();
+    assert!(!e.is_transient(), "{e}");
+}
+
+/// Server A holds writes that were never flushed when it goes away; B serves the same
+/// disk. The replay log re-sends them, and reads go on without an error.
+#[test]
+fn failover_replays_unflushed_writes_and_keeps_reading() {
+    let disk_a = MemDisk::new();
+    // B serves a separate copy of the disk as it was before the writes: only the replay
+    // can put them there.
+    let disk_b = MemDisk::new();
+    let a = Server::start(&disk_a);
+    let b = Server::start(&disk_b);
+    let r = remote(vec![a.addr.clone(), b.addr.clone()], Replay::UntilFlush);
+    r.write_at(&[0xAA; 4096], 0).unwrap();
+    r.flush().unwrap();
+    // Flushed writes are durable on the shared store: B's copy gets them "from storage".
+    disk_b.write_at(&[0xAA; 4096], 0).unwrap();
+    r.write_at(&[0xBB; 4096], 8192).unwrap();
+    a.stop();
+    let mut buf = vec![0u8; 4096];
+    r.read_at(&mut buf, 8192).unwrap();
+    assert_eq!(buf, vec![0xBB; 4096]);
+    r.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, vec![0xAA; 4096]);
+    assert_eq!(r.server(), b.addr);
+    let c = r.counters();
+    assert_eq!(c.failovers.load(Ordering::Relaxed), 1);
+    // Only the write after the flush was replayed.
+    assert_eq!(c.replayed.load(Ordering::Relaxed), 1);
+}
+
+/// With every server gone, a request fails (EIO) after the failover timeout instead of
+/// hanging.
+#[test]
+fn no_server_left_fails_the_request() {
+    let disk = MemDisk::new();
+    let a = Server::start(&disk);
+    let r = Remote::connect(RemoteConfig {
+        servers: vec![a.addr.clone()],
+        export: "golden".into(),
+        connect_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(5),
+        failover_timeout: Duration::from_millis(500),
+        replay: Replay::None,
+        replay_bytes_max: 0,
+    })
+    .unwrap();
+    a.stop();
+    let mut buf = vec![0u8; 512];
+    let e = r.read_at(&mut buf, 0).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io);
+}

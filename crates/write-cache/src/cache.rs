@@ -1,0 +1,873 @@
+//! The write cache: read, write, trim and eviction paths over the index, the RAM arena and
+//! the overflow store.
+//!
+//! # Design notes
+//!
+//! Invariants:
+//! * A block's entry is only ever changed by [`Index::replace`] from the value the changer
+//!   looked up (compare-and-swap), with a fresh generation. No I/O runs under an index lock.
+//! * RAM slot `r` is b's data exactly while `r.owner == b`. The owner is set (and the entry
+//!   published) by whoever fills the slot, under the slot's write lock, and cleared under the
+//!   write lock by whoever frees or evicts it. Readers and writers that found `Ram(r)` lock
+//!   `r` and retry the lookup if the owner changed.
+//! * Overflow slot `s` is protected by stripe `s % STRIPES`: users (read, in-place write)
+//!   hold it shared and re-check the entry after taking it; whoever frees `s` holds it
+//!   exclusively after the entry stopped naming `s`. So an overflow slot is never reused
+//!   under a reader or writer.
+//! * A partial-block write to a block the cache does not hold fills the rest of the block
+//!   from where the block's bytes are (the layer below, zeros, or the overflow slot) into a
+//!   slot nobody else can see yet, then publishes it with a compare-and-swap against the
+//!   entry it read. If the entry changed meanwhile, the slot is dropped and the write
+//!   retried, so a stale base is never published. Inserts of one block are serialized by
+//!   an insert lock (1024 stripes by block), so racing writers of a new block do not each
+//!   fill a slot: near a full budget that would refuse other writes (ENOSPC) for slots
+//!   about to be given back. A writer that finds the budget used up while other inserts
+//!   hold slots waits for them (`filling`) before it refuses.
+//! * Eviction writes a victim to a fresh overflow slot under the victim's *upgradable* read
+//!   lock (readers of the victim proceed; writers wait), then upgrades, swaps the entry to
+//!   `Disk`, and hands the RAM slot to the writer that needed it. Only that writer waits
+//!   for the overflow I/O: reads of other RAM-resident blocks never do.
+//!
+//! Rejected: per-sector valid bits (a partial write would not need the base block, but every
+//! read of a partly valid block would have to merge with the layer below, and the guest's
+//! 4 KiB I/O makes partial blocks rare); one big lock (serializes a queue depth of 16).
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use disk::device::{Geometry, LayerRun, Source, check_bounds};
+use disk::{BlockDevice, Error, ErrorKind, Result};
+use parking_lot::{Mutex, RwLock, RwLockUpgradableReadGuard};
+
+use crate::arena::{Arena, FREE};
+use crate::index::{Entry, Index, Place, SLOTS_MAX};
+use crate::policy::Clock;
+use crate::store::OverflowStore;
+use crate::{BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, Config, ConfigError, Mode};
+
+/// Whether a write to a block in the overflow file moves it back to RAM (evicting another)
+/// rather than updating it in place. In place: one `pwrite` and no eviction, where moving
+/// back costs the victim's `pwrite` plus, for a partial write, a `pread`; CLOCK already
+/// keeps rewritten (hot) blocks in RAM, so a block in the file was cold when it left. The
+/// two measured alike within the noise of a shared machine (docs/target.md).
+const PROMOTE_ON_WRITE: bool = false;
+/// Times a writer waits for racing inserts to give a RAM slot back before ENOSPC.
+const ALLOC_WAITS_MAX: usize = 1 << 12;
+/// Stripes of overflow-slot locks.
+const STRIPES: usize = 1024;
+/// Victims looked at by one eviction before giving up (every one busy: being filled by
+/// other writers, who publish and let go within one block copy).
+const EVICT_ATTEMPTS_MAX: usize = 1 << 16;
+
+thread_local! {
+    /// A block-sized buffer per thread for disk-mode read-modify-write (no allocation per
+    /// write once a thread has one).
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Counters of a cache.
+#[derive(Debug, Default)]
+struct Counters {
+    evictions: AtomicU64,
+    promotions: AtomicU64,
+    enospc: AtomicU64,
+    rmw: AtomicU64,
+}
+
+/// Space and event counts of a cache, for status and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Cache block in bytes.
+    pub block_bytes: u32,
+    /// RAM in use by cached blocks.
+    pub ram_bytes: u64,
+    /// RAM budget.
+    pub ram_bytes_max: u64,
+    /// Overflow file bytes holding blocks.
+    pub overflow_bytes: u64,
+    /// Overflow budget.
+    pub overflow_bytes_max: u64,
+    /// Blocks moved from RAM to the overflow file.
+    pub evictions: u64,
+    /// Blocks moved back from the overflow file to RAM by a write.
+    pub promotions: u64,
+    /// Writes refused for lack of space (NBD_ENOSPC).
+    pub enospc: u64,
+    /// Partial-block writes that read the rest of their block first.
+    pub read_modify_writes: u64,
+}
+
+/// Overflow slots: handed out by growth up to the budget, then reused.
+#[derive(Debug)]
+struct DiskSlots {
+    inner: Mutex<(u64, Vec<u64>)>,
+    max: u64,
+    used: AtomicU64,
+}
+
+impl DiskSlots {
+    fn alloc(&self) -> Option<u64> {
+        let mut g = self.inner.lock();
+        let s = match g.1.pop() {
+            Some(s) => s,
+            None if g.0 < self.max => {
+                g.0 += 1;
+                g.0 - 1
+            }
+            None => return None,
+        };
+        self.used.fetch_add(1, Ordering::Relaxed);
+        Some(s)
+    }
+
+    fn release(&self, s: u64) {
+        self.inner.lock().1.push(s);
+        self.used.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A write cache over `next` (see the crate docs).
+#[derive(Debug)]
+pub struct WriteCache {
+    next: Arc<dyn BlockDevice>,
+    size: u64,
+    mode: Mode,
+    block: u64,
+    shift: u32,
+    index: Index,
+    arena: Arena,
+    clock: Clock,
+    store: Option<Arc<dyn OverflowStore>>,
+    disk: DiskSlots,
+    stripes: Box<[RwLock<()>]>,
+    /// Insert locks, by block: serialize inserts of one block (see `write_piece`).
+    inserts: Box<[Mutex<()>]>,
+    zeros: Box<[u8]>,
+    poisoned: AtomicBool,
+    /// RAM slots allocated by inserts not yet published or released.
+    filling: AtomicU64,
+    counters: Counters,
+}
+
+impl WriteCache {
+    /// A new, empty cache over `next`. `store` is required by `RamOverflow` and `Disk`.
+    ///
+    /// # Errors
+    /// [`ConfigError`].
+    pub fn new(
+        next: Arc<dyn BlockDevice>,
+        config: Config,
+        store: Option<Arc<dyn OverflowStore>>,
+    ) -> std::result::Result<WriteCache, ConfigError> {
+        let bs = config.block_bytes;
+        if !bs.is_power_of_two() || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&bs) {
+            return Err(ConfigError::InvalidBlockSize { bytes: bs });
+        }
+        if config.mode != Mode::Ram && store.is_none() {
+            return Err(ConfigError::MissingStore { mode: config.mode });
+        }
+        let block = u64::from(bs);
+        let ram_slots = match config.mode {
+            Mode::Disk => 0,
+            _ => config.ram_bytes_max / block,
+        };
+        let disk_slots = match config.mode {
+            Mode::Ram => 0,
+            _ => config.overflow_bytes_max / block,
+        };
+        let too_many = |what, bytes| ConfigError::TooManySlots { what, bytes };
+        let ram_slots = u32::try_from(ram_slots)
+            .ok()
+            .filter(|&n| u64::from(n) <= SLOTS_MAX)
+            .ok_or(too_many("RAM", config.ram_bytes_max))?;
+        if disk_slots > SLOTS_MAX {
+            return Err(too_many("overflow", config.overflow_bytes_max));
+        }
+        let size = next.size();
+        Ok(WriteCache {
+            next,
+            size,
+            mode: config.mode,
+            block,
+            shift: bs.trailing_zeros(),
+            index: Index::new(ram_slots as usize),
+            arena: Arena::new(bs as usize, ram_slots),
+            clock: Clock::new(ram_slots),
+            store,
+            disk: DiskSlots {
+                inner: Mutex::new((0, Vec::new())),
+                max: disk_slots,
+                used: AtomicU64::new(0),
+            },
+            stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
+            inserts: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            zeros: vec![0u8; bs as usize].into_boxed_slice(),
+            poisoned: AtomicBool::new(false),
+            filling: AtomicU64::new(0),
+            counters: Counters::default(),
+        })
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Space in use and event counts.
+    pub fn usage(&self) -> Usage {
+        let c = &self.counters;
+        Usage {
+            block_bytes: u32::try_from(self.block).unwrap_or(u32::MAX),
+            ram_bytes: self.arena.used() * self.block,
+            ram_bytes_max: u64::from(self.arena.slots_max()) * self.block,
+            overflow_bytes: self.disk.used.load(Ordering::Relaxed) * self.block,
+            overflow_bytes_max: self.disk.max * self.block,
+            evictions: c.evictions.load(Ordering::Relaxed),
+            promotions: c.promotions.load(Ordering::Relaxed),
+            enospc: c.enospc.load(Ordering::Relaxed),
+            read_modify_writes: c.rmw.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Number of blocks the index holds (RAM, overflow and zero entries).
+    pub fn cached_blocks(&self) -> usize {
+        self.index.len()
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<()> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::new(
+                ErrorKind::Poisoned,
+                "write cache failed an earlier overflow write or flush",
+            ));
+        }
+        check_bounds(self.size, offset, len)
+    }
+
+    /// Bytes of block `b` (the last block may be short).
+    fn block_len(&self, b: u64) -> usize {
+        // At most `block` (≤ 1 MiB).
+        (self.size - (b << self.shift)).min(self.block) as usize
+    }
+
+    fn insert_lock(&self, b: u64) -> &Mutex<()> {
+        let h = b.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54;
+        // h < 2^10 = STRIPES.
+        &self.inserts[h as usize % STRIPES]
+    }
+
+    fn stripe(&self, s: u64) -> &RwLock<()> {
+        &self.stripes[(s % STRIPES as u64) as usize]
+    }
+
+    fn store(&self) -> &dyn OverflowStore {
+        // `new` refuses RamOverflow and Disk without a store, and only they place blocks in
+        // overflow slots.
+        self.store
+            .as_deref()
+            .expect("overflow slots exist only in modes that have a store")
+    }
+
+    fn enospc(&self, what: &str, source: Option<std::io::Error>) -> Error {
+        let n = self.counters.enospc.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_power_of_two() {
+            tracing::warn!(
+                refused = n,
+                "write cache full ({what}): writes fail with ENOSPC"
+            );
+        }
+        let msg = format!("write cache full: {what}");
+        match source {
+            Some(e) => Error::with_source(ErrorKind::LimitExceeded, msg, e),
+            None => Error::new(ErrorKind::LimitExceeded, msg),
+        }
+    }
+
+    /// Writes `buf` to overflow slot bytes at `offset`. A full store is ENOSPC (the caller
+    /// still holds the data); any other failure poisons the cache.
+    fn store_write(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.store().write_at(buf, offset).map_err(|e| {
+            if is_full(&e) {
+                self.enospc("overflow file", Some(e))
+            } else {
+                self.poisoned.store(true, Ordering::Release);
+                tracing::error!(error = %e, "overflow write failed: write cache poisoned");
+                Error::io("write overflow file", e)
+            }
+        })
+    }
+
+    fn store_read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.store()
+            .read_at(buf, offset)
+            .map_err(|e| Error::io("read overflow file", e))
+    }
+
+    fn disk_alloc(&self) -> Result<u64> {
+        self.disk
+            .alloc()
+            .ok_or_else(|| self.enospc("overflow budget", None))
+    }
+
+    /// Frees overflow slot `s`, whose entry no longer names it.
+    fn disk_free(&self, s: u64) {
+        let _excl = self.stripe(s).write();
+        self.disk.release(s);
+    }
+
+    /// Calls `f(block, offset in block, range in the caller's buffer)` per block piece.
+    fn pieces(
+        &self,
+        offset: u64,
+        len: usize,
+        mut f: impl FnMut(u64, usize, std::ops::Range<usize>) -> Result<()>,
+    ) -> Result<()> {
+        let mut pos = 0usize;
+        while pos < len {
+            let at = offset + pos as u64;
+            let b = at >> self.shift;
+            // Below `block` (≤ 1 MiB).
+            let o = (at & (self.block - 1)) as usize;
+            let n = (self.block as usize - o).min(len - pos);
+            f(b, o, pos..pos + n)?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    // ---- reads ----
+
+    /// Copies block `b`'s bytes `[o, o+dst.len())` into `dst`; false when the cache does
+    /// not hold the block (the caller reads the layer below).
+    fn read_piece(&self, b: u64, o: usize, dst: &mut [u8]) -> Result<bool> {
+        loop {
+            let Some(e) = self.index.get(b) else {
+                return Ok(false);
+            };
+            match e.place {
+                Place::Zero => {
+                    dst.fill(0);
+                    return Ok(true);
+                }
+                Place::Ram(r) => {
+                    let g = self.arena.slot(r).read();
+                    if g.owner != b {
+                        continue;
+                    }
+                    dst.copy_from_slice(&g.data[o..o + dst.len()]);
+                    drop(g);
+                    self.clock.touch(r);
+                    return Ok(true);
+                }
+                Place::Disk(s) => {
+                    let _shared = self.stripe(s).read();
+                    if self.index.get(b) != Some(e) {
+                        continue;
+                    }
+                    self.store_read(dst, (s << self.shift) + o as u64)?;
+                    return Ok(true);
+                }
+            }
+        }
+    }
+
+    // ---- writes ----
+
+    fn write_piece(&self, b: u64, o: usize, src: &[u8]) -> Result<()> {
+        loop {
+            let cur = self.index.get(b);
+            let done = match cur.map(|e| e.place) {
+                Some(Place::Ram(r)) => {
+                    let mut g = self.arena.slot(r).write();
+                    if g.owner != b {
+                        continue;
+                    }
+                    g.data[o..o + src.len()].copy_from_slice(src);
+                    drop(g);
+                    self.clock.touch(r);
+                    true
+                }
+                Some(Place::Disk(s)) if self.mode == Mode::Disk || !PROMOTE_ON_WRITE => {
+                    let _shared = self.stripe(s).read();
+                    if self.index.get(b) != cur {
+                        continue;
+                    }
+                    self.store_write(src, (s << self.shift) + o as u64)?;
+                    true
+                }
+                _ => {
+                    // One insert per block at a time: a second writer of the same new block
+                    // waits, then writes in place, instead of filling a slot it would lose.
+                    let _insert = self.insert_lock(b).lock();
+                    if self.index.get(b) != cur {
+                        continue;
+                    }
+                    if self.mode == Mode::Disk {
+                        self.insert_disk(b, o, src, cur)?
+                    } else {
+                        self.insert_ram(b, o, src, cur)?
+                    }
+                }
+            };
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Fills `dst` (block `b`'s bytes) from where `cur` says they are. False when `cur`
+    /// changed under a read of the overflow slot.
+    fn fill_base(&self, b: u64, cur: Option<Entry>, dst: &mut [u8]) -> Result<bool> {
+        self.counters.rmw.fetch_add(1, Ordering::Relaxed);
+        match cur.map(|e| e.place) {
+            None => self.next.read_at(dst, b << self.shift)?,
+            Some(Place::Zero) => dst.fill(0),
+            Some(Place::Disk(s)) => {
+                let _shared = self.stripe(s).read();
+                if self.index.get(b) != cur {
+                    return Ok(false);
+                }
+                self.store_read(dst, s << self.shift)?;
+            }
+            Some(Place::Ram(_)) => unreachable!("a RAM block is written in place, not refilled"),
+        }
+        Ok(true)
+    }
+
+    /// A RAM slot: a free one, or (RamOverflow) one taken by eviction. A slot counts in
+    /// `filling` until its insert published or gave it back.
+    fn ram_alloc(&self) -> Result<u32> {
+        let take = |r: u32| {
+            self.filling.fetch_add(1, Ordering::AcqRel);
+            Ok(r)
+        };
+        for _ in 0..ALLOC_WAITS_MAX {
+            if let Some(r) = self.arena.alloc() {
+                return take(r);
+            }
+            if self.mode == Mode::RamOverflow {
+                return take(self.evict_one()?);
+            }
+            // Full, unless other writers hold slots for inserts that may lose a race on
+            // their block and give the slot back: wait for them rather than refuse. A
+            // loser releases its slot before it leaves `filling`, so once `filling` is 0
+            // one more try sees every slot given back.
+            if self.filling.load(Ordering::Acquire) == 0 {
+                if let Some(r) = self.arena.alloc() {
+                    return take(r);
+                }
+                break;
+            }
+            std::thread::yield_now();
+        }
+        Err(self.enospc("RAM budget", None))
+    }
+
+    /// An insert's slot was published or released.
+    fn filled(&self) {
+        self.filling.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Writes into a new RAM slot and publishes it in place of `cur` (absent, zero or an
+    /// overflow slot). False when `cur` changed meanwhile (the caller retries).
+    fn insert_ram(&self, b: u64, o: usize, src: &[u8], cur: Option<Entry>) -> Result<bool> {
+        let r = self.ram_alloc()?;
+        let mut g = self.arena.slot(r).write();
+        debug_assert_eq!(g.owner, FREE, "a slot handed out is free");
+        let blen = self.block_len(b);
+        let full = o == 0 && src.len() == blen;
+        let based = if full {
+            Ok(true)
+        } else {
+            self.fill_base(b, cur, &mut g.data[..blen])
+        };
+        if !matches!(based, Ok(true)) {
+            drop(g);
+            self.arena.release(r);
+            self.filled();
+            return based;
+        }
+        g.data[o..o + src.len()].copy_from_slice(src);
+        g.owner = b;
+        let new = self.index.entry(Place::Ram(r));
+        if !self.index.replace(b, cur, Some(new)) {
+            g.owner = FREE;
+            drop(g);
+            self.arena.release(r);
+            self.filled();
+            return Ok(false);
+        }
+        drop(g);
+        self.filled();
+        self.clock.touch(r);
+        if let Some(Place::Disk(s)) = cur.map(|e| e.place) {
+            self.counters.promotions.fetch_add(1, Ordering::Relaxed);
+            self.disk_free(s);
+        }
+        Ok(true)
+    }
+
+    /// Disk mode: writes block `b` whole into a new overflow slot and publishes it in place
+    /// of `cur` (absent or zero).
+    fn insert_disk(&self, b: u64, o: usize, src: &[u8], cur: Option<Entry>) -> Result<bool> {
+        let s = self.disk_alloc()?;
+        let blen = self.block_len(b);
+        let written = if o == 0 && src.len() == blen {
+            self.store_write(src, s << self.shift)
+        } else {
+            SCRATCH.with(|cell| {
+                let mut buf = cell.borrow_mut();
+                if buf.len() < blen {
+                    buf.resize(self.block as usize, 0);
+                }
+                let buf = &mut buf[..blen];
+                // Disk mode has no RAM entries and overflow entries are written in place,
+                // so the base is the layer below or zeros: it cannot change under us.
+                self.fill_base(b, cur, buf)?;
+                buf[o..o + src.len()].copy_from_slice(src);
+                self.store_write(buf, s << self.shift)
+            })
+        };
+        if let Err(e) = written {
+            self.disk.release(s);
+            return Err(e);
+        }
+        let new = self.index.entry(Place::Disk(s));
+        if self.index.replace(b, cur, Some(new)) {
+            return Ok(true);
+        }
+        self.disk_free(s);
+        Ok(false)
+    }
+
+    /// Moves one CLOCK victim from RAM to a new overflow slot and returns its RAM slot,
+    /// free, to the caller.
+    fn evict_one(&self) -> Result<u32> {
+        for attempt in 0..EVICT_ATTEMPTS_MAX {
+            let Some(r) = self.clock.next_victim(self.arena.grown()) else {
+                break;
+            };
+            if attempt > 0 && (attempt as u64).is_multiple_of(u64::from(self.arena.grown().max(1)))
+            {
+                // A whole turn found only busy slots: let their writers finish.
+                std::thread::yield_now();
+            }
+            let Some(g) = self.arena.slot(r).try_upgradable_read() else {
+                continue;
+            };
+            let b = g.owner;
+            if b == FREE {
+                continue;
+            }
+            let cur = self.index.get(b);
+            if cur.map(|e| e.place) != Some(Place::Ram(r)) {
+                continue;
+            }
+            let s = self.disk_alloc()?;
+            if let Err(e) = self.store_write(&g.data[..self.block_len(b)], s << self.shift) {
+                self.disk.release(s);
+                return Err(e);
+            }
+            let mut w = RwLockUpgradableReadGuard::upgrade(g);
+            let new = self.index.entry(Place::Disk(s));
+            // Changing a RAM entry needs the slot's write lock, which we held (upgradable)
+            // since the lookup: the entry cannot have changed.
+            let swapped = self.index.replace(b, cur, Some(new));
+            assert!(
+                swapped,
+                "RAM entry of block {b} changed under its slot lock"
+            );
+            w.owner = FREE;
+            drop(w);
+            self.clock.forget(r);
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+            return Ok(r);
+        }
+        Err(self.enospc("no evictable block", None))
+    }
+
+    // ---- trim and zeroes ----
+
+    /// Sets block `b`'s entry to `target` (absent or zero), freeing its storage.
+    fn set_entry(&self, b: u64, zero: bool) {
+        loop {
+            let cur = self.index.get(b);
+            let target = zero.then(|| self.index.entry(Place::Zero));
+            match cur.map(|e| e.place) {
+                None if !zero => return,
+                Some(Place::Zero) if zero => return,
+                None | Some(Place::Zero) => {
+                    if self.index.replace(b, cur, target) {
+                        return;
+                    }
+                }
+                Some(Place::Ram(r)) => {
+                    let mut g = self.arena.slot(r).write();
+                    if g.owner != b || !self.index.replace(b, cur, target) {
+                        continue;
+                    }
+                    g.owner = FREE;
+                    drop(g);
+                    self.clock.forget(r);
+                    self.arena.release(r);
+                    return;
+                }
+                Some(Place::Disk(s)) => {
+                    let excl = self.stripe(s).write();
+                    if !self.index.replace(b, cur, target) {
+                        continue;
+                    }
+                    drop(excl);
+                    self.disk.release(s);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Whole blocks of `[offset, offset+len)` get `set_entry(zero)`; partial ones get
+    /// zeros written (`zero`) or are left alone (trim is advisory).
+    fn clear(&self, offset: u64, len: u64, zero: bool) -> Result<()> {
+        self.check(offset, len)?;
+        let end = offset + len;
+        let mut at = offset;
+        while at < end {
+            let b = at >> self.shift;
+            let o = (at & (self.block - 1)) as usize;
+            let blen = self.block_len(b);
+            let n = ((blen - o) as u64).min(end - at) as usize;
+            if o == 0 && n == blen {
+                self.set_entry(b, zero);
+            } else if zero {
+                self.write_piece(b, o, &self.zeros[..n])?;
+            }
+            at += n as u64;
+        }
+        Ok(())
+    }
+}
+
+fn is_full(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull
+            | std::io::ErrorKind::QuotaExceeded
+            | std::io::ErrorKind::FileTooLarge
+    )
+}
+
+impl BlockDevice for WriteCache {
+    fn geometry(&self) -> Geometry {
+        self.next.geometry()
+    }
+
+    fn format(&self) -> &'static str {
+        "write-cache"
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        // Runs of blocks the cache does not hold are read from below in one call each.
+        let len = buf.len();
+        let mut below: Option<std::ops::Range<usize>> = None;
+        let mut pos = 0usize;
+        while pos < len {
+            let at = offset + pos as u64;
+            let b = at >> self.shift;
+            // Below `block` (≤ 1 MiB).
+            let o = (at & (self.block - 1)) as usize;
+            let n = (self.block as usize - o).min(len - pos);
+            let held = self.read_piece(b, o, &mut buf[pos..pos + n])?;
+            match (&mut below, held) {
+                (Some(run), false) => run.end = pos + n,
+                (None, false) => below = Some(pos..pos + n),
+                (Some(_), true) => {
+                    let run = below.take().unwrap_or_default();
+                    self.next
+                        .read_at(&mut buf[run.clone()], offset + run.start as u64)?;
+                }
+                (None, true) => {}
+            }
+            pos += n;
+        }
+        if let Some(run) = below {
+            self.next
+                .read_at(&mut buf[run.clone()], offset + run.start as u64)?;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        self.pieces(offset, buf.len(), |b, o, range| {
+            self.write_piece(b, o, &buf[range])
+        })
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.check(0, 0)?;
+        if self.mode != Mode::Disk {
+            // RAM and RAM-with-overflow caches are discarded at restart: nothing to make
+            // durable.
+            return Ok(());
+        }
+        self.store().flush().map_err(|e| {
+            self.poisoned.store(true, Ordering::Release);
+            tracing::error!(error = %e, "overflow flush failed: write cache poisoned");
+            Error::io("flush overflow file", e)
+        })
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.clear(offset, len, false)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.clear(offset, len, true)
+    }
+
+    fn can_write(&self) -> bool {
+        true
+    }
+
+    fn map_layer(&self, offset: u64, len: u64) -> Result<Vec<LayerRun>> {
+        check_bounds(self.size, offset, len)?;
+        let mut runs: Vec<LayerRun> = Vec::new();
+        let end = offset + len;
+        let mut at = offset;
+        while at < end {
+            let b = at >> self.shift;
+            let n = ((b + 1) << self.shift).min(end) - at;
+            let source = match self.index.get(b).map(|e| e.place) {
+                None => Source::Parent,
+                Some(Place::Zero) => Source::Zero,
+                Some(_) => Source::Data,
+            };
+            match runs.last_mut() {
+                Some(last) if last.source == source => last.len += n,
+                _ => runs.push(LayerRun { len: n, source }),
+            }
+            at += n;
+        }
+        Ok(runs)
+    }
+
+    fn parent(&self) -> Option<Arc<dyn BlockDevice>> {
+        Some(Arc::clone(&self.next))
+    }
+
+    fn allocated_bytes(&self) -> Result<u64> {
+        let u = self.usage();
+        Ok(u.ram_bytes + u.overflow_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemStore;
+
+    /// A read-only device whose byte at `i` is `i % 251`, so any misplaced byte shows.
+    #[derive(Debug)]
+    struct Golden(u64);
+
+    impl BlockDevice for Golden {
+        fn geometry(&self) -> Geometry {
+            Geometry {
+                size: self.0,
+                logical_sector_size: 512,
+                physical_sector_size: 4096,
+                block_size: 1 << 20,
+            }
+        }
+        fn format(&self) -> &'static str {
+            "golden"
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+            check_bounds(self.0, offset, buf.len() as u64)?;
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b = ((offset + i as u64) % 251) as u8;
+            }
+            Ok(())
+        }
+    }
+
+    fn cache(mode: Mode, ram_blocks: u64, disk_blocks: u64) -> WriteCache {
+        let config = Config {
+            mode,
+            block_bytes: 4096,
+            ram_bytes_max: ram_blocks * 4096,
+            overflow_bytes_max: disk_blocks * 4096,
+        };
+        let store: Arc<dyn OverflowStore> = Arc::new(MemStore::new(1 << 30));
+        WriteCache::new(Arc::new(Golden(1 << 20)), config, Some(store)).unwrap()
+    }
+
+    #[test]
+    fn partial_write_keeps_the_rest_of_the_golden_block() {
+        let c = cache(Mode::Ram, 4, 0);
+        c.write_at(&[0xAA; 10], 4096 + 100).unwrap();
+        let mut buf = [0u8; 3];
+        c.read_at(&mut buf, 4096 + 99).unwrap();
+        // Byte 4195 of the golden image is 4195 % 251 = 179.
+        assert_eq!(buf, [179, 0xAA, 0xAA]);
+    }
+
+    #[test]
+    fn ram_full_is_limit_exceeded() {
+        let c = cache(Mode::Ram, 1, 0);
+        c.write_at(&[1; 4096], 0).unwrap();
+        let e = c.write_at(&[1; 4096], 8192).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::LimitExceeded);
+        assert_eq!(c.usage().enospc, 1);
+    }
+
+    #[test]
+    fn ram_overflow_evicts_and_reads_back() {
+        let c = cache(Mode::RamOverflow, 1, 4);
+        c.write_at(&[1; 4096], 0).unwrap();
+        c.write_at(&[2; 4096], 4096).unwrap();
+        let mut buf = [0u8; 4096];
+        c.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [1; 4096]);
+        assert_eq!(c.usage().evictions, 1);
+    }
+
+    #[test]
+    fn overflow_full_is_limit_exceeded() {
+        let c = cache(Mode::RamOverflow, 1, 1);
+        c.write_at(&[1; 4096], 0).unwrap();
+        c.write_at(&[2; 4096], 4096).unwrap();
+        let e = c.write_at(&[3; 4096], 8192).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::LimitExceeded);
+    }
+
+    #[test]
+    fn trim_frees_the_ram_block() {
+        let c = cache(Mode::Ram, 1, 0);
+        c.write_at(&[1; 4096], 0).unwrap();
+        c.trim(0, 4096).unwrap();
+        assert_eq!(c.usage().ram_bytes, 0);
+    }
+
+    #[test]
+    fn write_zeroes_reads_zeros_without_storage() {
+        let c = cache(Mode::Disk, 0, 4);
+        c.write_zeroes(0, 8192).unwrap();
+        let mut buf = [1u8; 8192];
+        c.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [0; 8192]);
+        assert_eq!(c.usage().overflow_bytes, 0);
+    }
+
+    #[test]
+    fn overflow_store_missing_is_a_config_error() {
+        let config = Config {
+            mode: Mode::Disk,
+            ..Config::default()
+        };
+        let e = WriteCache::new(Arc::new(Golden(4096)), config, None).unwrap_err();
+        assert_eq!(e, ConfigError::MissingStore { mode: Mode::Disk });
+    }
+}
