@@ -293,16 +293,26 @@ pub async fn report(
     Extension(board): Extension<Arc<StatusBoard>>,
     ApiJson(r): ApiJson<Report>,
 ) -> ApiResult<StatusCode> {
+    let unknown = || ApiError::new(StatusCode::UNAUTHORIZED, "no live session of that name");
+    if !is_export_name(&r.export_name) {
+        return Err(unknown());
+    }
     let session = s
         .farm
         .session_by_export(&r.export_name)
         .await?
-        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "no live session of that name"))?;
+        .ok_or_else(unknown)?;
     if let Some(id) = r.server_id {
-        s.farm
-            .server(id)
-            .await
-            .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("no server {id}")))?;
+        match s.farm.server(id).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == farm::Kind::NotFound => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("no server {id}"),
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     let entry = Entry {
         session_id: session.id.clone(),
@@ -317,6 +327,18 @@ pub async fn report(
     };
     board.record(session.device_id, entry)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The longest export name looked up.
+const EXPORT_NAME_BYTES_MAX: usize = 64;
+
+/// True for text shaped like a session export name (`ferry-s-` and hex digits), so that
+/// nothing else (NUL bytes included, which PostgreSQL refuses) reaches the database.
+fn is_export_name(name: &str) -> bool {
+    name.len() <= EXPORT_NAME_BYTES_MAX
+        && name
+            .strip_prefix(farm::login::EXPORT_PREFIX)
+            .is_some_and(|hex| !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 struct Ctx<'a> {
@@ -446,6 +468,15 @@ mod tests {
         b.record(1, entry("s", 9, 1)).unwrap();
         assert_eq!(b.get(1, "s").unwrap().counters.bytes_read, 9);
         assert_eq!(b.len(), 1);
+    }
+
+    #[test]
+    fn export_name_shape_is_checked_before_the_database() {
+        assert!(is_export_name("ferry-s-0123456789abcdef0123456789abcdef"));
+        assert!(!is_export_name("ferry-s-"));
+        assert!(!is_export_name("ferry-s-00\u{0}"));
+        assert!(!is_export_name("golden"));
+        assert!(!is_export_name(&format!("ferry-s-{}", "0".repeat(64))));
     }
 
     #[test]
