@@ -28,6 +28,12 @@
 //!   `Disk`, and hands the RAM slot to the writer that needed it. Only that writer waits
 //!   for the overflow I/O: reads of other RAM-resident blocks never do.
 //!
+//! * `try_read_at` / `try_write_at` (called inline on the NBD server's reactor) never wait
+//!   for a lock held across I/O and never do I/O: they `try_lock` the insert lock and the
+//!   overflow stripe, take only an already free RAM slot, and otherwise return `None`
+//!   having changed nothing. The slow path, when it must evict, frees a batch of slots
+//!   (`EVICT_BATCH`) for the fast path to use.
+//!
 //! Rejected: per-sector valid bits (a partial write would not need the base block, but every
 //! read of a partly valid block would have to merge with the layer below, and the guest's
 //! 4 KiB I/O makes partial blocks rare); one big lock (serializes a queue depth of 16).
