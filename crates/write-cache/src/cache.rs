@@ -28,6 +28,12 @@
 //!   `Disk`, and hands the RAM slot to the writer that needed it. Only that writer waits
 //!   for the overflow I/O: reads of other RAM-resident blocks never do.
 //!
+//! * `try_read_at` / `try_write_at` (called inline on the NBD server's reactor) never wait
+//!   for a lock held across I/O and never do I/O: they `try_lock` the insert lock and the
+//!   overflow stripe, take only an already free RAM slot, and otherwise return `None`
+//!   having changed nothing. The slow path, when it must evict, frees a batch of slots
+//!   (`EVICT_BATCH`) for the fast path to use.
+//!
 //! Rejected: per-sector valid bits (a partial write would not need the base block, but every
 //! read of a partly valid block would have to merge with the layer below, and the guest's
 //! 4 KiB I/O makes partial blocks rare); one big lock (serializes a queue depth of 16).
@@ -52,6 +58,8 @@ use crate::{BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, Config, ConfigError, Mode};
 /// keeps rewritten (hot) blocks in RAM, so a block in the file was cold when it left. The
 /// two measured alike within the noise of a shared machine (docs/target.md).
 const PROMOTE_ON_WRITE: bool = false;
+/// RAM slots one slow-path eviction frees at once (see `ram_alloc`).
+const EVICT_BATCH: usize = 32;
 /// Times a writer waits for racing inserts to give a RAM slot back before ENOSPC.
 const ALLOC_WAITS_MAX: usize = 1 << 12;
 /// Stripes of overflow-slot locks.
@@ -447,7 +455,19 @@ impl WriteCache {
                 return take(r);
             }
             if self.mode == Mode::RamOverflow {
-                return take(self.evict_one()?);
+                let r = self.evict_one(EVICT_ATTEMPTS_MAX)?;
+                // Evict a batch while here (at most an eighth of RAM, one sweep each), so
+                // the next writes find free slots and complete on the server's fast path
+                // (`try_write_at`) without overflow I/O.
+                let sweep = 2 * self.arena.grown() as usize;
+                let batch = EVICT_BATCH.min(self.arena.slots_max() as usize / 8);
+                for _ in 1..batch {
+                    match self.evict_one(sweep) {
+                        Ok(extra) => self.arena.release(extra),
+                        Err(_) => break,
+                    }
+                }
+                return take(r);
             }
             // Full, unless other writers hold slots for inserts that may lose a race on
             // their block and give the slot back: wait for them rather than refuse. A
@@ -473,10 +493,12 @@ impl WriteCache {
     /// overflow slot). False when `cur` changed meanwhile (the caller retries).
     fn insert_ram(&self, b: u64, o: usize, src: &[u8], cur: Option<Entry>) -> Result<bool> {
         let r = self.ram_alloc()?;
-        self.insert_into(r, b, o, src, cur)
+        self.insert_into(r, b, o, src, cur, true)
     }
 
-    /// [`Self::insert_ram`] with slot `r` already taken (and counted in `filling`).
+    /// [`Self::insert_ram`] with slot `r` already taken (and counted in `filling`). When
+    /// `cur` is an overflow slot, `free_disk` frees it after the publish (false: the caller
+    /// holds its stripe exclusively and frees it).
     fn insert_into(
         &self,
         r: u32,
@@ -484,6 +506,7 @@ impl WriteCache {
         o: usize,
         src: &[u8],
         cur: Option<Entry>,
+        free_disk: bool,
     ) -> Result<bool> {
         let mut g = self.arena.slot(r).write();
         debug_assert_eq!(g.owner, FREE, "a slot handed out is free");
@@ -515,7 +538,9 @@ impl WriteCache {
         self.clock.touch(r);
         if let Some(Place::Disk(s)) = cur.map(|e| e.place) {
             self.counters.promotions.fetch_add(1, Ordering::Relaxed);
-            self.disk_free(s);
+            if free_disk {
+                self.disk_free(s);
+            }
         }
         Ok(true)
     }
@@ -554,15 +579,20 @@ impl WriteCache {
     }
 
     /// Moves one CLOCK victim from RAM to a new overflow slot and returns its RAM slot,
-    /// free, to the caller.
-    fn evict_one(&self) -> Result<u32> {
-        for attempt in 0..EVICT_ATTEMPTS_MAX {
+    /// free, to the caller (or a slot another writer's batch freed meanwhile), looking at
+    /// no more than `attempts` candidates.
+    fn evict_one(&self, attempts: usize) -> Result<u32> {
+        for attempt in 0..attempts {
             let Some(r) = self.clock.next_victim(self.arena.grown()) else {
                 break;
             };
             if attempt > 0 && (attempt as u64).is_multiple_of(u64::from(self.arena.grown().max(1)))
             {
-                // A whole turn found only busy slots: let their writers finish.
+                // A whole turn found only busy or free slots: a batch of another writer may
+                // have freed some, or their writers need to finish.
+                if let Some(free) = self.arena.alloc() {
+                    return Ok(free);
+                }
                 std::thread::yield_now();
             }
             let Some(g) = self.arena.slot(r).try_upgradable_read() else {
@@ -784,7 +814,7 @@ impl BlockDevice for WriteCache {
                 }
                 let r = self.arena.alloc()?;
                 self.filling.fetch_add(1, Ordering::AcqRel);
-                match self.insert_into(r, b, o, buf, cur) {
+                match self.insert_into(r, b, o, buf, cur, true) {
                     Ok(true) => Some(Ok(())),
                     // The entry changed (a trim) after all: the slot was given back and
                     // nothing was written.
@@ -792,7 +822,30 @@ impl BlockDevice for WriteCache {
                     Err(e) => Some(Err(e)),
                 }
             }
-            Some(Place::Disk(_)) => None,
+            Some(Place::Disk(s)) => {
+                // A whole-block rewrite of a block in the overflow file moves it back to a
+                // free RAM slot: no read is needed, and freeing its overflow slot needs the
+                // slot's stripe, taken only if no reader holds it.
+                if o != 0 || buf.len() != self.block_len(b) {
+                    return None;
+                }
+                let _insert = self.insert_lock(b).try_lock()?;
+                if self.index.get(b) != cur {
+                    return None;
+                }
+                let excl = self.stripe(s).try_write()?;
+                let r = self.arena.alloc()?;
+                self.filling.fetch_add(1, Ordering::AcqRel);
+                match self.insert_into(r, b, o, buf, cur, false) {
+                    Ok(true) => {
+                        drop(excl);
+                        self.disk.release(s);
+                        Some(Ok(()))
+                    }
+                    Ok(false) => None,
+                    Err(e) => Some(Err(e)),
+                }
+            }
         }
     }
 

@@ -354,3 +354,71 @@ fn racing_partial_writes_never_leak_ram_slots() {
         assert!(ok, "sector {i} is a mix");
     }
 }
+
+/// Four threads own disjoint blocks of a 512-block disk over 64 RAM slots (so evictions
+/// come in batches) and rewrite them whole or in part, half through `try_write_at` (the
+/// server's fast path, which moves whole overflow blocks back to RAM) and half through
+/// `write_at`; every read, fast or slow, returns the thread's last write of the block.
+#[test]
+fn batched_eviction_and_fast_path_keep_every_block_current() {
+    let block = 4096u64;
+    let blocks = 512u64;
+    let config = Config {
+        mode: Mode::RamOverflow,
+        block_bytes: block as u32,
+        ram_bytes_max: 64 * block,
+        overflow_bytes_max: blocks * block,
+    };
+    let store: Arc<dyn OverflowStore> = Arc::new(MemStore::new(1 << 30));
+    let cache =
+        Arc::new(WriteCache::new(Arc::new(Golden(blocks * block)), config, Some(store)).unwrap());
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let cache = Arc::clone(&cache);
+            std::thread::spawn(move || {
+                let mut model = vec![None::<u8>; 128];
+                for round in 0..6000u64 {
+                    let k = (round.wrapping_mul(2_654_435_761) >> 7) % 128;
+                    let b = k * 4 + t;
+                    let v = (round % 251) as u8 | 1;
+                    let whole = round % 3 != 0;
+                    let (offset, len) = if whole {
+                        (b * block, block)
+                    } else {
+                        (b * block, 512)
+                    };
+                    let d = vec![v; len as usize];
+                    let fast = if round % 2 == 0 {
+                        cache.try_write_at(&d, offset)
+                    } else {
+                        None
+                    };
+                    fast.unwrap_or_else(|| cache.write_at(&d, offset)).unwrap();
+                    if whole {
+                        model[k as usize] = Some(v);
+                    }
+                    let mut got = vec![0u8; 512];
+                    let r = if round % 2 == 1 {
+                        cache.try_read_at(&mut got, offset)
+                    } else {
+                        None
+                    };
+                    r.unwrap_or_else(|| cache.read_at(&mut got, offset))
+                        .unwrap();
+                    assert_eq!(got, vec![v; 512], "thread {t} block {b} round {round}");
+                    if let Some(m) = model[k as usize] {
+                        let mut tail = vec![0u8; 512];
+                        cache.read_at(&mut tail, offset + block - 512).unwrap();
+                        assert_eq!(tail, vec![m; 512], "thread {t} block {b} tail");
+                    }
+                }
+            })
+        })
+        .collect();
+    for th in threads {
+        th.join().unwrap();
+    }
+    let u = cache.usage();
+    assert!(u.evictions > 448, "{u:?}");
+    assert!(u.promotions > 0, "{u:?}");
+}
