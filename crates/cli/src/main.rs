@@ -8,6 +8,7 @@
 //! copy.rs        `ferry vdisk merge|convert|capture|compact` (long work: bars and summaries)
 //! quickstart.rs  `ferry quickstart`: a demo vDisk with one version, then its info
 //! server.rs      `ferry server`: NBD + metrics over a store, until SIGINT/SIGTERM
+//! server_farm.rs `ferry server --farm`: farm API + console, session exports, heartbeat
 //! target.rs      `ferry target`: the target device agent; `status`, `mark-booted`
 //! progress.rs    indicatif bars behind `disk::ops::Progress`
 //! size.rs        "10G", "512M", "32MiB" parsing
@@ -42,6 +43,7 @@ mod farm_objects;
 mod progress;
 mod quickstart;
 mod server;
+mod server_farm;
 mod size;
 mod target;
 mod vdisk;
@@ -107,7 +109,8 @@ enum Command {
         Examples:\n  ferry server --store ferry-data\n  \
         nbdinfo nbd://127.0.0.1/demo\n  \
         ferry server --config /etc/ferry/ferry.toml --cache-ram 8G\n  \
-        curl http://127.0.0.1:9810/metrics")]
+        curl http://127.0.0.1:9810/metrics\n  \
+        ferry server --farm /srv/ferry --api-listen 0.0.0.0:8080   # farm API, console, device login")]
     Server(server::Args),
     /// Run the target device agent: attach a vDisk from the servers, keep this machine's
     /// writes in a write cache, and export the disk on a unix socket.

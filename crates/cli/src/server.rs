@@ -7,6 +7,7 @@
 //! and serves until SIGINT or SIGTERM. Then it stops accepting, lets every connection finish
 //! and flush, releases write caches (discarding the non-persistent ones) and exits 0.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -52,6 +53,37 @@ pub struct Args {
     /// Block cache RAM budget, e.g. 4G ([cache] ram_bytes; default: a quarter of RAM).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub cache_ram: Option<u64>,
+    /// Join the farm in DIR (made by `ferry farm init`): serve its REST API and web console,
+    /// accept device logins' session exports, register this server and heartbeat. Without
+    /// --store, the farm's first store is served.
+    #[arg(long, value_name = "DIR")]
+    pub farm: Option<PathBuf>,
+    /// The farm's PostgreSQL database instead of DIR's SQLite file.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "FERRY_DB",
+        hide_env_values = true,
+        requires = "farm"
+    )]
+    pub db: Option<String>,
+    /// Where the farm API and console listen (with --farm).
+    #[arg(
+        long,
+        value_name = "ADDR:PORT",
+        default_value = "0.0.0.0:8080",
+        requires = "farm"
+    )]
+    pub api_listen: SocketAddr,
+    /// The site this server joins (default: the farm's first, or a new "default" site).
+    #[arg(long, value_name = "ID", requires = "farm")]
+    pub site: Option<i64>,
+    /// This server's name in the farm (default: the host name).
+    #[arg(long, value_name = "NAME", requires = "farm")]
+    pub server_name: Option<String>,
+    /// The NBD address devices are told to use (default: the NBD listen address).
+    #[arg(long, value_name = "HOST:PORT", requires = "farm")]
+    pub advertise: Option<String>,
 }
 
 impl Args {
@@ -85,27 +117,91 @@ impl Args {
 /// # Errors
 /// Configuration, store, bind and signal-handler errors.
 pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
-    let resolved = a.config()?.resolve()?;
-    let cache = resolved.block_cache().context("build block cache")?;
-    let registry = Registry::new(resolved.registry.clone(), cache)
-        .with_context(|| format!("serve store {}", resolved.registry.store_dir.display()))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ferry-server")
         .build()
         .context("start async runtime")?;
-    let result = runtime.block_on(serve(resolved, registry, Arc::new(Metrics::new())));
+    let mut config = a.config()?;
+    let farm = match &a.farm {
+        Some(dir) => {
+            // The NBD address as configured (the store is not known yet: any will do).
+            let mut probe = config.clone();
+            probe.store.dir.get_or_insert_with(|| PathBuf::from("."));
+            let nbd = probe.resolve().ok().and_then(|r| r.nbd.nbd_listen);
+            let advertise = crate::server_farm::advertised(a.advertise.as_deref(), nbd);
+            let name = a.server_name.clone().unwrap_or_else(host_name);
+            let (handle, store_dir) = runtime.block_on(crate::server_farm::open(
+                dir,
+                a.db.clone(),
+                config.store.dir.as_deref(),
+                a.site,
+                &name,
+                &advertise,
+            ))?;
+            config.store.dir = Some(store_dir);
+            Some(handle)
+        }
+        None => None,
+    };
+    let resolved = config.resolve()?;
+    let cache = resolved.block_cache().context("build block cache")?;
+    let registry = Registry::new(resolved.registry.clone(), cache)
+        .with_context(|| format!("serve store {}", resolved.registry.store_dir.display()))?;
+    if let Some(f) = &farm {
+        registry.set_sessions(Arc::new(crate::server_farm::FarmSessions::new(
+            f.farm.session_table(),
+            &resolved.registry.store_dir,
+        )));
+    }
+    let api = farm.map(|f| (f, a.api_listen));
+    let result = runtime.block_on(serve(resolved, registry, Arc::new(Metrics::new()), api));
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     result?;
     Ok(ExitCode::SUCCESS)
 }
 
-async fn serve(r: Resolved, registry: Registry, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+/// The host name, for a server's default name in its farm.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "ferry-server".into())
+}
+
+async fn serve(
+    r: Resolved,
+    registry: Registry,
+    metrics: Arc<Metrics>,
+    farm: Option<(crate::server_farm::FarmHandle, SocketAddr)>,
+) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     watch_signals(stop_tx)?;
     let nbd = Listener::bind(r.nbd.clone())
         .await
         .context("bind NBD listener")?;
+    let api_task = match farm {
+        Some((handle, addr)) => {
+            let l = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("bind farm API {addr}"))?;
+            let at = l.local_addr()?;
+            tracing::info!(
+                api = %format!("http://{at}/api/v1"),
+                console = %format!("http://{at}/"),
+                server_id = handle.server_id,
+                "serving the farm API and console"
+            );
+            let stop = stopped(stop_rx.clone());
+            Some(tokio::spawn(async move {
+                if let Err(e) = crate::server_farm::serve_api(&handle, l, stop).await {
+                    tracing::error!(error = %format!("{e:#}"), "farm API stopped");
+                }
+            }))
+        }
+        None => None,
+    };
     let metrics_listener = match r.metrics_listen {
         Some(addr) => Some(
             TcpListener::bind(addr)
@@ -129,6 +225,9 @@ async fn serve(r: Resolved, registry: Registry, metrics: Arc<Metrics>) -> anyhow
     let sink: Arc<dyn NbdMetrics> = metrics;
     nbd.serve(source, sink, stopped(stop_rx)).await;
     if let Some(task) = metrics_task {
+        let _ = task.await;
+    }
+    if let Some(task) = api_task {
         let _ = task.await;
     }
     tracing::info!("server stopped");
