@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use ::target::login::{self, LoginError, LoginGrant};
 use ::target::{AgentConfig, CacheMode, Status};
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use clap::{Args as ClapArgs, Subcommand};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -17,6 +18,12 @@ use crate::size::{parse_block_size, parse_size};
 
 /// The export socket when `--export` is not given.
 const DEFAULT_EXPORT: &str = "unix:/run/ferry/target.sock";
+/// The cache mode when neither --cache nor a farm sets one.
+const DEFAULT_MODE: CacheMode = CacheMode::RamOverflow;
+/// The RAM budget when neither --ram nor a farm sets one.
+const DEFAULT_RAM_BYTES: u64 = 1 << 30;
+/// The environment variable that may hold the farm key (hex) for device login.
+const FARM_KEY_ENV: &str = "FERRY_FARM_KEY";
 /// How long the runtime waits for disk calls still running after the export stopped.
 const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -68,32 +75,41 @@ pub enum Command {
 /// Arguments of the agent itself.
 #[derive(Debug, ClapArgs)]
 pub struct RunArgs {
-    /// Servers in failover order: HOST[:PORT][,HOST2[:PORT]...] (port 10809 by default).
+    /// With --vdisk: NBD servers in failover order, HOST[:PORT][,HOST2[:PORT]...] (port 10809
+    /// by default). With --device MAC alone: the farm's API, http://HOST:PORT[,...] (tried in
+    /// order for the login; the farm then names the NBD servers).
     #[arg(
         long,
-        value_name = "HOST[:PORT],...",
+        value_name = "HOST[:PORT],...|URL,...",
         value_delimiter = ',',
         required = true
     )]
     pub server: Vec<String>,
-    /// The vDisk to attach.
-    #[arg(long, value_name = "NAME", required = true)]
+    /// The vDisk to attach (without it, --device MAC logs in to the farm).
+    #[arg(long, value_name = "NAME", required_unless_present = "device")]
     pub vdisk: Option<String>,
-    /// Write-cache mode: ram, ram-overflow, disk, server, server-persistent, private.
-    #[arg(long, value_name = "MODE", default_value = "ram-overflow", value_parser = parse_mode)]
-    pub cache: CacheMode,
-    /// RAM budget of the ram and ram-overflow caches.
-    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size)]
-    pub ram: u64,
+    /// Write-cache mode: ram, ram-overflow, disk, server, server-persistent, private
+    /// (default ram-overflow; after device login the farm decides).
+    #[arg(long, value_name = "MODE", value_parser = parse_mode)]
+    pub cache: Option<CacheMode>,
+    /// RAM budget of the ram and ram-overflow caches (default 1G; after device login the
+    /// farm decides).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub ram: Option<u64>,
     /// Directory of the overflow file (ram-overflow, disk); the file is unlinked from the start.
     #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
     pub overflow: PathBuf,
     /// Most bytes the overflow file may hold (the filesystem may fill first).
     #[arg(long, value_name = "SIZE", default_value = "1T", value_parser = parse_size)]
     pub overflow_max: u64,
-    /// This device's name, for the server cache modes (default: the host name).
-    #[arg(long, value_name = "NAME")]
+    /// With --vdisk: this device's name, for the server cache modes (default: the host
+    /// name). Without --vdisk: this device's MAC, which logs in to the farm at --server.
+    #[arg(long, value_name = "NAME|MAC")]
     pub device: Option<String>,
+    /// Device login: the file holding the farm key (DATA/farm.key of `ferry farm init`);
+    /// else the key's hex text from FERRY_FARM_KEY.
+    #[arg(long, value_name = "FILE", conflicts_with = "vdisk")]
+    pub farm_key: Option<PathBuf>,
     /// Where to export the disk: unix:PATH.
     #[arg(long, value_name = "unix:PATH", default_value = DEFAULT_EXPORT)]
     pub export: String,
@@ -177,10 +193,29 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
 
 fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
     let export_socket = socket_path(&a.export)?;
-    let vdisk = a.vdisk.clone().context("--vdisk is required")?;
-    let mut cfg = AgentConfig::new(a.server.clone(), &vdisk, a.cache, export_socket.clone());
-    cfg.device = a.device.clone().unwrap_or_else(hostname);
-    cfg.ram_bytes = a.ram;
+    let mut cfg = match &a.vdisk {
+        Some(vdisk) => {
+            let mode = a.cache.unwrap_or(DEFAULT_MODE);
+            let mut cfg = AgentConfig::new(a.server.clone(), vdisk, mode, export_socket.clone());
+            cfg.device = a.device.clone().unwrap_or_else(hostname);
+            cfg.ram_bytes = a.ram.unwrap_or(DEFAULT_RAM_BYTES);
+            cfg
+        }
+        None => {
+            let mac = a
+                .device
+                .as_deref()
+                .context("give --vdisk NAME, or --device MAC to log in to a farm")?;
+            if a.cache.is_some() || a.ram.is_some() {
+                bail!(
+                    "--cache and --ram come from the farm after device login; set them on the \
+                     device (ferry device set --cache-mode/--ram-bytes) or on its vDisk"
+                );
+            }
+            let grant = device_login(&a.server, mac, a.farm_key.as_deref())?;
+            config_from_grant(&grant, export_socket.clone())
+        }
+    };
     cfg.overflow_dir = Some(a.overflow.clone());
     cfg.overflow_bytes_max = a.overflow_max;
     cfg.block_bytes = a.cache_block;
@@ -216,6 +251,58 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Logs in at the first reachable farm API of `urls` with the farm key from `key_file` or
+/// [`FARM_KEY_ENV`].
+fn device_login(urls: &[String], mac: &str, key_file: Option<&Path>) -> anyhow::Result<LoginGrant> {
+    let key_text = match key_file {
+        Some(f) => std::fs::read_to_string(f)
+            .with_context(|| format!("read the farm key {}", f.display()))?,
+        None => std::env::var(FARM_KEY_ENV).map_err(|_| {
+            anyhow!(
+                "device login needs the farm key: --farm-key FILE (DATA/farm.key of ferry farm \
+                 init) or {FARM_KEY_ENV}=HEX"
+            )
+        })?,
+    };
+    let key = login::parse_farm_key(&key_text)?;
+    let mut unreachable = None;
+    for url in urls {
+        match login::login(url, mac, &key) {
+            Ok(g) => {
+                tracing::info!(api = %url, mac = %g.mac, device = %g.device_name,
+                    vdisk = %g.vdisk, version = g.version, cache = g.cache_mode.name(),
+                    ram_bytes = g.ram_bytes, export = %g.export_name,
+                    servers = %g.servers.join(","), "logged in to the farm");
+                if g.servers_defaulted {
+                    tracing::warn!(server = %g.servers[0],
+                        "the farm lists no NBD server for this device's site; using the API's \
+                         host on the default NBD port");
+                }
+                return Ok(g);
+            }
+            Err(e @ LoginError::Unreachable { .. }) => {
+                tracing::warn!(error = %e, "farm API unreachable");
+                unreachable = Some(e);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(unreachable
+        .map(anyhow::Error::from)
+        .unwrap_or_else(|| anyhow!("--server names no farm API")))
+}
+
+/// The agent's configuration after device login: the grant's servers, vDisk, cache mode
+/// and RAM, and its session export (opened instead of the vDisk, on failover too).
+fn config_from_grant(g: &LoginGrant, export_socket: PathBuf) -> AgentConfig {
+    let mut cfg = AgentConfig::new(g.servers.clone(), &g.vdisk, g.cache_mode, export_socket);
+    cfg.device = g.device_name.clone();
+    cfg.export_name = Some(g.export_name.clone());
+    cfg.mac = Some(g.mac.clone());
+    cfg.ram_bytes = g.ram_bytes;
+    cfg
+}
+
 fn status(
     control: &Path,
     json: bool,
@@ -236,6 +323,9 @@ fn status(
     outln!("server:      {} (of {})", s.server, s.servers.join(", "));
     outln!("vDisk:       {} ({})", s.vdisk, s.version);
     outln!("export:      {}", s.export);
+    if let Some(mac) = &s.mac {
+        outln!("device:      {mac} (device login; session export above)");
+    }
     outln!("cache mode:  {}", s.cache_mode);
     outln!(
         "RAM:         {:.1} MiB of {:.1} MiB",

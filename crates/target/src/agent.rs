@@ -33,6 +33,12 @@ pub struct AgentConfig {
     pub vdisk: String,
     /// This device's name (server cache modes).
     pub device: String,
+    /// The export to open on the servers instead of the one `mode` derives from `vdisk`
+    /// and `device`: the session's `ferry-s-…` name after device login. Failover opens the
+    /// same name on the next server.
+    pub export_name: Option<String>,
+    /// The device's MAC, when it logged in (shown by status).
+    pub mac: Option<String>,
     /// Cache mode.
     pub mode: CacheMode,
     /// RAM budget of `ram` and `ram-overflow`.
@@ -67,6 +73,8 @@ impl AgentConfig {
             servers,
             vdisk: vdisk.to_string(),
             device: "target".to_string(),
+            export_name: None,
+            mac: None,
             mode,
             ram_bytes: 1 << 30,
             overflow_dir: None,
@@ -145,7 +153,10 @@ impl Agent {
     /// # Errors
     /// [`AgentError`].
     pub fn build(cfg: AgentConfig) -> Result<Agent, AgentError> {
-        let export = cfg.mode.export_name(&cfg.vdisk, &cfg.device);
+        let export = cfg
+            .export_name
+            .clone()
+            .unwrap_or_else(|| cfg.mode.export_name(&cfg.vdisk, &cfg.device));
         let replay = match cfg.mode {
             CacheMode::Server => Replay::All,
             CacheMode::ServerPersistent | CacheMode::Private => Replay::UntilFlush,
@@ -199,6 +210,7 @@ impl Agent {
             servers: self.cfg.servers.clone(),
             vdisk: self.cfg.vdisk.clone(),
             export: self.export.clone(),
+            mac: self.cfg.mac.clone(),
             version: self.remote.description().to_string(),
             size_bytes: self.device.size(),
             cache_mode: self.cfg.mode.name().to_string(),

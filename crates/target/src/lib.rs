@@ -30,6 +30,7 @@
 pub mod agent;
 pub mod client;
 pub mod control;
+pub mod login;
 pub mod remote;
 pub mod stats;
 

@@ -234,8 +234,11 @@ pub struct Status {
     pub servers: Vec<String>,
     /// The vDisk name.
     pub vdisk: String,
-    /// The export attached on the server.
+    /// The export attached on the server (after device login: the session's name).
     pub export: String,
+    /// The device's MAC, when it logged in to a farm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
     /// The server's description of the export (vDisk and version).
     pub version: String,
     /// Size of the disk in bytes.

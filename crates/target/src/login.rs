@@ -1,0 +1,618 @@
+//! Device login, target side: a challenge and a proof of the farm key against the farm's
+//! REST API, which answers with what to attach (docs/farm.md, "Device login").
+//!
+//! ```text
+//!   target                                   farm (ferry farm serve / ferry server --farm)
+//!   POST /api/v1/login/challenge {mac}  ──►  {nonce, expires_at_ms}
+//!   hmac = HMAC-SHA256(key, nonce ‖ mac)
+//!   POST /api/v1/login {mac, nonce, hmac} ─► LoginGrant: servers, vDisk, version, cache
+//!                                            mode, RAM size, session export, token
+//! ```
+//!
+//! `key` is the farm key's bytes (hex-decoded from `DATA/farm.key`), `nonce` the nonce's
+//! text as received and `mac` the normalized MAC (`aa:bb:cc:dd:ee:ff`), concatenated as
+//! UTF-8; `hmac` goes out as lowercase hex. The key never crosses the wire.
+//!
+//! The client is blocking (reqwest's blocking client): call [`login`] before starting an
+//! async runtime, or from `spawn_blocking`.
+
+use std::time::Duration;
+
+use hmac::{Hmac, Mac as _};
+use reqwest::StatusCode;
+use reqwest::Url;
+use serde::Deserialize;
+use sha2::Sha256;
+
+use crate::CacheMode;
+
+/// The NBD port used when the farm lists no server.
+pub const DEFAULT_NBD_PORT: u16 = 10809;
+/// Timeout of one TCP connect to the API.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Timeout of one API request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most bytes of an API error message kept in a [`LoginError`].
+const MESSAGE_BYTES_MAX: usize = 1024;
+
+/// Why a login failed. Every variant names what failed; the farm's own message (its
+/// `{"error": ...}` body) is kept where there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum LoginError {
+    /// The API URL is not `http://HOST[:PORT]`.
+    #[error("invalid farm API URL {url:?}: {reason}")]
+    BadUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The MAC is not six hex pairs.
+    #[error("invalid MAC address {0:?} (expected aa:bb:cc:dd:ee:ff)")]
+    BadMac(String),
+    /// The farm key is not hex (or empty).
+    #[error("invalid farm key: {0}")]
+    BadKey(&'static str),
+    /// No answer from the API (connection refused, timeout, DNS).
+    #[error("farm API {url} is unreachable: {reason}")]
+    Unreachable {
+        /// The URL tried.
+        url: String,
+        /// The transport error.
+        reason: String,
+    },
+    /// 401: a wrong farm key (or a nonce that expired on the way).
+    #[error("login refused by {url} (wrong farm key?): {message}")]
+    BadProof {
+        /// The API's URL.
+        url: String,
+        /// The API's message.
+        message: String,
+    },
+    /// 403: the farm does not know the MAC and no collection adds devices automatically.
+    #[error("device {mac} is unknown to the farm at {url}: {message}")]
+    UnknownDevice {
+        /// The MAC.
+        mac: String,
+        /// The API's URL.
+        url: String,
+        /// The API's message.
+        message: String,
+    },
+    /// 409: the device has no vDisk, its type has no version to boot, or another
+    /// maintenance device is booted from the vDisk.
+    #[error("the farm at {url} cannot boot device {mac}: {message}")]
+    Conflict {
+        /// The MAC.
+        mac: String,
+        /// The API's URL.
+        url: String,
+        /// The API's message.
+        message: String,
+    },
+    /// Any other refusal (400, 404, 429, 5xx).
+    #[error("{step} at {url} failed with HTTP {status}: {message}")]
+    Refused {
+        /// `challenge` or `login`.
+        step: &'static str,
+        /// The API's URL.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+        /// The API's message (or the body).
+        message: String,
+    },
+    /// The answer is not what the API documents.
+    #[error("{step} at {url}: unexpected answer: {reason}")]
+    BadAnswer {
+        /// `challenge` or `login`.
+        step: &'static str,
+        /// The API's URL.
+        url: String,
+        /// What did not parse.
+        reason: String,
+    },
+}
+
+/// What a login grants: what to attach and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoginGrant {
+    /// NBD endpoints (`host:port`) in failover order (alive servers first).
+    pub servers: Vec<String>,
+    /// True when the farm listed no server and [`LoginGrant::servers`] is the API's host on
+    /// port [`DEFAULT_NBD_PORT`].
+    pub servers_defaulted: bool,
+    /// The device's normalized MAC.
+    pub mac: String,
+    /// The device's name in the farm.
+    pub device_name: String,
+    /// The vDisk's name.
+    pub vdisk: String,
+    /// The version the device boots.
+    pub version: i64,
+    /// The vDisk's virtual size in bytes.
+    pub size_bytes: u64,
+    /// Where writes go, as the agent's mode.
+    pub cache_mode: CacheMode,
+    /// RAM budget of the `ram` and `ram-overflow` caches.
+    pub ram_bytes: u64,
+    /// The session-scoped export name (`ferry-s-…`) to open on the servers.
+    pub export_name: String,
+    /// The session id.
+    pub session_id: String,
+    /// The session token (bearer), for later calls of this session.
+    pub session_token: String,
+    /// When the session ends (Unix ms).
+    pub expires_at_ms: i64,
+    /// True in private mode: the export writes to the version itself.
+    pub writable: bool,
+}
+
+/// The farm's cache mode names (`server_persistent`, `ram_overflow`) as the agent's modes.
+pub fn cache_mode_from_farm(name: &str) -> Option<CacheMode> {
+    Some(match name {
+        "private" => CacheMode::Private,
+        "server" => CacheMode::Server,
+        "server_persistent" => CacheMode::ServerPersistent,
+        "ram" => CacheMode::Ram,
+        "ram_overflow" => CacheMode::RamOverflow,
+        "disk" => CacheMode::Disk,
+        _ => return None,
+    })
+}
+
+/// Normalizes a MAC as the farm does: 12 hex digits, optionally separated by five `:` or
+/// `-`, to lowercase `aa:bb:cc:dd:ee:ff`.
+///
+/// # Errors
+/// [`LoginError::BadMac`].
+pub fn normalize_mac(value: &str) -> Result<String, LoginError> {
+    let bad = || LoginError::BadMac(value.to_string());
+    let digits: String = value.chars().filter(|c| !matches!(c, ':' | '-')).collect();
+    let separators = value.len() - digits.len();
+    if digits.len() != 12 || !(separators == 0 || separators == 5) || value.len() > 17 {
+        return Err(bad());
+    }
+    if !digits.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    let lower = digits.to_ascii_lowercase();
+    let pairs: Vec<&str> = (0..6).map(|i| &lower[i * 2..i * 2 + 2]).collect();
+    Ok(pairs.join(":"))
+}
+
+/// The farm key from its file text (`DATA/farm.key`) or the environment: hex, surrounding
+/// whitespace ignored.
+///
+/// # Errors
+/// [`LoginError::BadKey`] when it is empty or not hex.
+pub fn parse_farm_key(text: &str) -> Result<Vec<u8>, LoginError> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(LoginError::BadKey("it is empty"));
+    }
+    hex::decode(t).map_err(|_| LoginError::BadKey("it is not hex"))
+}
+
+/// The login proof: lowercase hex HMAC-SHA256(key, nonce ‖ mac), `mac` normalized.
+///
+/// # Errors
+/// [`LoginError::BadMac`], [`LoginError::BadKey`].
+pub fn proof(key: &[u8], nonce: &str, mac: &str) -> Result<String, LoginError> {
+    let mac = normalize_mac(mac)?;
+    let mut m = Hmac::<Sha256>::new_from_slice(key)
+        .map_err(|_| LoginError::BadKey("HMAC refused the key"))?;
+    m.update(nonce.as_bytes());
+    m.update(mac.as_bytes());
+    Ok(hex::encode(m.finalize().into_bytes()))
+}
+
+/// Parses the API's base URL: `http://HOST[:PORT]` (a path prefix is kept; `HOST:PORT`
+/// without a scheme means `http://`).
+///
+/// # Errors
+/// [`LoginError::BadUrl`].
+pub fn parse_api_url(url: &str) -> Result<Url, LoginError> {
+    let bad = |reason: &str| LoginError::BadUrl {
+        url: url.to_string(),
+        reason: reason.to_string(),
+    };
+    let text = if url.contains("://") {
+        url.to_string()
+    } else {
+        format!("http://{url}")
+    };
+    let mut u = Url::parse(&text).map_err(|e| bad(&e.to_string()))?;
+    if u.scheme() != "http" {
+        return Err(bad("only http:// is supported"));
+    }
+    if u.host_str().is_none_or(str::is_empty) {
+        return Err(bad("no host"));
+    }
+    if u.query().is_some() || u.fragment().is_some() {
+        return Err(bad("no query or fragment allowed"));
+    }
+    if !u.path().ends_with('/') {
+        let p = format!("{}/", u.path());
+        u.set_path(&p);
+    }
+    Ok(u)
+}
+
+#[derive(Deserialize)]
+struct ChallengeAnswer {
+    nonce: String,
+}
+
+#[derive(Deserialize)]
+struct ServerAnswer {
+    address: String,
+}
+
+#[derive(Deserialize)]
+struct DeviceAnswer {
+    #[serde(default)]
+    name: String,
+}
+
+#[derive(Deserialize)]
+struct GrantAnswer {
+    session_id: String,
+    session_token: String,
+    export_name: String,
+    expires_at_ms: i64,
+    device: DeviceAnswer,
+    servers: Vec<ServerAnswer>,
+    vdisk_name: String,
+    size_bytes: i64,
+    version: i64,
+    cache_mode: String,
+    ram_bytes: i64,
+    writable: bool,
+}
+
+#[derive(Deserialize)]
+struct ErrorAnswer {
+    error: String,
+}
+
+/// Logs device `mac` in at the farm API `api_url` with the farm `key` (its bytes).
+///
+/// # Errors
+/// [`LoginError`]: each failure names its step and keeps the API's message.
+pub fn login(api_url: &str, mac: &str, key: &[u8]) -> Result<LoginGrant, LoginError> {
+    let base = parse_api_url(api_url)?;
+    let mac = normalize_mac(mac)?;
+    if key.is_empty() {
+        return Err(LoginError::BadKey("it is empty"));
+    }
+    let shown = base.as_str().trim_end_matches('/').to_string();
+    let client = reqwest::blocking::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(REQUEST_TIMEOUT)
+        .build()
+        .map_err(|e| LoginError::Unreachable {
+            url: shown.clone(),
+            reason: chain(&e),
+        })?;
+    let challenge: ChallengeAnswer = post(
+        &client,
+        &base,
+        &shown,
+        "challenge",
+        "api/v1/login/challenge",
+        &serde_json::json!({ "mac": mac }),
+        &mac,
+    )?;
+    let hmac = proof(key, &challenge.nonce, &mac)?;
+    let g: GrantAnswer = post(
+        &client,
+        &base,
+        &shown,
+        "login",
+        "api/v1/login",
+        &serde_json::json!({ "mac": mac, "nonce": challenge.nonce, "hmac": hmac }),
+        &mac,
+    )?;
+    let bad = |reason: String| LoginError::BadAnswer {
+        step: "login",
+        url: shown.clone(),
+        reason,
+    };
+    let cache_mode = cache_mode_from_farm(&g.cache_mode)
+        .ok_or_else(|| bad(format!("unknown cache mode {:?}", g.cache_mode)))?;
+    let ram_bytes =
+        u64::try_from(g.ram_bytes).map_err(|_| bad(format!("ram_bytes {}", g.ram_bytes)))?;
+    let size_bytes =
+        u64::try_from(g.size_bytes).map_err(|_| bad(format!("size_bytes {}", g.size_bytes)))?;
+    if g.export_name.is_empty() {
+        return Err(bad("empty export name".into()));
+    }
+    let mut servers: Vec<String> = g
+        .servers
+        .into_iter()
+        .map(|s| s.address.trim().to_string())
+        .filter(|a| !a.is_empty())
+        .collect();
+    let servers_defaulted = servers.is_empty();
+    if servers_defaulted {
+        let host = base.host_str().unwrap_or_default();
+        servers.push(format!("{host}:{DEFAULT_NBD_PORT}"));
+    }
+    Ok(LoginGrant {
+        servers,
+        servers_defaulted,
+        mac,
+        device_name: g.device.name,
+        vdisk: g.vdisk_name,
+        version: g.version,
+        size_bytes,
+        cache_mode,
+        ram_bytes,
+        export_name: g.export_name,
+        session_id: g.session_id,
+        session_token: g.session_token,
+        expires_at_ms: g.expires_at_ms,
+        writable: g.writable,
+    })
+}
+
+/// One POST with a JSON body; a 2xx answer parsed as `T`, anything else a [`LoginError`].
+fn post<T: serde::de::DeserializeOwned>(
+    client: &reqwest::blocking::Client,
+    base: &Url,
+    shown: &str,
+    step: &'static str,
+    path: &str,
+    body: &serde_json::Value,
+    mac: &str,
+) -> Result<T, LoginError> {
+    let url = base.join(path).map_err(|e| LoginError::BadUrl {
+        url: shown.to_string(),
+        reason: e.to_string(),
+    })?;
+    let r = client
+        .post(url)
+        .json(body)
+        .send()
+        .map_err(|e| LoginError::Unreachable {
+            url: shown.to_string(),
+            reason: chain(&e),
+        })?;
+    let status = r.status();
+    let text = r.text().map_err(|e| LoginError::Unreachable {
+        url: shown.to_string(),
+        reason: chain(&e),
+    })?;
+    if status.is_success() {
+        return serde_json::from_str(&text).map_err(|e| LoginError::BadAnswer {
+            step,
+            url: shown.to_string(),
+            reason: e.to_string(),
+        });
+    }
+    let message = match serde_json::from_str::<ErrorAnswer>(&text) {
+        Ok(e) => e.error,
+        Err(_) => text,
+    };
+    let message = clip(message);
+    let (url, mac) = (shown.to_string(), mac.to_string());
+    Err(match status {
+        StatusCode::UNAUTHORIZED => LoginError::BadProof { url, message },
+        StatusCode::FORBIDDEN => LoginError::UnknownDevice { mac, url, message },
+        StatusCode::CONFLICT => LoginError::Conflict { mac, url, message },
+        _ => LoginError::Refused {
+            step,
+            url,
+            status: status.as_u16(),
+            message,
+        },
+    })
+}
+
+fn clip(mut s: String) -> String {
+    if s.len() > MESSAGE_BYTES_MAX {
+        let mut end = MESSAGE_BYTES_MAX;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut at = e.source();
+    while let Some(c) = at {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        at = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// HMAC-SHA256 of key 00 01 .. 1f over "nonce" ‖ "aa:bb:cc:00:00:01", computed
+    /// independently (Python's `hmac` module).
+    const VECTOR: &str = "a54a05d133785d3915df18842dea6e3a9927c178b59e4d645516a18eb6425918";
+
+    #[test]
+    fn proof_matches_a_fixed_vector_and_normalizes_the_mac() {
+        let key: Vec<u8> = (0u8..32).collect();
+        assert_eq!(proof(&key, "nonce", "aa:bb:cc:00:00:01").unwrap(), VECTOR);
+        assert_eq!(proof(&key, "nonce", "AA-BB-CC-00-00-01").unwrap(), VECTOR);
+        assert_eq!(proof(&key, "nonce", "aabbcc000001").unwrap(), VECTOR);
+        assert_ne!(proof(&key, "nonce2", "aabbcc000001").unwrap(), VECTOR);
+    }
+
+    #[test]
+    fn malformed_macs_are_refused() {
+        for bad in [
+            "",
+            "aa:bb:cc:00:00",
+            "aa:bb:cc:00:00:0g",
+            "aa:bb:cc:00:00:01:02",
+            "aa:bbcc:00:00:01",
+        ] {
+            assert!(
+                matches!(normalize_mac(bad), Err(LoginError::BadMac(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn farm_key_text_is_trimmed_hex() {
+        assert_eq!(parse_farm_key("0aff\n").unwrap(), vec![0x0a, 0xff]);
+        assert!(matches!(parse_farm_key(" \n"), Err(LoginError::BadKey(_))));
+        assert!(matches!(parse_farm_key("xyz"), Err(LoginError::BadKey(_))));
+    }
+
+    #[test]
+    fn api_urls_are_http_with_a_trailing_slash() {
+        assert_eq!(
+            parse_api_url("http://10.0.0.1:8080").unwrap().as_str(),
+            "http://10.0.0.1:8080/"
+        );
+        assert_eq!(
+            parse_api_url("10.0.0.1:8080").unwrap().as_str(),
+            "http://10.0.0.1:8080/"
+        );
+        assert_eq!(
+            parse_api_url("http://farm/ferry").unwrap().as_str(),
+            "http://farm/ferry/"
+        );
+        assert!(matches!(
+            parse_api_url("https://farm:8443"),
+            Err(LoginError::BadUrl { .. })
+        ));
+        assert!(matches!(
+            parse_api_url("http://"),
+            Err(LoginError::BadUrl { .. })
+        ));
+    }
+
+    #[test]
+    fn every_farm_cache_mode_maps_to_an_agent_mode() {
+        let pairs = [
+            ("private", CacheMode::Private),
+            ("server", CacheMode::Server),
+            ("server_persistent", CacheMode::ServerPersistent),
+            ("ram", CacheMode::Ram),
+            ("ram_overflow", CacheMode::RamOverflow),
+            ("disk", CacheMode::Disk),
+        ];
+        for (farm, agent) in pairs {
+            assert_eq!(cache_mode_from_farm(farm), Some(agent));
+        }
+        assert_eq!(cache_mode_from_farm("ram-overflow"), None);
+    }
+
+    #[test]
+    fn an_unreachable_api_is_named() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let e = login(
+            &format!("http://127.0.0.1:{port}"),
+            "aabbcc000001",
+            &[1; 32],
+        )
+        .unwrap_err();
+        assert!(matches!(e, LoginError::Unreachable { .. }), "{e}");
+        assert!(e.to_string().contains("unreachable"), "{e}");
+    }
+
+    /// A one-shot HTTP server on loopback answering each request with the next of
+    /// `answers` (status, JSON body); returns its URL.
+    fn fake_api(answers: Vec<(u16, String)>) -> String {
+        use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for (status, body) in answers {
+                let (s, _) = l.accept().unwrap();
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                let mut len = 0;
+                loop {
+                    let mut line = String::new();
+                    r.read_line(&mut line).unwrap();
+                    let lower = line.to_ascii_lowercase();
+                    if let Some(v) = lower.strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap();
+                    }
+                    if line == "\r\n" || line.is_empty() {
+                        break;
+                    }
+                }
+                let mut b = vec![0; len];
+                r.read_exact(&mut b).unwrap();
+                let mut s = s;
+                write!(
+                    s,
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .unwrap();
+            }
+        });
+        url
+    }
+
+    fn challenge() -> (u16, String) {
+        (200, r#"{"nonce":"ab12","expires_at_ms":1}"#.to_string())
+    }
+
+    #[test]
+    fn refusals_keep_the_api_message() {
+        let cases: [(u16, &str); 4] = [
+            (401, "bad or expired proof"),
+            (403, "unknown device aa:bb:cc:00:00:01"),
+            (
+                409,
+                "another maintenance device is booted from vdisk golden",
+            ),
+            (429, "too many logins"),
+        ];
+        for (status, message) in cases {
+            let body = format!(r#"{{"error":"{message}"}}"#);
+            let url = fake_api(vec![challenge(), (status, body)]);
+            let e = login(&url, "aabbcc000001", &[7; 32]).unwrap_err();
+            let ok = match status {
+                401 => matches!(e, LoginError::BadProof { .. }),
+                403 => matches!(e, LoginError::UnknownDevice { .. }),
+                409 => matches!(e, LoginError::Conflict { .. }),
+                _ => matches!(e, LoginError::Refused { status: 429, .. }),
+            };
+            assert!(ok, "{status}: {e:?}");
+            assert!(e.to_string().contains(message), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_grant_without_servers_falls_back_to_the_api_host() {
+        let grant = r#"{"session_id":"s","session_token":"fs_1","export_name":"ferry-s-00",
+            "expires_at_ms":5,"device":{"id":1,"name":"pc1","mac":"aa:bb:cc:00:00:01"},
+            "servers":[],"vdisk_id":1,"vdisk_name":"golden","size_bytes":1048576,
+            "version":2,"access":"production","cache_mode":"ram_overflow",
+            "ram_bytes":65536,"writable":false}"#;
+        let url = fake_api(vec![challenge(), (200, grant.to_string())]);
+        let g = login(&url, "AA:BB:CC:00:00:01", &[7; 32]).unwrap();
+        assert_eq!(g.servers, vec!["127.0.0.1:10809".to_string()]);
+        assert!(g.servers_defaulted);
+        assert_eq!(g.cache_mode, CacheMode::RamOverflow);
+        assert_eq!((g.vdisk.as_str(), g.version), ("golden", 2));
+        assert_eq!(g.export_name, "ferry-s-00");
+        assert_eq!((g.ram_bytes, g.size_bytes), (65536, 1 << 20));
+        assert_eq!(g.device_name, "pc1");
+        assert_eq!(g.mac, "aa:bb:cc:00:00:01");
+    }
+}
