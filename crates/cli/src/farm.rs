@@ -187,7 +187,7 @@ fn init(data: &DataArgs, name: &str, as_json: bool) -> anyhow::Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
-fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+pub(crate) fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut f = std::fs::File::options()

@@ -1,102 +1,412 @@
-//! `ferry quickstart`: a demo vDisk with one version, made from embedded defaults.
+//! `ferry quickstart`: a whole farm on one machine, from embedded defaults.
 //!
-//! In `--data-dir` (default `./ferry-data`) it creates `demo.vhdx` (1 GiB, dynamic) holding a
-//! boot-sector-like first sector and a marked block, then the version `demo.1.avhdx` with a
-//! few sectors changed, and prints `info` of the version, which shows the whole chain, then
-//! the commands to try next (among them `ferry server --store DIR`; it starts no server).
+//! In `--data-dir` (default `./ferry-data`) it
+//! 1. creates a farm (SQLite; the admin token is kept in `admin.token`, mode 0600, so a
+//!    second run can print it again; the farm key in `farm.key`);
+//! 2. creates a store `demo`, the vDisk `demo` (1 GiB dynamic, a boot-sector-like first
+//!    sector and a marked block), and version 1 (one sector changed) promoted to production;
+//! 3. creates a site, a collection that adds unknown devices automatically (booting
+//!    `demo`), and the device `02:00:00:00:00:01`;
+//! 4. starts `ferry server --farm` (NBD, farm API and web console) and `ferry target` for
+//!    that device through device login, exporting its disk on `target.sock`;
+//! 5. prints the console's URL, the token and what to try next, and runs until Ctrl-C
+//!    (`--check`: checks the console and the target answer, then stops both and exits).
 //!
-//! It is idempotent: a file that exists is kept as it is (writing the base again would change
-//! its identity and break the version above it), and the info is printed again.
+//! It is idempotent: what exists is kept (writing the base again would change its identity
+//! and break the version above it).
 
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
 use disk::open::{self, OpenOptions};
-use disk::ops::info::info;
 use disk::vhdx::CreateOptions;
+use farm::model::{CacheMode, DeviceType};
 
 use crate::vdisk::create_vhdx;
-use crate::{Global, print_json, print_text};
+use crate::{Global, print_json};
 
 /// The demo vDisk's virtual size: 1 GiB.
 const DEMO_SIZE_BYTES: u64 = 1 << 30;
-/// The base image's file name.
-const BASE_NAME: &str = "demo.vhdx";
-/// The version's file name.
-const VERSION_NAME: &str = "demo.1.avhdx";
+/// The demo's store, vDisk, site and collection name.
+const DEMO: &str = "demo";
+/// The demo device.
+const DEMO_MAC: &str = "02:00:00:00:00:01";
 /// Where the base's marked block starts (1 MiB, where a first partition usually starts).
 const BASE_BLOCK_OFFSET: u64 = 1 << 20;
 /// Where the version writes its marker: the second sector.
 const VERSION_MARK_OFFSET: u64 = 512;
+/// How long the server and the target get to come up.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// Who the farm's audit log says made the demo.
+const ACTOR: &str = "quickstart";
 
 /// Arguments of `quickstart`.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
-    /// Directory for the demo files (created if missing).
+    /// Directory for the farm, its store and the target's socket (created if missing).
     #[arg(long, default_value = "ferry-data")]
     pub data_dir: PathBuf,
-    /// Print the version's info as JSON on stdout (progress messages go to stderr).
+    /// Where the farm API and web console listen.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8080")]
+    pub api_listen: SocketAddr,
+    /// Where the NBD server listens.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:10809")]
+    pub nbd_listen: SocketAddr,
+    /// Check that the console and the target answer, then stop and exit (for tests and CI).
+    #[arg(long)]
+    pub check: bool,
+    /// Print the URLs, token and paths as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The farm's secrets as quickstart keeps them.
+struct Secrets {
+    admin_token: String,
 }
 
 /// Runs `ferry quickstart`.
 ///
 /// # Errors
-/// Directory, create, version and write errors.
+/// Directory, farm, image, server and target errors.
 pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
     let say = |msg: String| {
-        if a.json {
-            if !global.quiet {
-                eprintln!("{msg}");
-            }
-        } else {
-            outln!("{msg}");
+        if !global.quiet {
+            eprintln!("{msg}");
         }
     };
     std::fs::create_dir_all(&a.data_dir)
         .with_context(|| format!("create data directory {}", a.data_dir.display()))?;
-    let base = a.data_dir.join(BASE_NAME);
-    let version = a.data_dir.join(VERSION_NAME);
-    if base.exists() {
-        say(format!("{} exists; keeping it", base.display()));
-    } else {
-        make_base(&base)?;
-        say(format!(
-            "created {} (1 GiB dynamic vDisk with a demo boot sector)",
-            base.display()
-        ));
+    let data = a
+        .data_dir
+        .canonicalize()
+        .with_context(|| format!("resolve {}", a.data_dir.display()))?;
+    for addr in [a.api_listen, a.nbd_listen] {
+        if TcpListener::bind(addr).is_err() {
+            bail!("{addr} is in use: pass --api-listen/--nbd-listen with free ports");
+        }
     }
-    if version.exists() {
-        say(format!("{} exists; keeping it", version.display()));
-    } else {
-        disk::version::new_version(&base, &version)?;
-        write_at(&version, &version_mark(), VERSION_MARK_OFFSET)?;
-        say(format!(
-            "created version {} on {}",
-            version.display(),
-            base.display()
-        ));
-    }
-    let report = info(&version)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start async runtime")?;
+    let secrets = runtime.block_on(setup_farm(&data, &say))?;
+    drop(runtime);
+    let exe = std::env::current_exe().context("find the ferry binary")?;
+    let log = |name: &str| -> anyhow::Result<Stdio> {
+        let f = std::fs::File::create(data.join(name)).with_context(|| format!("create {name}"))?;
+        Ok(Stdio::from(f))
+    };
+    let mut server = Guard(
+        Command::new(&exe)
+            .arg("server")
+            .arg("--farm")
+            .arg(&data)
+            .arg("--api-listen")
+            .arg(a.api_listen.to_string())
+            .arg("--nbd-listen")
+            .arg(a.nbd_listen.to_string())
+            .arg("--metrics-listen")
+            .arg("")
+            .stdout(Stdio::null())
+            .stderr(log("server.log")?)
+            .spawn()
+            .context("start ferry server")?,
+    );
+    let api = format!("http://{}", a.api_listen);
+    wait_for(
+        START_TIMEOUT,
+        "the farm API",
+        &mut server.0,
+        &data.join("server.log"),
+        || http_ok(&format!("{api}/api/v1/openapi.json")),
+    )?;
+    say(format!(
+        "server up: NBD on {}, API and console on {api}/",
+        a.nbd_listen
+    ));
+    let socket = data.join("target.sock");
+    let _ = std::fs::remove_file(&socket);
+    let mut target = Guard(
+        Command::new(&exe)
+            .arg("target")
+            .arg("--server")
+            .arg(&api)
+            .arg("--device")
+            .arg(DEMO_MAC)
+            .arg("--farm-key")
+            .arg(data.join("farm.key"))
+            .arg("--overflow")
+            .arg(&data)
+            .arg("--export")
+            .arg(format!("unix:{}", socket.display()))
+            .stdout(Stdio::null())
+            .stderr(log("target.log")?)
+            .spawn()
+            .context("start ferry target")?,
+    );
+    wait_for(
+        START_TIMEOUT,
+        "the target's export",
+        &mut target.0,
+        &data.join("target.log"),
+        || socket.exists(),
+    )?;
+    say(format!(
+        "target {DEMO_MAC} logged in; its disk is {}",
+        socket.display()
+    ));
+    let console = format!("{api}/");
     if a.json {
-        print_json(&report)?;
+        print_json(&serde_json::json!({
+            "console": console,
+            "api": format!("{api}/api/v1"),
+            "admin_token": secrets.admin_token,
+            "nbd": a.nbd_listen.to_string(),
+            "target_socket": socket,
+            "data_dir": data,
+        }))?;
     } else {
         outln!();
-        print_text(&report.render());
+        outln!("Ferry is running: one server, one farm, one diskless target.");
+        outln!();
+        outln!("  web console   {console}   (log in with the token below)");
+        outln!("  admin token   {}", secrets.admin_token);
+        outln!("  target disk   nbd+unix:///?socket={}", socket.display());
+        outln!();
+        outln!("Try:");
+        outln!("  nbdinfo 'nbd+unix:///?socket={}'", socket.display());
+        outln!(
+            "  qemu-io -f raw 'nbd+unix:///?socket={}' -c 'read -v 512 128'",
+            socket.display()
+        );
+        outln!(
+            "  export FERRY_API={api} FERRY_TOKEN={}",
+            secrets.admin_token
+        );
+        outln!("  ferry version list --vdisk {DEMO}");
+        outln!("  ferry target status --export unix:{}", socket.display());
         outln!();
         outln!(
-            "Next: ferry vdisk read {} --offset 0 --length 1K | xxd",
-            version.display()
+            "Logs: {}/server.log, {}/target.log",
+            data.display(),
+            data.display()
         );
-        outln!("      ferry vdisk check {}", version.display());
-        outln!();
-        outln!("Serve it: ferry server --store {}", a.data_dir.display());
-        outln!("then try: nbdinfo nbd://127.0.0.1/demo");
+        if !a.check {
+            outln!("Ctrl-C stops the target and the server.");
+        }
     }
+    if a.check {
+        let ok = http_ok(&console) && http_ok(&format!("{api}/api/v1/openapi.json"));
+        if !ok {
+            bail!("the console at {console} did not answer");
+        }
+        let status = Command::new(&exe)
+            .args(["target", "status", "--export"])
+            .arg(format!("unix:{}", socket.display()))
+            .stdout(Stdio::null())
+            .status()
+            .context("run ferry target status")?;
+        if !status.success() {
+            bail!("ferry target status failed ({status})");
+        }
+        say("check passed: the console answers and the target is attached".into());
+        return Ok(ExitCode::SUCCESS);
+    }
+    wait_for_ctrl_c(&mut server.0, &mut target.0)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A child process stopped (SIGTERM, then SIGKILL) when dropped.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let pid = self.0.id();
+        let _ = Command::new("kill").arg(pid.to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(
+    timeout: Duration,
+    what: &str,
+    child: &mut Child,
+    log: &Path,
+    ready: impl Fn() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if ready() {
+            return Ok(());
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            let tail = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+            bail!(
+                "{what} did not come up ({st}); last lines of {}:\n{}",
+                log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!(
+        "{what} did not come up within {timeout:?}; see {}",
+        log.display()
+    )
+}
+
+fn http_ok(url: &str) -> bool {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .ok()
+        .and_then(|c| c.get(url).send().ok())
+        .is_some_and(|r| r.status().is_success())
+}
+
+fn wait_for_ctrl_c(server: &mut Child, target: &mut Child) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => break,
+                _ = term.recv() => break,
+                _ = tick.tick() => {
+                    if let Ok(Some(st)) = server.try_wait() {
+                        bail!("ferry server exited ({st}); see server.log");
+                    }
+                    if let Ok(Some(st)) = target.try_wait() {
+                        bail!("ferry target exited ({st}); see target.log");
+                    }
+                }
+            }
+        }
+        eprintln!("stopping the target and the server");
+        anyhow::Ok(())
+    })
+}
+
+/// Creates (or finds) the farm and its demo objects in `data`; returns the admin token.
+async fn setup_farm(data: &Path, say: &impl Fn(String)) -> anyhow::Result<Secrets> {
+    let config = farm::FarmConfig {
+        data_dir: data.to_path_buf(),
+        db_url: None,
+        store_root: None,
+    };
+    let f = farm::Farm::open(&config)
+        .await
+        .context("open farm database")?;
+    let token_file = data.join("admin.token");
+    let admin_token = if f.is_initialized().await? {
+        std::fs::read_to_string(&token_file)
+            .map(|s| s.trim().to_string())
+            .with_context(|| {
+                format!(
+                    "read {} (made by an earlier quickstart)",
+                    token_file.display()
+                )
+            })?
+    } else {
+        let s = f.init("quickstart").await.context("initialize farm")?;
+        crate::farm::write_private(&data.join("farm.key"), &s.farm_key_hex)?;
+        crate::farm::write_private(&token_file, &s.admin_token)?;
+        say(format!("created a farm in {}", data.display()));
+        s.admin_token
+    };
+    let site = match f.list_sites(Some(1), Some(0)).await?.items.first() {
+        Some(s) => s.id,
+        None => {
+            let n = farm::input::NewSite {
+                name: DEMO.into(),
+                description: "made by ferry quickstart".into(),
+            };
+            f.create_site(&n, ACTOR).await?.id
+        }
+    };
+    let store = match f.list_stores(Some(1), Some(0)).await?.items.first() {
+        Some(s) => s.id,
+        None => {
+            let n = farm::input::NewStore {
+                name: DEMO.into(),
+                path: DEMO.into(),
+            };
+            f.create_store(&n, ACTOR).await?.id
+        }
+    };
+    let store_dir = f.store_dir(store, None).await?;
+    std::fs::create_dir_all(&store_dir)
+        .with_context(|| format!("create store {}", store_dir.display()))?;
+    let vdisk = match f.vdisk_by_name(DEMO).await {
+        Ok(v) => v,
+        Err(_) => {
+            let base = store_dir.join(format!("{DEMO}.vhdx"));
+            if !base.exists() {
+                make_base(&base)?;
+            }
+            let n = farm::input::NewVDisk {
+                store_id: store,
+                name: DEMO.into(),
+                size_bytes: None,
+                cache_mode: Some(CacheMode::RamOverflow),
+                ram_bytes: Some(256 << 20),
+                description: "the quickstart's demo vDisk".into(),
+            };
+            let v = f
+                .create_vdisk(&n, ACTOR)
+                .await
+                .context("add the demo vDisk")?;
+            let ver = f.new_version(v.id, ACTOR).await?;
+            let path = f.version_path(&v, &ver).await?;
+            write_at(&path, &version_mark(), VERSION_MARK_OFFSET)?;
+            f.promote(v.id, ver.number, ACTOR).await?;
+            f.promote(v.id, ver.number, ACTOR).await?;
+            say(format!(
+                "created vDisk {DEMO} in {} with version {} in production",
+                store_dir.display(),
+                ver.number
+            ));
+            v
+        }
+    };
+    if f.list_collections(Some(1), Some(0)).await?.items.is_empty() {
+        let n = farm::input::NewCollection {
+            site_id: site,
+            name: DEMO.into(),
+            auto_add: true,
+            default_vdisk_id: Some(vdisk.id),
+        };
+        let c = f.create_collection(&n, ACTOR).await?;
+        let d = farm::input::NewDevice {
+            collection_id: c.id,
+            mac: DEMO_MAC.into(),
+            name: "demo-target".into(),
+            device_type: Some(DeviceType::Production),
+            vdisk_id: Some(vdisk.id),
+            cache_mode: None,
+            ram_bytes: None,
+            pinned_version: None,
+        };
+        f.create_device(&d, ACTOR).await?;
+    }
+    Ok(Secrets { admin_token })
 }
 
 fn make_base(path: &Path) -> anyhow::Result<()> {

@@ -579,26 +579,54 @@ fn missing_file_error_shows_the_cause() {
     );
 }
 
+/// A free loopback port (bound and released; a small race with other processes).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// The README's run command on a fresh directory: a farm, a server with the console, a
+/// target attached by device login; `--check` stops once the console and the target
+/// answer. A second run keeps the farm (same token, same demo files) and works again.
 #[test]
-fn quickstart_twice_keeps_the_demo_and_prints_the_chain() {
+fn quickstart_runs_a_farm_and_a_target_and_is_idempotent() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut first = ferry();
-    first.arg("quickstart").current_dir(dir.path());
-    let first = first.output().expect("run quickstart");
-    assert!(first.status.success(), "first quickstart: {first:?}");
-    assert!(dir.path().join("ferry-data/demo.vhdx").exists());
-
-    let second = ferry()
-        .arg("quickstart")
-        .current_dir(dir.path())
-        .output()
-        .expect("again");
-
-    assert!(second.status.success(), "second quickstart: {second:?}");
-    let text = String::from_utf8_lossy(&second.stdout);
+    let run = || {
+        let out = ferry()
+            .args(["quickstart", "--check", "--json", "--api-listen"])
+            .arg(format!("127.0.0.1:{}", free_port()))
+            .arg("--nbd-listen")
+            .arg(format!("127.0.0.1:{}", free_port()))
+            .current_dir(dir.path())
+            .output()
+            .expect("run quickstart");
+        assert!(out.status.success(), "quickstart: {out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        v
+    };
+    let first = run();
+    let data = dir.path().join("ferry-data");
+    for f in [
+        "farm.db",
+        "farm.key",
+        "admin.token",
+        "stores/demo/demo.vhdx",
+        "stores/demo/demo.1.avhdx",
+    ] {
+        assert!(data.join(f).exists(), "{f} missing");
+    }
     assert!(
-        text.contains("exists; keeping it"),
-        "not idempotent:\n{text}"
+        first["console"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("http://127.0.0.1:"))
     );
-    assert!(text.contains("2 layer(s)"), "no chain in the info:\n{text}");
+    let second = run();
+    assert_eq!(
+        first["admin_token"], second["admin_token"],
+        "the farm was made again"
+    );
+    let target_log = std::fs::read_to_string(data.join("target.log")).unwrap_or_default();
+    assert!(!target_log.contains("ERROR"), "target log:\n{target_log}");
 }
