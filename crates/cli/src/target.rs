@@ -270,7 +270,7 @@ fn device_login(urls: &[String], mac: &str, key_file: Option<&Path>) -> anyhow::
         match login::login(url, mac, &key) {
             Ok(g) => {
                 tracing::info!(api = %url, mac = %g.mac, device = %g.device_name,
-                    vdisk = %g.vdisk, version = g.version, cache = g.cache_mode.name(),
+                    vdisk = %g.vdisk, version = g.version, cache = %g.cache_mode.name(),
                     ram_bytes = g.ram_bytes, export = %g.export_name,
                     servers = %g.servers.join(","), "logged in to the farm");
                 if g.servers_defaulted {

@@ -28,6 +28,8 @@ use crate::CacheMode;
 
 /// The NBD port used when the farm lists no server.
 pub const DEFAULT_NBD_PORT: u16 = 10809;
+/// The API port of `HOST` given without a scheme (`ferry server --api-listen`'s default).
+pub const DEFAULT_API_PORT: u16 = 8080;
 /// Timeout of one TCP connect to the API.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Timeout of one API request.
@@ -207,8 +209,8 @@ pub fn proof(key: &[u8], nonce: &str, mac: &str) -> Result<String, LoginError> {
     Ok(hex::encode(m.finalize().into_bytes()))
 }
 
-/// Parses the API's base URL: `http://HOST[:PORT]` (a path prefix is kept; `HOST:PORT`
-/// without a scheme means `http://`).
+/// Parses the API's base URL: `http://HOST[:PORT]` (a path prefix is kept). `HOST[:PORT]`
+/// without a scheme means `http://HOST:PORT`, port [`DEFAULT_API_PORT`] by default.
 ///
 /// # Errors
 /// [`LoginError::BadUrl`].
@@ -217,12 +219,17 @@ pub fn parse_api_url(url: &str) -> Result<Url, LoginError> {
         url: url.to_string(),
         reason: reason.to_string(),
     };
-    let text = if url.contains("://") {
-        url.to_string()
-    } else {
+    let schemeless = !url.contains("://");
+    let text = if schemeless {
         format!("http://{url}")
+    } else {
+        url.to_string()
     };
     let mut u = Url::parse(&text).map_err(|e| bad(&e.to_string()))?;
+    if schemeless && u.port().is_none() {
+        u.set_port(Some(DEFAULT_API_PORT))
+            .map_err(|()| bad("cannot set the port"))?;
+    }
     if u.scheme() != "http" {
         return Err(bad("only http:// is supported"));
     }
@@ -483,6 +490,7 @@ mod tests {
             parse_api_url("10.0.0.1:8080").unwrap().as_str(),
             "http://10.0.0.1:8080/"
         );
+        assert_eq!(parse_api_url("farm").unwrap().as_str(), "http://farm:8080/");
         assert_eq!(
             parse_api_url("http://farm/ferry").unwrap().as_str(),
             "http://farm/ferry/"
