@@ -474,5 +474,18 @@ fn a_production_device_reads_the_production_version_and_the_promoted_one_after_r
     let pc1 = f.target(MAC, "pc1");
     pc1.qemu_io(&["read -P 0x22 0 1M", "read -P 0x12 32M 1M"]);
     pc1.proc.stop();
+
+    // Server mode set on the device: no local cache, the writable session export.
+    f.json(&["device", "set", "1", "--cache-mode", "server"]);
+    let pc1 = f.target(MAC, "pc1");
+    let s = pc1.status();
+    assert_eq!(s["cache_mode"], "server", "{s}");
+    assert_eq!(s["ram_bytes_max"], 0, "{s}");
+    pc1.qemu_io(&[
+        "read -P 0x22 0 1M",
+        "write -P 0x44 0 64k",
+        "read -P 0x44 0 64k",
+    ]);
+    pc1.proc.stop();
     f.proc.take().unwrap().stop();
 }
