@@ -9,7 +9,8 @@
 //! * the full path (issue 5's acceptance): a production device logs in and reads the
 //!   production version through the target's export (qemu-io); a maintenance device
 //!   writes version 1 in private mode; after `promote` to production and a target restart
-//!   the production device reads version 1.
+//!   the production device reads version 1; with the device set to `server` mode it writes
+//!   through the writable session export with no local cache.
 //!
 //! Tool rule (STYLE.md §6): a missing qemu-io skips the read test with a printed reason on
 //! a developer's machine and fails it under `CI=true`.
