@@ -193,6 +193,7 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
 
 fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
     let export_socket = socket_path(&a.export)?;
+    let mut reporter = None;
     let mut cfg = match &a.vdisk {
         Some(vdisk) => {
             let mode = a.cache.unwrap_or(DEFAULT_MODE);
@@ -212,7 +213,8 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
                      device (ferry device set --cache-mode/--ram-bytes) or on its vDisk"
                 );
             }
-            let grant = device_login(&a.server, mac, a.farm_key.as_deref())?;
+            let (grant, api) = device_login(&a.server, mac, a.farm_key.as_deref())?;
+            reporter = Some((api, grant.export_name.clone()));
             config_from_grant(&grant, export_socket.clone())
         }
     };
@@ -225,6 +227,9 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
     cfg.replay_bytes_max = a.replay_max;
     if let Some(c) = &a.control {
         cfg.control_socket = c.clone();
+    }
+    if let Some((api, export)) = reporter {
+        start_reporter(&api, export, cfg.control_socket.clone());
     }
     if let Some(dir) = export_socket.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -251,9 +256,79 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// How often a logged-in target reports its counters to the farm (the console's live status).
+const REPORT_EVERY: Duration = Duration::from_secs(2);
+
+/// Reports this device's counters to the farm API every [`REPORT_EVERY`] for the console's
+/// live status: bytes read and written, retries and the write cache's use, read from the
+/// agent's own control socket and posted to `/api/v1/status/report` with the session export
+/// as the credential. Failures are logged, never fatal: status is not the data path.
+fn start_reporter(api: &str, export_name: String, control: PathBuf) {
+    let url = match login::parse_api_url(api).and_then(|u| {
+        u.join("api/v1/status/report")
+            .map_err(|e| LoginError::BadUrl {
+                url: api.to_string(),
+                reason: e.to_string(),
+            })
+    }) {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::warn!(error = %e, "no status reports to the farm");
+            return;
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("ferry-target-report".into())
+        .spawn(move || {
+            let client = match reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "no status reports to the farm");
+                    return;
+                }
+            };
+            let mut failures = 0u64;
+            loop {
+                std::thread::sleep(REPORT_EVERY);
+                let Ok(v) = ::target::control::request(&control, "status") else {
+                    continue;
+                };
+                let n = |k: &str| v[k].as_u64().unwrap_or(0);
+                let body = serde_json::json!({
+                    "export_name": export_name,
+                    "bytes_read": n("bytes_read"),
+                    "bytes_written": n("bytes_written"),
+                    "retries": n("retries"),
+                    "cache_used_bytes": n("ram_bytes") + n("overflow_bytes"),
+                });
+                let ok = client
+                    .post(url.clone())
+                    .json(&body)
+                    .send()
+                    .is_ok_and(|r| r.status().is_success());
+                if !ok {
+                    failures += 1;
+                    if failures.is_power_of_two() {
+                        tracing::warn!(failures, %url, "status report to the farm failed");
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no status reports to the farm");
+    }
+}
+
 /// Logs in at the first reachable farm API of `urls` with the farm key from `key_file` or
 /// [`FARM_KEY_ENV`].
-fn device_login(urls: &[String], mac: &str, key_file: Option<&Path>) -> anyhow::Result<LoginGrant> {
+fn device_login(
+    urls: &[String],
+    mac: &str,
+    key_file: Option<&Path>,
+) -> anyhow::Result<(LoginGrant, String)> {
     let key_text = match key_file {
         Some(f) => std::fs::read_to_string(f)
             .with_context(|| format!("read the farm key {}", f.display()))?,
@@ -278,7 +353,7 @@ fn device_login(urls: &[String], mac: &str, key_file: Option<&Path>) -> anyhow::
                         "the farm lists no NBD server for this device's site; using the API's \
                          host on the default NBD port");
                 }
-                return Ok(g);
+                return Ok((g, url.clone()));
             }
             Err(e @ LoginError::Unreachable { .. }) => {
                 tracing::warn!(error = %e, "farm API unreachable");

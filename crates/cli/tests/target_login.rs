@@ -454,6 +454,34 @@ fn a_production_device_reads_the_production_version_and_the_promoted_one_after_r
         &format!("--export=unix:{}", path_str(&pc1.socket)),
     ]));
     assert!(human.contains("aa:bb:cc:00:00:01"), "{human}");
+    // The target reports its counters to the farm: the console's live status shows them.
+    let client = reqwest::blocking::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let reported = loop {
+        let v: Value = client
+            .get(format!("{}/api/v1/status", f.api))
+            .bearer_auth(&f.token)
+            .send()
+            .and_then(|r| r.json())
+            .expect("GET /api/v1/status");
+        let read = v["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d["mac"] == MAC.to_lowercase().as_str())
+            .and_then(|d| d["counters"]["bytes_read"].as_u64())
+            .unwrap_or(0);
+        if read >= 3 * MIB || Instant::now() > deadline {
+            break (read, v);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert!(
+        reported.0 >= 3 * MIB,
+        "the farm saw {} bytes read by pc1: {}",
+        reported.0,
+        reported.1
+    );
 
     // Maintenance device: version 1 in private mode, writes go to golden.1.avhdx.
     f.json(&["version", "new", "--vdisk", "golden"]);
