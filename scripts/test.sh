@@ -109,9 +109,11 @@ start_postgres() {
         say "creating PostgreSQL database $PG_DATABASE"
         "${psql[@]}" "createdb -O $PG_ROLE $PG_DATABASE"
     fi
-    # Each farm test makes its own database (ferry_t_<uuid>); drop those of earlier runs.
+    # Each farm test makes its own database (ferry_t_<uuid>); drop those of earlier runs. A
+    # regular expression, not LIKE: LIKE's '_' matches any character, so 'ferry_t_%' would
+    # also drop ferry_test itself.
     local db
-    for db in $("${psql[@]}" "psql -tAc \"SELECT datname FROM pg_database WHERE datname LIKE 'ferry_t_%'\""); do
+    for db in $("${psql[@]}" "psql -tAc \"SELECT datname FROM pg_database WHERE datname ~ '^ferry_t_'\""); do
         "${psql[@]}" "dropdb --if-exists $db"
     done
 }
