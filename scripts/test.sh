@@ -150,7 +150,7 @@ cargo fmt --all --check
 say "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 say "cargo test --workspace${CI:+ (CI=$CI: missing tools fail)}"
-cargo test --workspace
+cargo test --workspace --no-fail-fast
 
 if [[ "${FERRY_SKIP_FUZZ:-0}" == 1 ]]; then
     say "fuzz smoke run skipped (FERRY_SKIP_FUZZ=1)"
