@@ -680,39 +680,6 @@ impl Shared {
         Some(pieces)
     }
 
-    /// A demand read served only if every page it needs is ready; false (and `buf` left
-    /// in an unspecified state) otherwise. Never waits, never reads the store.
-    fn try_read(&self, chain: &ChainHandle, buf: &mut [u8], offset: u64) -> bool {
-        let bs = self.block_bytes;
-        let end = offset + buf.len() as u64;
-        let (first, last) = (offset / bs, (end - 1) / bs);
-        for b in first..=last {
-            let key = Key {
-                chain: chain.id,
-                block: b,
-            };
-            let found = self
-                .shard_of(key)
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .lookup(key);
-            match found {
-                Lookup::Ready(c, first_use) | Lookup::Refilling(c, first_use, _)
-                    if c.covers(self.need_mask(b, offset, end)) =>
-                {
-                    if first_use {
-                        chain.score.used.fetch_add(1, Ordering::Relaxed);
-                        self.counters.read_ahead_used.add(1);
-                    }
-                    copy_block(buf, offset, b, bs, &c);
-                }
-                _ => return false,
-            }
-        }
-        self.counters.hits.add(last - first + 1);
-        true
-    }
-
     /// Prefetches the absent blocks of `blocks` (a read-ahead job). Errors are counted and
     /// dropped: the demand read that needs the block retries and reports.
     fn prefetch(&self, chain: &ChainHandle, blocks: Range<u64>) {
@@ -1082,10 +1049,20 @@ impl BlockDevice for CachedDevice {
         if buf.is_empty() {
             return Some(Ok(()));
         }
-        if !self.chain.shared.try_read(&self.chain, buf, offset) {
-            return None;
+        // The shared pieces, copied: one lookup path for both.
+        let pieces = match self.try_read_shared(offset, buf.len() as u64)? {
+            Ok(p) => p,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut at = 0;
+        for p in &pieces {
+            let dst = &mut buf[at..at + p.len()];
+            match p.bytes() {
+                Some(b) => dst.copy_from_slice(b),
+                None => dst.fill(0),
+            }
+            at += p.len();
         }
-        self.read_ahead(offset, buf.len() as u64);
         Some(Ok(()))
     }
 
