@@ -8,6 +8,7 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 
 use disk::device::{Geometry, LayerRun, ParentRef, Piece, check_bounds};
+use disk::ops::convert::is_zero;
 use disk::{BlockDevice, Error, ErrorKind, Result};
 use vhdx::Guid;
 
@@ -113,12 +114,6 @@ impl Cached {
             Data::Zero => dst.fill(0),
         }
     }
-}
-
-fn is_zero(b: &[u8]) -> bool {
-    // OR-folding fixed chunks vectorizes; the early exit is per chunk.
-    b.chunks(512)
-        .all(|c| c.iter().fold(0u8, |acc, &x| acc | x) == 0)
 }
 
 /// One fill in progress. The claimant finishes it; waiters block on `done`.

@@ -16,6 +16,7 @@ use std::time::Duration;
 use anyhow::Context;
 use farm::model::CacheMode;
 use farm::sessions::{SessionLookup, SessionTable};
+use farm::{Clock as _, SystemClock};
 
 /// How often a farm server records its heartbeat.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
@@ -37,12 +38,6 @@ impl FarmSessions {
             .unwrap_or_else(|_| store_dir.to_path_buf());
         FarmSessions { table, store_dir }
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// A device's MAC as a write-cache device name (`aa-bb-cc-dd-ee-ff`).
@@ -71,7 +66,7 @@ pub fn export_for(vdisk: &str, version: i64, mode: CacheMode, mac: &str) -> Stri
 
 impl server::exports::SessionResolver for FarmSessions {
     fn resolve(&self, export_name: &str) -> Option<String> {
-        let g = self.table.lookup(export_name, now_ms())?;
+        let g = self.table.lookup(export_name, SystemClock.now_ms())?;
         let dir = g.store_dir.canonicalize().unwrap_or(g.store_dir.clone());
         if dir != self.store_dir {
             tracing::warn!(

@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use disk::device::Piece;
+use disk::ops::convert::is_zero;
 use disk::{BlockDevice, ExtentKind};
 use nbd_proto::reply::{Chunk, ChunkPayload, Descriptor, SimpleReply, encode_offset_data_header};
 use nbd_proto::{
@@ -560,12 +561,6 @@ fn read_frame(req: &Request, r: disk::Result<()>, data: Vec<u8>, structured: boo
         offset: req.offset,
         data,
     }
-}
-
-/// True when every byte is zero (chunked OR-folds vectorize; the early exit is per chunk).
-fn is_zero(b: &[u8]) -> bool {
-    b.chunks(512)
-        .all(|c| c.iter().fold(0u8, |acc, &x| acc | x) == 0)
 }
 
 fn write_zeros(dev: &dyn BlockDevice, req: &Request) -> disk::Result<()> {
