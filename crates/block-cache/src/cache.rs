@@ -16,8 +16,9 @@ use crate::shard::{Claim, Key, Lookup, Published, Shard};
 use crate::stats::{BlockCacheStats, Counters};
 use crate::stream::Streams;
 use crate::{
-    CacheConfig, CacheError, ChainKey, ENTRY_OVERHEAD_BYTES, IDLE_CHAINS_MAX, PAGE_BYTES_MIN,
-    READ_AHEAD_ACCURACY_PERCENT, READ_AHEAD_WARMUP_BLOCKS, SHARD_MIN_BLOCKS, SHARDS_MAX,
+    COMPLETE_SCATTERED_PERCENT, COMPLETE_WINDOW_MISSES, CacheConfig, CacheError, ChainKey,
+    ENTRY_OVERHEAD_BYTES, IDLE_CHAINS_MAX, PAGE_BYTES_MIN, READ_AHEAD_ACCURACY_PERCENT,
+    READ_AHEAD_WARMUP_BLOCKS, SHARD_MIN_BLOCKS, SHARDS_MAX,
 };
 
 /// A block buffer whose bytes are counted in `resident_bytes` while it lives. It holds the
@@ -222,6 +223,9 @@ enum Found<'a> {
 struct ReadAheadScore {
     issued: AtomicU64,
     used: AtomicU64,
+    /// Recent demand misses of the chain, and of those the scattered ones (decaying).
+    misses: AtomicU64,
+    scattered: AtomicU64,
 }
 
 impl ReadAheadScore {
@@ -232,6 +236,32 @@ impl ReadAheadScore {
         let issued = self.issued.load(Ordering::Relaxed);
         let used = self.used.load(Ordering::Relaxed);
         issued < READ_AHEAD_WARMUP_BLOCKS || used * 100 >= issued * READ_AHEAD_ACCURACY_PERCENT
+    }
+}
+
+impl ReadAheadScore {
+    /// Counts a demand miss (`spread`: a [`scattered`] one) and says whether it should read
+    /// the rest of its block: only when it is scattered and, over the chain's recent
+    /// misses (a window of about [`COMPLETE_WINDOW_MISSES`], after as many for warm-up),
+    /// at least [`COMPLETE_SCATTERED_PERCENT`] were scattered too. Random reads over a
+    /// large disk soon pass that (half their misses are second misses in a block once
+    /// completion is on); a boot, whose scattered misses are about 1% of its misses, never
+    /// does, so its store bytes stay near its unique bytes.
+    fn completes(&self, spread: bool) -> bool {
+        let misses = self.misses.fetch_add(1, Ordering::Relaxed) + 1;
+        let scattered = if spread {
+            self.scattered.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.scattered.load(Ordering::Relaxed)
+        };
+        if misses >= 2 * COMPLETE_WINDOW_MISSES {
+            // Decay: halve both (racing updates may be lost; this is a heuristic).
+            self.misses.store(misses / 2, Ordering::Relaxed);
+            self.scattered.store(scattered / 2, Ordering::Relaxed);
+        }
+        spread
+            && misses >= COMPLETE_WINDOW_MISSES
+            && scattered * 100 >= misses * COMPLETE_SCATTERED_PERCENT
     }
 }
 
@@ -331,6 +361,11 @@ impl Shared {
     /// Bytes of block `b` of `chain` (the last block may be short).
     fn block_len(&self, chain: &ChainHandle, b: u64) -> u64 {
         self.block_bytes.min(chain.size - b * self.block_bytes)
+    }
+
+    /// The mask of every page of block `b` (the last block may have fewer).
+    fn block_mask(&self, chain: &ChainHandle, b: u64) -> u64 {
+        pages_mask(0, self.block_len(chain, b).div_ceil(self.page_bytes))
     }
 
     /// The mask of the pages of block `b` that `[start, end)` touches.
@@ -605,14 +640,25 @@ impl Shared {
                 }
                 Found::Claimed(c) => {
                     let have = c.old.as_ref().map_or(0, |o| o.valid);
+                    // A second miss in a block, apart from the pages it holds, reads the
+                    // rest of the block: the block is being read at scattered places.
+                    let spread = scattered(have, need);
+                    let fetch = if self.config.complete_blocks && chain.score.completes(spread) {
+                        self.counters.completions.add(1);
+                        self.block_mask(chain, b) & !have
+                    } else {
+                        need & !have
+                    };
                     let mut run = vec![c];
-                    self.extend_run(chain, &mut run, last + 1);
+                    if fetch == need & !have {
+                        self.extend_run(chain, &mut run, last + 1);
+                    }
                     let n = run.len() as u64;
                     self.counters.misses.add(n);
-                    let lo = b * bs + u64::from((need & !have).trailing_zeros()) * self.page_bytes;
+                    let lo = b * bs + u64::from(fetch.trailing_zeros()) * self.page_bytes;
                     let bl = b + n - 1;
                     let need_last = if n == 1 {
-                        need & !have
+                        fetch
                     } else {
                         self.need_mask(bl, offset, end)
                     };
@@ -723,6 +769,14 @@ impl Shared {
             b += n;
         }
     }
+}
+
+/// True when a block holding pages `have` is asked for pages `need` of which some are
+/// missing and none of the missing ones borders a held page: a read elsewhere in a block
+/// already partly read (random access), not the next read of a stream through it.
+fn scattered(have: u64, need: u64) -> bool {
+    let missing = need & !have;
+    have != 0 && missing != 0 && missing & (have << 1 | have >> 1) == 0
 }
 
 /// Bits `lo..hi` set (pages `lo` to `hi - 1`), `hi <= 64`.
@@ -913,6 +967,7 @@ impl BlockCache {
             read_ahead_errors: c.read_ahead_errors.get(),
             read_ahead_refused: c.read_ahead_refused.get(),
             read_ahead_used: c.read_ahead_used.get(),
+            completions: c.completions.get(),
             cached_bytes,
             cached_blocks,
             resident_bytes: c.resident_bytes.get(),
@@ -1145,5 +1200,22 @@ mod tests {
         let mut b = vec![0u8; 4096];
         b[4095] = 1;
         assert!(!is_zero(&b));
+    }
+
+    #[test]
+    fn scattered_is_a_miss_apart_from_the_held_pages() {
+        // Nothing held: a first miss.
+        assert!(!scattered(0, 0b100));
+        // Everything needed is held: a hit.
+        assert!(!scattered(0b110, 0b100));
+        // The next page after the held ones, or the one before: a stream.
+        assert!(!scattered(0b0110, 0b1000));
+        assert!(!scattered(0b0110, 0b0001));
+        // A request overlapping the held pages and going on: a stream.
+        assert!(!scattered(0b0110, 0b1110));
+        // A gap between the held pages and the missing ones.
+        assert!(scattered(0b0001, 0b0100));
+        assert!(scattered(1 << 63, 1));
+        assert!(scattered(1, 1 << 63));
     }
 }

@@ -35,6 +35,7 @@ pub(crate) struct Counters {
     pub read_ahead_errors: Counter,
     pub read_ahead_refused: Counter,
     pub read_ahead_used: Counter,
+    pub completions: Counter,
     /// Bytes of block buffers alive (cached, in flight, or being copied out).
     pub resident_bytes: Counter,
     /// The high-water mark of `resident_bytes`.
@@ -75,6 +76,9 @@ pub struct BlockCacheStats {
     pub read_ahead_refused: u64,
     /// Prefetched blocks that a demand read later used.
     pub read_ahead_used: u64,
+    /// Misses that read the rest of a block already partly held, because the block was being
+    /// read at scattered places (see `CacheConfig::complete_blocks`).
+    pub completions: u64,
     /// Bytes charged to the budget now (data plus per-entry overhead).
     pub cached_bytes: u64,
     /// Entries cached now.

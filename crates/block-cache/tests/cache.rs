@@ -123,6 +123,7 @@ proptest! {
         size in 1u64..200_000,
         budget_blocks in 0u64..48,
         fill_max in 1u32..8,
+        complete_blocks in any::<bool>(),
         reads in prop::collection::vec((any::<u64>(), 0u64..40_000, any::<bool>()), 1..40),
     ) {
         let size = size.next_multiple_of(512);
@@ -134,6 +135,7 @@ proptest! {
             read_ahead_blocks_max: 8,
             read_ahead_threads: 1,
             read_ahead_queue: 4,
+            complete_blocks,
         };
         let cache = BlockCache::with_config(cfg).unwrap();
         let cached = cache.wrap(key("a"), dev.clone());
@@ -166,6 +168,7 @@ proptest! {
         size in 1u64..600_000,
         budget_blocks in 0u64..6,
         fill_max in 1u32..4,
+        complete_blocks in any::<bool>(),
         reads in prop::collection::vec((any::<u64>(), 1u64..150_000, any::<bool>()), 1..60),
     ) {
         let size = size.next_multiple_of(512);
@@ -179,6 +182,7 @@ proptest! {
             read_ahead_blocks_max: 4,
             read_ahead_threads: 1,
             read_ahead_queue: 4,
+            complete_blocks,
         };
         let cache = BlockCache::with_config(cfg).unwrap();
         let cached = cache.wrap(key("a"), dev.clone());
@@ -243,6 +247,71 @@ fn try_read_serves_only_cached_pages() {
         4096 * 4,
         "the cached page is read again only as part of one contiguous store read"
     );
+}
+
+/// Random reads within blocks: once a tenth of a chain's recent misses are second misses in
+/// a block apart from the pages it holds (after a warm-up of 1024 misses), such a miss reads
+/// the rest of the block in one store read. With `complete_blocks` off, or for a stream
+/// through a block, only the pages asked for are read.
+#[test]
+fn scattered_second_misses_complete_the_block() {
+    const BLOCKS: u64 = 700;
+    for complete in [true, false] {
+        let dev = Counting::new(content(5, (BLOCKS * 64 * KIB) as usize), 4096);
+        let cfg = CacheConfig {
+            complete_blocks: complete,
+            ..plain(1 << 30, 64 << 10)
+        };
+        let cache = BlockCache::with_config(cfg).unwrap();
+        let cached = cache.wrap(key("a"), dev.clone());
+        let mut buf = vec![0u8; 4096];
+        let mut want = vec![0u8; 4096];
+        // Warm-up: pages 2 and 10 of 600 blocks (half the misses scattered).
+        for b in 0..600 {
+            cached.read_at(&mut buf, b * 64 * KIB + 8192).unwrap();
+            cached.read_at(&mut buf, b * 64 * KIB + 40960).unwrap();
+        }
+        let warm = cache.stats().completions;
+        assert_eq!(warm > 0, complete, "completions after warm-up: {warm}");
+        let base = 650 * 64 * KIB;
+        let before = dev.bytes_read();
+        cached.read_at(&mut buf, base + 8192).unwrap();
+        cached.read_at(&mut buf, base + 40960).unwrap();
+        dev.inner.read_at(&mut want, base + 40960).unwrap();
+        assert_eq!(buf, want);
+        if complete {
+            // The span of the missing pages is the whole block (the held page is inside).
+            assert_eq!(dev.bytes_read() - before, 4096 + 64 * KIB);
+            assert_eq!(cache.stats().completions, warm + 1);
+            for page in 0..16 {
+                let at = base + page * 4096;
+                assert!(cached.try_read_at(&mut buf, at).is_some(), "page {page}");
+                dev.inner.read_at(&mut want, at).unwrap();
+                assert_eq!(buf, want, "page {page}");
+            }
+            assert_eq!(
+                dev.bytes_read() - before,
+                4096 + 64 * KIB,
+                "no more store reads"
+            );
+        } else {
+            assert_eq!(dev.bytes_read() - before, 2 * 4096);
+            assert!(cached.try_read_at(&mut buf, base + 16384).is_none());
+        }
+        // The next page of a stream through a block is not scattered.
+        let c = cache.stats().completions;
+        cached.read_at(&mut buf, base + 64 * KIB).unwrap();
+        cached.read_at(&mut buf, base + 64 * KIB + 4096).unwrap();
+        assert_eq!(cache.stats().completions, c);
+        assert_eq!(
+            dev.bytes_read() - before,
+            if complete {
+                64 * KIB + 3 * 4096
+            } else {
+                4 * 4096
+            }
+        );
+    }
 }
 
 /// 16 threads read the same 64 blocks at once, each in its own order, through a slow

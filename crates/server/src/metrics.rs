@@ -252,7 +252,7 @@ impl Metrics {
 }
 
 fn render_cache(out: &mut String, c: &BlockCacheStats) {
-    let counters: [(&'static str, &str, u64); 11] = [
+    let counters: [(&'static str, &str, u64); 12] = [
         (
             "ferry_cache_hits_total",
             "Block lookups served from the cache.",
@@ -307,6 +307,11 @@ fn render_cache(out: &mut String, c: &BlockCacheStats) {
             "ferry_cache_read_ahead_refused_total",
             "Read-ahead jobs not issued because the chain's read-ahead was not paying off.",
             c.read_ahead_refused,
+        ),
+        (
+            "ferry_cache_block_completions_total",
+            "Misses that read the rest of a partly held block read at scattered places.",
+            c.completions,
         ),
     ];
     for (name, help, v) in counters {
