@@ -12,6 +12,7 @@ use disk::ops::convert::is_zero;
 use disk::{BlockDevice, Error, ErrorKind, Result};
 use vhdx::Guid;
 
+use crate::aligned::AlignedBuf;
 use crate::shard::{Claim, Key, Lookup, Published, Shard};
 use crate::stats::{BlockCacheStats, Counters};
 use crate::stream::Streams;
@@ -25,7 +26,7 @@ use crate::{
 /// pages `[lo_page, lo_page + len / page)` of its block (the last may be short at the end of
 /// the device).
 struct Block {
-    bytes: Box<[u8]>,
+    bytes: AlignedBuf,
     counters: Arc<Counters>,
 }
 
@@ -33,7 +34,7 @@ impl Block {
     fn zeroed(len: usize, counters: &Arc<Counters>) -> Block {
         counters.resident_add(len as u64);
         Block {
-            bytes: vec![0u8; len].into_boxed_slice(),
+            bytes: AlignedBuf::zeroed(len),
             counters: counters.clone(),
         }
     }
@@ -41,7 +42,7 @@ impl Block {
     fn copy_of(src: &[u8], counters: &Arc<Counters>) -> Block {
         counters.resident_add(src.len() as u64);
         Block {
-            bytes: src.into(),
+            bytes: AlignedBuf::copy_of(src),
             counters: counters.clone(),
         }
     }
@@ -71,7 +72,7 @@ const SCRATCH_KEEP_BYTES: usize = 4 << 20;
 thread_local! {
     /// Each thread's buffer for multi-block store reads, reused so a read-ahead window is
     /// not zero-filled and faulted in again every time.
-    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SCRATCH: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
 }
 
 /// A ready block's bytes.
@@ -482,12 +483,11 @@ impl Shared {
         }
         // Several blocks (or a refill to merge): read into this thread's scratch buffer,
         // then copy each block's piece into its own right-sized buffer.
-        let scratch =
-            SCRATCH.with(|s| s.try_borrow_mut().ok().map(|mut s| std::mem::take(&mut *s)));
-        let mut scratch = scratch.unwrap_or_default();
-        if scratch.len() < len {
-            scratch.resize(len, 0);
-        }
+        let scratch = SCRATCH.with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.take()));
+        let mut scratch = match scratch {
+            Some(s) if s.len() >= len => s,
+            _ => AlignedBuf::zeroed(len),
+        };
         let r = chain.inner.read_at(&mut scratch[..len], lo);
         let out = match r {
             Err(e) => Err(self.fail_run(run, lo, hi, e)),
@@ -500,7 +500,7 @@ impl Shared {
         if scratch.len() <= SCRATCH_KEEP_BYTES {
             SCRATCH.with(|s| {
                 if let Ok(mut s) = s.try_borrow_mut() {
-                    *s = scratch;
+                    *s = Some(scratch);
                 }
             });
         }

@@ -66,6 +66,13 @@
 //!   instead of 198,500, `ferry-bench sim-boot --random 250000`); the boot trace's
 //!   scattered misses are about 1% of its misses, so it never completes a block and its
 //!   store bytes stay at 1.02× its unique bytes (`sim-boot`, 1 and 100 clients).
+//! * **Held in RAM once.** Block buffers are aligned to [`disk::DIRECT_ALIGN`], and the
+//!   server turns on the store's direct reads (`Chain::direct_reads_all`, `O_DIRECT`), so
+//!   an aligned fill goes from the disk into the cache's buffer without passing through (and
+//!   staying in) the host's page cache: no second copy of the vDisk in RAM and no
+//!   page-cache copy per fill (a sequential `nbdcopy` of a cold 2 GiB export: about 15% less
+//!   server CPU, measured with `perf`). Unaligned pieces (a differencing layer's 512-byte
+//!   sectors) and file systems without `O_DIRECT` read buffered.
 //! * **Read-ahead that pays for itself.** Per connection, a byte-exact stream detector
 //!   (`stream.rs`) asks for a window once a stream spans 256 KiB of contiguous reads. Per
 //!   chain, a score counts the blocks prefetched and those a demand read then used; after
@@ -83,6 +90,7 @@
 //!   slice of the budget, so misses on different blocks do not serialize on one write lock.
 //!   Small budgets get fewer shards (at least [`SHARD_MIN_BLOCKS`] blocks each).
 
+mod aligned;
 mod cache;
 mod shard;
 mod stats;

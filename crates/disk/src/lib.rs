@@ -28,4 +28,4 @@ pub use overlay::OverlayStorage;
 
 pub use device::{BlockDevice, Extent, ExtentKind};
 pub use error::{Error, ErrorKind, Result};
-pub use storage::{FileStorage, Storage};
+pub use storage::{DIRECT_ALIGN, FileStorage, Storage};

@@ -173,6 +173,25 @@ impl Chain {
         self.advise_random_from(0)
     }
 
+    /// Reads of every layer's file that are aligned to [`crate::DIRECT_ALIGN`] bypass the
+    /// host's page cache from now on (see [`Storage::direct_reads`]): for chains served
+    /// behind a block cache, so their bytes are held in RAM once. Returns how many layers
+    /// could (file systems without `O_DIRECT` keep buffered reads).
+    ///
+    /// # Errors
+    /// Failures other than "not supported" of opening a direct handle.
+    pub fn direct_reads_all(&self) -> Result<usize> {
+        let mut n = 0;
+        for layer in &self.layers {
+            if let Image::Vhdx(i) = &layer.image
+                && i.storage().direct_reads()?
+            {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     fn advise_random_from(&self, first: usize) -> Result<()> {
         for layer in &self.layers[first..] {
             if let Image::Vhdx(i) = &layer.image {

@@ -31,6 +31,17 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn advise_random(&self) -> Result<()> {
         Ok(())
     }
+    /// From now on, reads whose buffer address, offset and length are multiples of
+    /// [`DIRECT_ALIGN`] bypass the host's page cache (`O_DIRECT`), where the store can: for
+    /// files read through a cache of Ferry's own, which would otherwise be held twice in RAM
+    /// and copied once more. Other reads stay buffered. `Ok(false)` when the store cannot
+    /// (the default; a file system without `O_DIRECT`, such as tmpfs).
+    ///
+    /// # Errors
+    /// Failures other than "not supported" of opening the direct handle.
+    fn direct_reads(&self) -> Result<bool> {
+        Ok(false)
+    }
     /// Reserves real space for `[offset, offset+len)` (fallocate), where the store can.
     fn allocate(&self, _offset: u64, _len: u64) -> Result<()> {
         Ok(())
@@ -57,26 +68,65 @@ fn write_zeros<S: Storage + ?Sized>(s: &S, offset: u64, len: u64) -> Result<()> 
     Ok(())
 }
 
+/// The alignment of buffer address, offset and length that reads need to go around the page
+/// cache once [`Storage::direct_reads`] is on (4 KiB: every logical block size up to 4Kn).
+pub const DIRECT_ALIGN: usize = 4096;
+
 /// A real file.
 #[derive(Debug)]
 pub struct FileStorage {
     file: File,
+    /// The same file opened `O_DIRECT` (read-only), once [`Storage::direct_reads`] asked.
+    direct: std::sync::OnceLock<File>,
 }
 
 impl FileStorage {
     /// Wraps an open file.
     pub fn new(file: File) -> FileStorage {
-        FileStorage { file }
+        FileStorage {
+            file,
+            direct: std::sync::OnceLock::new(),
+        }
     }
 
-    /// The underlying file.
-    pub fn file(&self) -> &File {
-        &self.file
+    /// Reads into `buf` at `offset` through the direct handle when there is one and the
+    /// read is aligned; `None` when it is not for the direct handle (the caller reads
+    /// buffered). A direct read the file system refuses (`EINVAL`) is `None` too.
+    fn read_direct(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {
+        let d = self.direct.get()?;
+        let aligned = |addr: usize, len: usize, off: u64| {
+            addr.is_multiple_of(DIRECT_ALIGN)
+                && len.is_multiple_of(DIRECT_ALIGN)
+                && off.is_multiple_of(DIRECT_ALIGN as u64)
+        };
+        let mut done = 0;
+        while done < buf.len() {
+            let rest = &mut buf[done..];
+            if !aligned(rest.as_ptr() as usize, rest.len(), offset + done as u64) {
+                // A short read left the rest unaligned: finish buffered.
+                return Some(self.read_buffered(rest, offset + done as u64));
+            }
+            match d.read_at(rest, offset + done as u64) {
+                Ok(0) => {
+                    rest.fill(0);
+                    return Some(Ok(()));
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
+                    return if done == 0 {
+                        None
+                    } else {
+                        Some(self.read_buffered(&mut buf[done..], offset + done as u64))
+                    };
+                }
+                Err(e) => return Some(Err(Error::io(format!("direct read at {offset:#x}"), e))),
+            }
+        }
+        Some(Ok(()))
     }
-}
 
-impl Storage for FileStorage {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+    fn read_buffered(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let mut done = 0;
         while done < buf.len() {
             match self.file.read_at(&mut buf[done..], offset + done as u64) {
@@ -90,6 +140,20 @@ impl Storage for FileStorage {
             }
         }
         Ok(())
+    }
+
+    /// The underlying file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
+impl Storage for FileStorage {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        if let Some(r) = self.read_direct(buf, offset) {
+            return r;
+        }
+        self.read_buffered(buf, offset)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
@@ -130,6 +194,29 @@ impl Storage for FileStorage {
     fn advise_random(&self) -> Result<()> {
         use rustix::fs::{Advice, fadvise};
         fadvise(&self.file, 0, None, Advice::Random).map_err(|e| Error::io("fadvise", e.into()))
+    }
+
+    fn direct_reads(&self) -> Result<bool> {
+        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::io::AsRawFd;
+        if self.direct.get().is_some() {
+            return Ok(true);
+        }
+        let path = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+            .open(&path);
+        match f {
+            Ok(f) => {
+                let _ = self.direct.set(f);
+                Ok(true)
+            }
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
+                Ok(false)
+            }
+            Err(e) => Err(Error::io("open O_DIRECT", e)),
+        }
     }
 
     fn allocate(&self, offset: u64, len: u64) -> Result<()> {

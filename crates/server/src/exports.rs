@@ -592,6 +592,12 @@ impl Inner {
         if let Err(e) = chain.advise_random_all() {
             tracing::debug!(path = %path.display(), error = %e, "fadvise failed");
         }
+        // The block cache holds the chain's bytes: aligned store reads skip the page cache,
+        // so they are neither copied once more nor held twice in RAM.
+        match chain.direct_reads_all() {
+            Ok(n) => tracing::debug!(path = %path.display(), layers = n, "direct reads"),
+            Err(e) => tracing::debug!(path = %path.display(), error = %e, "no direct reads"),
+        }
         let top = chain.top();
         let key = ChainKey::of_device(path.clone(), top.as_ref());
         let entry = OpenChain {
