@@ -611,6 +611,32 @@ impl Shared {
     fn read(&self, chain: &ChainHandle, buf: &mut [u8], offset: u64) -> Result<()> {
         let bs = self.block_bytes;
         let end = offset + buf.len() as u64;
+        self.read_with(chain, offset, end, |blk, c| {
+            copy_block(buf, offset, blk, bs, c)
+        })
+    }
+
+    /// A demand read of `[offset, end)` as pieces of the cache's buffers (no copy of the
+    /// bytes), filling what is missing first (bounds already checked, not empty).
+    fn read_shared(&self, chain: &ChainHandle, offset: u64, end: u64) -> Result<Vec<Piece>> {
+        let bs = self.block_bytes;
+        let mut pieces = Vec::with_capacity(((end - 1) / bs - offset / bs + 1) as usize);
+        self.read_with(chain, offset, end, |blk, c| {
+            push_piece(&mut pieces, blk, bs, offset, end, c);
+        })?;
+        Ok(pieces)
+    }
+
+    /// The walk of a demand read of `[offset, end)`: hands each block's entry to `sink`, in
+    /// block order, once it holds the pages the read needs (filling them first).
+    fn read_with(
+        &self,
+        chain: &ChainHandle,
+        offset: u64,
+        end: u64,
+        mut sink: impl FnMut(u64, &Cached),
+    ) -> Result<()> {
+        let bs = self.block_bytes;
         let last = (end - 1) / bs;
         let mut b = offset / bs;
         while b <= last {
@@ -626,7 +652,7 @@ impl Shared {
                         chain.score.used.fetch_add(1, Ordering::Relaxed);
                         self.counters.read_ahead_used.add(1);
                     }
-                    copy_block(buf, offset, b, bs, &c);
+                    sink(b, &c);
                     b += 1;
                 }
                 Found::Wait(f) => {
@@ -634,7 +660,7 @@ impl Shared {
                     let c = f.wait()?;
                     // A fill of other pages of the block: look again (and claim the rest).
                     if c.covers(need) {
-                        copy_block(buf, offset, b, bs, &c);
+                        sink(b, &c);
                         b += 1;
                     }
                 }
@@ -665,9 +691,7 @@ impl Shared {
                     let end_page = 64 - u64::from(need_last.leading_zeros());
                     let hi = (bl * bs + end_page * self.page_bytes)
                         .min(bl * bs + self.block_len(chain, bl));
-                    self.fill(chain, run, (lo, hi), false, |blk, c| {
-                        copy_block(buf, offset, blk, bs, c);
-                    })?;
+                    self.fill(chain, run, (lo, hi), false, &mut sink)?;
                     b += n;
                 }
             }
@@ -702,20 +726,7 @@ impl Shared {
                 chain.score.used.fetch_add(1, Ordering::Relaxed);
                 self.counters.read_ahead_used.add(1);
             }
-            let base = b * bs;
-            let (lo, hi) = (offset.max(base), end.min(base + bs));
-            let n = (hi - lo) as usize;
-            match c.data {
-                Data::Zero => match pieces.last_mut() {
-                    Some(Piece::Zero(z)) => *z += n,
-                    _ => pieces.push(Piece::Zero(n)),
-                },
-                Data::Bytes { block, lo: at } => pieces.push(Piece::Shared {
-                    buf: block,
-                    start: (lo - base) as usize - at as usize,
-                    len: n,
-                }),
-            }
+            push_piece(&mut pieces, b, bs, offset, end, &c);
         }
         self.counters.hits.add(last - first + 1);
         Some(pieces)
@@ -784,6 +795,25 @@ fn pages_mask(lo: u64, hi: u64) -> u64 {
     debug_assert!(lo < hi && hi <= 64);
     let upto = if hi >= 64 { u64::MAX } else { (1u64 << hi) - 1 };
     upto & !((1u64 << lo) - 1)
+}
+
+/// Appends the part of block `blk` (of `bs` bytes) that overlaps `[offset, end)` to
+/// `pieces`, as a piece of the entry's buffer (zeros merge with a zero piece before them).
+fn push_piece(pieces: &mut Vec<Piece>, blk: u64, bs: u64, offset: u64, end: u64, c: &Cached) {
+    let base = blk * bs;
+    let (lo, hi) = (offset.max(base), end.min(base + bs));
+    let n = (hi - lo) as usize;
+    match &c.data {
+        Data::Zero => match pieces.last_mut() {
+            Some(Piece::Zero(z)) => *z += n,
+            _ => pieces.push(Piece::Zero(n)),
+        },
+        Data::Bytes { block, lo: at } => pieces.push(Piece::Shared {
+            buf: block.clone(),
+            start: (lo - base) as usize - *at as usize,
+            len: n,
+        }),
+    }
 }
 
 /// Copies the part of block `blk` (of `bs` bytes) that overlaps the request into `buf`.
@@ -1090,6 +1120,21 @@ impl BlockDevice for CachedDevice {
             .try_read_shared(&self.chain, offset, len)?;
         self.read_ahead(offset, len);
         Some(Ok(pieces))
+    }
+
+    fn read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {
+        if let Err(e) = check_bounds(self.geometry.size, offset, len) {
+            return Some(Err(e));
+        }
+        if len == 0 {
+            return Some(Ok(Vec::new()));
+        }
+        self.read_ahead(offset, len);
+        Some(
+            self.chain
+                .shared
+                .read_shared(&self.chain, offset, offset + len),
+        )
     }
 
     fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {

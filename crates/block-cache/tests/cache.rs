@@ -225,6 +225,47 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// `read_shared` (the server's path for misses) fills what is missing and returns the
+    /// inner device's bytes as pieces of the cache's buffers, under any budget.
+    #[test]
+    fn read_shared_returns_the_inner_bytes(
+        seed in any::<u64>(),
+        size in 1u64..600_000,
+        budget_blocks in 0u64..6,
+        reads in prop::collection::vec((any::<u64>(), 1u64..150_000), 1..40),
+    ) {
+        let size = size.next_multiple_of(512);
+        let dev = Counting::new(content(seed, size as usize), 4096);
+        let cfg = CacheConfig {
+            budget_bytes: budget_blocks * (64 * KIB + ENTRY_OVERHEAD_BYTES),
+            ..plain(0, 64 << 10)
+        };
+        let cache = BlockCache::with_config(cfg).unwrap();
+        let cached = cache.wrap(key("a"), dev.clone());
+        for (pos, len) in reads {
+            let offset = pos % size;
+            let len = len.min(size - offset);
+            let mut want = vec![0u8; len as usize];
+            dev.inner.read_at(&mut want, offset).unwrap();
+            let pieces = cached.read_shared(offset, len).unwrap().unwrap();
+            let mut joined = Vec::with_capacity(len as usize);
+            for p in &pieces {
+                match p.bytes() {
+                    Some(b) => joined.extend_from_slice(b),
+                    None => joined.resize(joined.len() + p.len(), 0),
+                }
+            }
+            prop_assert!(want == joined, "read {len} bytes at {offset}");
+        }
+        let mut past = vec![0u8; 1];
+        prop_assert!(cached.read_shared(size, 1).unwrap().is_err());
+        prop_assert!(cached.read_at(&mut past, size).is_err());
+    }
+}
+
 /// A cold cache answers `try_read_at` with `None` and reads nothing; after a demand read of
 /// 4 KiB, exactly that page is cached: `try_read_at` serves it and refuses its neighbour.
 #[test]

@@ -177,6 +177,14 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// The bytes `[offset, offset+len)` as pieces of buffers the device keeps (a block
+    /// cache's entries), reading what is missing first, like [`BlockDevice::read_at`] but
+    /// without copying the bytes out; may block. `None` when the device keeps no buffers to
+    /// share (the default): the caller reads with [`BlockDevice::read_at`].
+    fn read_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<Piece>>> {
+        None
+    }
+
     /// [`BlockDevice::write_at`] if it can complete in memory without blocking (a RAM write
     /// cache with room); `None` otherwise, and then nothing was written.
     fn try_write_at(&self, _buf: &[u8], _offset: u64) -> Option<Result<()>> {
@@ -187,7 +195,7 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
 /// An immutable buffer shared between a cache and the readers of its bytes.
 pub type SharedBuf = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
-/// A part of a [`BlockDevice::try_read_shared`] answer.
+/// A part of a [`BlockDevice::try_read_shared`] or [`BlockDevice::read_shared`] answer.
 #[derive(Clone)]
 pub enum Piece {
     /// `len` bytes of `buf` from `start`.

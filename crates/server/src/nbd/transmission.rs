@@ -345,20 +345,7 @@ fn try_inline(req: &Request, e: &Export, payload: &mut Vec<u8>) -> Option<Frame>
     match req.command {
         Command::Read if req.len > 0 => {
             if let Some(r) = dev.try_read_shared(req.offset, u64::from(req.len)) {
-                return Some(match r {
-                    Err(err) => disk_error(req, &err),
-                    Ok(pieces) if e.structured && pieces.iter().all(|p| p.bytes().is_none()) => {
-                        Frame::Hole {
-                            offset: req.offset,
-                            len: req.len,
-                        }
-                    }
-                    Ok(pieces) => Frame::Shared {
-                        offset: req.offset,
-                        len: req.len as usize,
-                        pieces,
-                    },
-                });
+                return Some(shared_frame(req, r, e.structured));
             }
             if req.len > INLINE_MAX_BYTES {
                 return None;
@@ -541,9 +528,30 @@ fn read(dev: &dyn BlockDevice, req: &Request, structured: bool, mut data: Vec<u8
     if req.len == 0 {
         return Frame::Ok;
     }
+    // A block cache fills what is missing and answers with its own buffers: the reply is
+    // written from them, with no copy into a reply buffer.
+    if let Some(r) = dev.read_shared(req.offset, u64::from(req.len)) {
+        return shared_frame(req, r, structured);
+    }
     data.resize(req.len as usize, 0);
     let r = dev.read_at(&mut data, req.offset);
     read_frame(req, r, data, structured)
+}
+
+/// The reply to a read answered with shared pieces.
+fn shared_frame(req: &Request, r: disk::Result<Vec<Piece>>, structured: bool) -> Frame {
+    match r {
+        Err(err) => disk_error(req, &err),
+        Ok(pieces) if structured && pieces.iter().all(|p| p.bytes().is_none()) => Frame::Hole {
+            offset: req.offset,
+            len: req.len,
+        },
+        Ok(pieces) => Frame::Shared {
+            offset: req.offset,
+            len: req.len as usize,
+            pieces,
+        },
+    }
 }
 
 /// The reply to a read of `data` whose outcome was `r`.
