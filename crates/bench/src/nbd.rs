@@ -493,7 +493,11 @@ pub fn seq_bench(cfg: &Config, ds: &DataSet) -> Result<String> {
          nbd://127.0.0.1:PORT/{SEQ_NAME} null:` reads the whole export over loopback \
          (nbdcopy's defaults: multi-conn where offered, 256 KiB requests, 64 in flight per \
          connection). {} runs per server, interleaved; median shown. Server CPU is the \
-         server process's utime + stime (`/proc/PID/stat`).\n",
+         server process's utime + stime (`/proc/PID/stat`). Ferry reads its store with \
+         `O_DIRECT` into its cache's buffers (the peers through the page cache) and keeps \
+         every block it reads: a one-pass copy costs it the first touch of the export's size \
+         in new memory (a page fault and a zeroing per 4 KiB), which the peers' page cache, \
+         whose pages the disk read fills directly, does not pay.\n",
         ds.size >> 20,
         cfg.runs,
     );
