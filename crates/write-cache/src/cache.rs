@@ -1161,6 +1161,79 @@ mod tests {
         assert_eq!(buf, [3; 4096]);
     }
 
+    fn cache_over(mode: Mode, store: Arc<dyn OverflowStore>) -> WriteCache {
+        let config = Config {
+            mode,
+            block_bytes: 4096,
+            ram_bytes_max: 4096,
+            overflow_bytes_max: 1 << 20,
+        };
+        WriteCache::new(Arc::new(Golden(1 << 20)), config, Some(store)).unwrap()
+    }
+
+    #[test]
+    fn try_write_rewrites_a_disk_block_in_place() {
+        let c = cache_over(Mode::Disk, Arc::new(MemStore::new(1 << 20)));
+        c.write_at(&[1; 4096], 0).unwrap();
+        assert!(matches!(c.try_write_at(&[2; 4096], 0), Some(Ok(()))));
+        let mut buf = [0u8; 4096];
+        c.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [2; 4096]);
+        assert_eq!(c.usage().overflow_bytes, 4096);
+    }
+
+    #[test]
+    fn try_write_of_a_new_disk_block_defers_and_writes_nothing() {
+        let c = cache_over(Mode::Disk, Arc::new(MemStore::new(1 << 20)));
+        assert!(c.try_write_at(&[1; 4096], 0).is_none());
+        assert_eq!(c.cached_blocks(), 0);
+    }
+
+    #[test]
+    fn try_read_of_an_overflow_block_defers_when_the_store_would_wait() {
+        let c = cache_over(Mode::Disk, Arc::new(MemStore::without_inline(1 << 20)));
+        c.write_at(&[1; 4096], 0).unwrap();
+        let mut buf = [0u8; 4096];
+        assert!(c.try_read_at(&mut buf, 0).is_none());
+    }
+
+    #[test]
+    fn try_read_of_an_overflow_block_reads_it_inline() {
+        let c = cache_over(Mode::Disk, Arc::new(MemStore::new(1 << 20)));
+        c.write_at(&[4; 4096], 4096).unwrap();
+        let mut buf = [0u8; 4096];
+        assert!(matches!(c.try_read_at(&mut buf, 4096), Some(Ok(()))));
+        assert_eq!(buf, [4; 4096]);
+    }
+
+    /// A store whose blocking writes succeed and whose inline writes fail with EIO.
+    #[derive(Debug)]
+    struct FailsInline(MemStore);
+
+    impl OverflowStore for FailsInline {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.0.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            self.0.write_at(buf, offset)
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn try_write_at(&self, _: &[u8], _: u64) -> Option<std::io::Result<()>> {
+            Some(Err(std::io::Error::from_raw_os_error(5)))
+        }
+    }
+
+    #[test]
+    fn failed_inline_overwrite_poisons_the_cache() {
+        let c = cache_over(Mode::Disk, Arc::new(FailsInline(MemStore::new(1 << 20))));
+        c.write_at(&[1; 4096], 0).unwrap();
+        let r = c.try_write_at(&[2; 4096], 0);
+        assert_eq!(r.unwrap().unwrap_err().kind(), ErrorKind::Io);
+        assert_eq!(c.flush().unwrap_err().kind(), ErrorKind::Poisoned);
+    }
+
     #[test]
     fn overflow_store_missing_is_a_config_error() {
         let config = Config {
