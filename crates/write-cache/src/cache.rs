@@ -29,7 +29,9 @@
 //!   for the overflow I/O: reads of other RAM-resident blocks never do.
 //!
 //! * `try_read_at` / `try_write_at` (called inline on the NBD server's reactor) never wait
-//!   for a lock held across I/O and never do I/O: they `try_lock` the insert lock and the
+//!   for a lock held across I/O and do only the overflow I/O the store's own inline paths
+//!   accept (`OverflowStore::try_read_at` / `try_write_at`: a page-cache read that cannot
+//!   wait, an overwrite in place of whole pages): they `try_lock` the insert lock and the
 //!   overflow stripe, take only an already free RAM slot, and otherwise return `None`
 //!   having changed nothing. The slow path, when it must evict, frees a batch of slots
 //!   (`EVICT_BATCH`) for the fast path to use.
@@ -295,15 +297,21 @@ impl WriteCache {
     /// Writes `buf` to overflow slot bytes at `offset`. A full store is ENOSPC (the caller
     /// still holds the data); any other failure poisons the cache.
     fn store_write(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.store().write_at(buf, offset).map_err(|e| {
-            if is_full(&e) {
-                self.enospc("overflow file", Some(e))
-            } else {
-                self.poisoned.store(true, Ordering::Release);
-                tracing::error!(error = %e, "overflow write failed: write cache poisoned");
-                Error::io("write overflow file", e)
-            }
-        })
+        self.store()
+            .write_at(buf, offset)
+            .map_err(|e| self.store_write_error(e))
+    }
+
+    /// What a failed overflow write means: ENOSPC when the store is full, else the cache is
+    /// poisoned.
+    fn store_write_error(&self, e: std::io::Error) -> Error {
+        if is_full(&e) {
+            self.enospc("overflow file", Some(e))
+        } else {
+            self.poisoned.store(true, Ordering::Release);
+            tracing::error!(error = %e, "overflow write failed: write cache poisoned");
+            Error::io("write overflow file", e)
+        }
     }
 
     fn store_read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
@@ -378,6 +386,61 @@ impl WriteCache {
                 }
             }
         }
+    }
+
+    /// [`Self::read_piece`] when it needs no lock held across I/O and no wait for a device;
+    /// `None` otherwise (also when the cache does not hold the block).
+    fn try_read_piece(&self, b: u64, o: usize, dst: &mut [u8]) -> Option<Result<()>> {
+        loop {
+            let e = self.index.get(b)?;
+            match e.place {
+                Place::Zero => {
+                    dst.fill(0);
+                    return Some(Ok(()));
+                }
+                Place::Ram(r) => {
+                    let g = self.arena.slot(r).read();
+                    if g.owner != b {
+                        continue;
+                    }
+                    dst.copy_from_slice(&g.data[o..o + dst.len()]);
+                    drop(g);
+                    self.clock.touch(r);
+                    return Some(Ok(()));
+                }
+                Place::Disk(s) => {
+                    let _shared = self.stripe(s).try_read()?;
+                    if self.index.get(b) != Some(e) {
+                        continue;
+                    }
+                    let r = self
+                        .store()
+                        .try_read_at(dst, (s << self.shift) + o as u64)?;
+                    return Some(r.map_err(|e| Error::io("read overflow file", e)));
+                }
+            }
+        }
+    }
+
+    /// Writes `src` into block `b`'s overflow slot `s` in place if the store can do it
+    /// without waiting; `None` (nothing written) otherwise or when the entry is no longer
+    /// `cur`.
+    fn try_write_in_place(
+        &self,
+        b: u64,
+        s: u64,
+        o: usize,
+        src: &[u8],
+        cur: Option<Entry>,
+    ) -> Option<Result<()>> {
+        let _shared = self.stripe(s).try_read()?;
+        if self.index.get(b) != cur {
+            return None;
+        }
+        let r = self
+            .store()
+            .try_write_at(src, (s << self.shift) + o as u64)?;
+        Some(r.map_err(|e| self.store_write_error(e)))
     }
 
     // ---- writes ----
@@ -751,37 +814,38 @@ impl BlockDevice for WriteCache {
         if let Err(e) = self.check(offset, buf.len() as u64) {
             return Some(Err(e));
         }
-        // Only when every block is in RAM or known zero: anything else reads the overflow
-        // file or the server.
-        let mut in_memory = true;
+        // Only when the cache holds every block: the others are read from the server.
+        let mut held = true;
         let _ = self.pieces(offset, buf.len(), |b, _, _| {
-            in_memory &= matches!(
-                self.index.get(b).map(|e| e.place),
-                Some(Place::Ram(_) | Place::Zero)
-            );
+            held &= self.index.get(b).is_some();
             Ok(())
         });
-        if !in_memory {
+        if !held {
             return None;
         }
-        let r = self.pieces(offset, buf.len(), |b, o, range| {
-            match self.read_piece(b, o, &mut buf[range.clone()])? {
-                true => Ok(()),
-                // Trimmed meanwhile: the server's bytes are needed after all.
-                false => {
-                    let at = offset + range.start as u64;
-                    self.next.read_at(&mut buf[range], at)
-                }
+        let len = buf.len();
+        let mut pos = 0usize;
+        while pos < len {
+            let at = offset + pos as u64;
+            let b = at >> self.shift;
+            // Below `block` (≤ 1 MiB).
+            let o = (at & (self.block - 1)) as usize;
+            let n = (self.block as usize - o).min(len - pos);
+            // `None`: trimmed meanwhile, or the overflow file would wait for the disk; the
+            // blocking path reads it all again.
+            if let Err(e) = self.try_read_piece(b, o, &mut buf[pos..pos + n])? {
+                return Some(Err(e));
             }
-        });
-        Some(r)
+            pos += n;
+        }
+        Some(Ok(()))
     }
 
     fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<Result<()>> {
         if let Err(e) = self.check(offset, buf.len() as u64) {
             return Some(Err(e));
         }
-        if self.mode == Mode::Disk || buf.is_empty() {
+        if buf.is_empty() {
             return None;
         }
         // This runs on the NBD server's reactor: it must never wait for a lock held across
@@ -802,6 +866,7 @@ impl BlockDevice for WriteCache {
         let cur = self.index.get(b);
         match cur.map(|e| e.place) {
             Some(Place::Ram(_)) => Some(self.write_piece(b, o, buf)),
+            Some(Place::Zero) | None if self.mode == Mode::Disk => None,
             Some(Place::Zero) | None => {
                 let whole = o == 0 && buf.len() == self.block_len(b);
                 if cur.is_none() && !whole {
@@ -823,6 +888,12 @@ impl BlockDevice for WriteCache {
                 }
             }
             Some(Place::Disk(s)) => {
+                if let Some(r) = self.try_write_in_place(b, s, o, buf, cur) {
+                    return Some(r);
+                }
+                if self.mode == Mode::Disk {
+                    return None;
+                }
                 // A whole-block rewrite of a block in the overflow file moves it back to a
                 // free RAM slot: no read is needed, and freeing its overflow slot needs the
                 // slot's stripe, taken only if no reader holds it.
@@ -1088,6 +1159,79 @@ mod tests {
         let mut buf = [0u8; 4096];
         c.read_at(&mut buf, 8192).unwrap();
         assert_eq!(buf, [3; 4096]);
+    }
+
+    fn cache_over(mode: Mode, store: Arc<dyn OverflowStore>) -> WriteCache {
+        let config = Config {
+            mode,
+            block_bytes: 4096,
+            ram_bytes_max: 4096,
+            overflow_bytes_max: 1 << 20,
+        };
+        WriteCache::new(Arc::new(Golden(1 << 20)), config, Some(store)).unwrap()
+    }
+
+    #[test]
+    fn try_write_rewrites_a_disk_block_in_place() {
+        let c = cache_over(Mode::Disk, Arc::new(MemStore::new(1 << 20)));
+        c.write_at(&[1; 4096], 0).unwrap();
+        assert!(matches!(c.try_write_at(&[2; 4096], 0), Some(Ok(()))));
+        let mut buf = [0u8; 4096];
+        c.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [2; 4096]);
+        assert_eq!(c.usage().overflow_bytes, 4096);
+    }
+
+    #[test]
+    fn try_write_of_a_new_disk_block_defers_and_writes_nothing() {
+        let c = cache_over(Mode::Disk, Arc::new(MemStore::new(1 << 20)));
+        assert!(c.try_write_at(&[1; 4096], 0).is_none());
+        assert_eq!(c.cached_blocks(), 0);
+    }
+
+    #[test]
+    fn try_read_of_an_overflow_block_defers_when_the_store_would_wait() {
+        let c = cache_over(Mode::Disk, Arc::new(MemStore::without_inline(1 << 20)));
+        c.write_at(&[1; 4096], 0).unwrap();
+        let mut buf = [0u8; 4096];
+        assert!(c.try_read_at(&mut buf, 0).is_none());
+    }
+
+    #[test]
+    fn try_read_of_an_overflow_block_reads_it_inline() {
+        let c = cache_over(Mode::Disk, Arc::new(MemStore::new(1 << 20)));
+        c.write_at(&[4; 4096], 4096).unwrap();
+        let mut buf = [0u8; 4096];
+        assert!(matches!(c.try_read_at(&mut buf, 4096), Some(Ok(()))));
+        assert_eq!(buf, [4; 4096]);
+    }
+
+    /// A store whose blocking writes succeed and whose inline writes fail with EIO.
+    #[derive(Debug)]
+    struct FailsInline(MemStore);
+
+    impl OverflowStore for FailsInline {
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.0.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            self.0.write_at(buf, offset)
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+        fn try_write_at(&self, _: &[u8], _: u64) -> Option<std::io::Result<()>> {
+            Some(Err(std::io::Error::from_raw_os_error(5)))
+        }
+    }
+
+    #[test]
+    fn failed_inline_overwrite_poisons_the_cache() {
+        let c = cache_over(Mode::Disk, Arc::new(FailsInline(MemStore::new(1 << 20))));
+        c.write_at(&[1; 4096], 0).unwrap();
+        let r = c.try_write_at(&[2; 4096], 0);
+        assert_eq!(r.unwrap().unwrap_err().kind(), ErrorKind::Io);
+        assert_eq!(c.flush().unwrap_err().kind(), ErrorKind::Poisoned);
     }
 
     #[test]

@@ -10,8 +10,19 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+
+/// An inline write (`FileStore::try_write_at`) that took longer than this waited for
+/// something: the kernel throttling a writer of too much dirty memory, or the journal.
+/// A buffered 4 KiB write into the page cache takes microseconds.
+pub const INLINE_WRITE_SLOW: Duration = Duration::from_millis(10);
+/// After a slow inline write, `FileStore::try_write_at` declines (the writes go to the
+/// blocking pool) for this long, so a throttled disk stalls the caller's thread at most
+/// once per period.
+pub const INLINE_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Positional storage of overflow slots.
 pub trait OverflowStore: Send + Sync + std::fmt::Debug {
@@ -32,12 +43,53 @@ pub trait OverflowStore: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// The store's I/O errors.
     fn flush(&self) -> io::Result<()>;
+
+    /// [`Self::read_at`] if the store can do it without waiting for a device (the bytes
+    /// are in memory); `None` otherwise, with `buf` in any state.
+    fn try_read_at(&self, _buf: &mut [u8], _offset: u64) -> Option<io::Result<()>> {
+        None
+    }
+
+    /// [`Self::write_at`] of bytes the store already holds (an overwrite in place) if the
+    /// store can do it without waiting for a device; `None` otherwise, having written
+    /// nothing.
+    fn try_write_at(&self, _buf: &[u8], _offset: u64) -> Option<io::Result<()>> {
+        None
+    }
 }
 
+/// A source of the current time (injectable for tests).
+pub type Now = Box<dyn Fn() -> Instant + Send + Sync>;
+
 /// An unlinked file in a directory.
-#[derive(Debug)]
+///
+/// Its inline paths run on the caller's thread (the NBD server's reactor):
+/// * `try_read_at` is `preadv2(RWF_NOWAIT)`: the kernel answers from the page cache or
+///   says it would wait (`EAGAIN`), never blocks.
+/// * `try_write_at` is a plain `pwrite` of whole pages: buffered writes with `RWF_NOWAIT`
+///   are refused (`EOPNOTSUPP`) by ext4, so "would not wait" cannot be asked. It is taken
+///   only where a buffered write does not wait in the common case: the caller overwrites
+///   bytes the file already holds (no block allocation, no size change), and whole pages
+///   (no read of the rest of a page). What remains is the kernel throttling a writer of
+///   too much dirty memory (`balance_dirty_pages`, up to 200 ms) or a journal wait; a
+///   write that took over [`INLINE_WRITE_SLOW`] turns inline writes off for
+///   [`INLINE_BACKOFF`].
 pub struct FileStore {
     file: File,
+    page: u64,
+    now: Now,
+    epoch: Instant,
+    /// Inline writes are off until this many nanoseconds after `epoch`.
+    inline_off_until: AtomicU64,
+}
+
+impl std::fmt::Debug for FileStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileStore")
+            .field("file", &self.file)
+            .field("inline_off_until", &self.inline_off_until)
+            .finish_non_exhaustive()
+    }
 }
 
 impl FileStore {
@@ -47,9 +99,26 @@ impl FileStore {
     /// # Errors
     /// The directory is missing or not writable.
     pub fn create_in(dir: &Path) -> io::Result<FileStore> {
+        FileStore::with_clock(dir, Box::new(Instant::now))
+    }
+
+    /// [`Self::create_in`] with the clock that times inline writes.
+    ///
+    /// # Errors
+    /// The directory is missing or not writable.
+    pub fn with_clock(dir: &Path, now: Now) -> io::Result<FileStore> {
+        let epoch = now();
         Ok(FileStore {
             file: tempfile::tempfile_in(dir)?,
+            page: rustix::param::page_size() as u64,
+            now,
+            epoch,
+            inline_off_until: AtomicU64::new(0),
         })
+    }
+
+    fn since_epoch(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 }
 
@@ -75,6 +144,52 @@ impl OverflowStore for FileStore {
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
     }
+
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<io::Result<()>> {
+        use rustix::io::{Errno, ReadWriteFlags, preadv2};
+        let mut done = 0;
+        while done < buf.len() {
+            let mut iov = [io::IoSliceMut::new(&mut buf[done..])];
+            match preadv2(
+                &self.file,
+                &mut iov,
+                offset + done as u64,
+                ReadWriteFlags::NOWAIT,
+            ) {
+                Ok(0) => {
+                    buf[done..].fill(0);
+                    break;
+                }
+                Ok(n) => done += n,
+                Err(Errno::INTR) => {}
+                // Not in the page cache (or no RWF_NOWAIT here): the blocking path reads.
+                Err(Errno::AGAIN | Errno::OPNOTSUPP) => return None,
+                Err(e) => return Some(Err(e.into())),
+            }
+        }
+        Some(Ok(()))
+    }
+
+    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<io::Result<()>> {
+        if !offset.is_multiple_of(self.page) || !(buf.len() as u64).is_multiple_of(self.page) {
+            return None;
+        }
+        let start = (self.now)();
+        if self.since_epoch(start) < self.inline_off_until.load(Ordering::Relaxed) {
+            return None;
+        }
+        let r = self.file.write_all_at(buf, offset);
+        let end = (self.now)();
+        if end.saturating_duration_since(start) > INLINE_WRITE_SLOW {
+            let until = self.since_epoch(end + INLINE_BACKOFF);
+            self.inline_off_until.store(until, Ordering::Relaxed);
+            tracing::debug!(
+                took_us = end.saturating_duration_since(start).as_micros() as u64,
+                "slow inline overflow write: inline writes off for a while"
+            );
+        }
+        Some(r)
+    }
 }
 
 /// Memory with a byte limit: a write past `limit_bytes` fails with `StorageFull`, as a full
@@ -83,14 +198,24 @@ impl OverflowStore for FileStore {
 pub struct MemStore {
     data: Mutex<Vec<u8>>,
     limit_bytes: u64,
+    inline: bool,
 }
 
 impl MemStore {
-    /// An empty store that holds at most `limit_bytes`.
+    /// An empty store that holds at most `limit_bytes`; its inline paths always succeed.
     pub fn new(limit_bytes: u64) -> MemStore {
         MemStore {
             data: Mutex::new(Vec::new()),
             limit_bytes,
+            inline: true,
+        }
+    }
+
+    /// [`Self::new`] whose inline paths always decline, as a store that would wait does.
+    pub fn without_inline(limit_bytes: u64) -> MemStore {
+        MemStore {
+            inline: false,
+            ..MemStore::new(limit_bytes)
         }
     }
 }
@@ -125,6 +250,14 @@ impl OverflowStore for MemStore {
     fn flush(&self) -> io::Result<()> {
         Ok(())
     }
+
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<io::Result<()>> {
+        self.inline.then(|| self.read_at(buf, offset))
+    }
+
+    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<io::Result<()>> {
+        self.inline.then(|| self.write_at(buf, offset))
+    }
 }
 
 #[cfg(test)]
@@ -136,6 +269,44 @@ mod tests {
         let s = MemStore::new(4096);
         let e = s.write_at(&[1; 512], 4096 - 256).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::StorageFull);
+    }
+
+    /// A clock that moves 20 ms (over `INLINE_WRITE_SLOW`) at every look, so every inline
+    /// write looks slow.
+    fn crawling_clock() -> Now {
+        let t0 = Instant::now();
+        let ticks = AtomicU64::new(0);
+        Box::new(move || {
+            t0 + Duration::from_millis(20) * ticks.fetch_add(1, Ordering::Relaxed) as u32
+        })
+    }
+
+    #[test]
+    fn file_store_slow_inline_write_turns_inline_writes_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FileStore::with_clock(dir.path(), crawling_clock()).unwrap();
+        let page = vec![1u8; s.page as usize];
+        assert!(matches!(s.try_write_at(&page, 0), Some(Ok(()))));
+        assert!(s.try_write_at(&page, 0).is_none());
+    }
+
+    #[test]
+    fn file_store_inline_write_of_part_of_a_page_declines() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FileStore::create_in(dir.path()).unwrap();
+        assert!(s.try_write_at(&[1u8; 512], 0).is_none());
+    }
+
+    #[test]
+    fn file_store_inline_read_reads_what_was_written_then_zeros() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FileStore::create_in(dir.path()).unwrap();
+        s.write_at(&[5u8; 100], 0).unwrap();
+        let mut buf = [9u8; 200];
+        // Just written, so in the page cache: RWF_NOWAIT answers.
+        assert!(matches!(s.try_read_at(&mut buf, 0), Some(Ok(()))));
+        assert_eq!(&buf[..100], &[5u8; 100]);
+        assert_eq!(&buf[100..], &[0u8; 100]);
     }
 
     #[test]

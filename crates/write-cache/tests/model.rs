@@ -8,7 +8,7 @@ use std::sync::Arc;
 use disk::device::{Geometry, check_bounds};
 use disk::{BlockDevice, ErrorKind};
 use proptest::prelude::*;
-use write_cache::{Config, MemStore, Mode, OverflowStore, WriteCache};
+use write_cache::{Config, MemStore, Mode, OverflowStore, Usage, WriteCache};
 
 /// The golden image: byte `i` is `i % 251`, so a misplaced or stale byte shows.
 #[derive(Debug)]
@@ -124,6 +124,17 @@ struct Setup {
     mode: Mode,
     block: u64,
     tight: bool,
+    /// Whether the overflow store's inline paths answer (a file in the page cache) or
+    /// always decline (so the fast path takes its other branches).
+    inline: bool,
+}
+
+fn store(inline: bool) -> Arc<dyn OverflowStore> {
+    if inline {
+        Arc::new(MemStore::new(1 << 30))
+    } else {
+        Arc::new(MemStore::without_inline(1 << 30))
+    }
 }
 
 fn make(s: Setup, size: u64) -> WriteCache {
@@ -142,8 +153,7 @@ fn make(s: Setup, size: u64) -> WriteCache {
         ram_bytes_max: ram * s.block,
         overflow_bytes_max: overflow * s.block,
     };
-    let store: Arc<dyn OverflowStore> = Arc::new(MemStore::new(1 << 30));
-    WriteCache::new(Arc::new(Golden(size)), config, Some(store)).unwrap()
+    WriteCache::new(Arc::new(Golden(size)), config, Some(store(s.inline))).unwrap()
 }
 
 fn run(s: Setup, ops: &[Op]) -> Result<(), TestCaseError> {
@@ -246,8 +256,14 @@ fn setup() -> impl Strategy<Value = Setup> {
         prop_oneof![Just(Mode::Ram), Just(Mode::RamOverflow), Just(Mode::Disk)],
         prop_oneof![Just(512u64), Just(4096u64)],
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(mode, block, tight)| Setup { mode, block, tight })
+        .prop_map(|(mode, block, tight, inline)| Setup {
+            mode,
+            block,
+            tight,
+            inline,
+        })
 }
 
 proptest! {
@@ -359,8 +375,25 @@ fn racing_partial_writes_never_leak_ram_slots() {
 /// come in batches) and rewrite them whole or in part, half through `try_write_at` (the
 /// server's fast path, which moves whole overflow blocks back to RAM) and half through
 /// `write_at`; every read, fast or slow, returns the thread's last write of the block.
+/// With a store whose inline paths decline, whole overflow blocks move back to RAM.
 #[test]
 fn batched_eviction_and_fast_path_keep_every_block_current() {
+    let u = batched_eviction_and_fast_path(false);
+    assert!(u.evictions > 448, "{u:?}");
+    assert!(u.promotions > 0, "{u:?}");
+}
+
+/// The same with a store whose inline paths answer: overflow blocks are read and
+/// rewritten in place on the fast path.
+#[test]
+fn batched_eviction_and_inline_overflow_io_keep_every_block_current() {
+    let u = batched_eviction_and_fast_path(true);
+    // Every block past the 64 RAM slots left RAM once; rewritten in place, none came back.
+    assert!(u.evictions >= 448, "{u:?}");
+}
+
+/// Runs the threads of the two tests above and returns the cache's counters.
+fn batched_eviction_and_fast_path(inline: bool) -> Usage {
     let block = 4096u64;
     let blocks = 512u64;
     let config = Config {
@@ -369,7 +402,7 @@ fn batched_eviction_and_fast_path_keep_every_block_current() {
         ram_bytes_max: 64 * block,
         overflow_bytes_max: blocks * block,
     };
-    let store: Arc<dyn OverflowStore> = Arc::new(MemStore::new(1 << 30));
+    let store = store(inline);
     let cache =
         Arc::new(WriteCache::new(Arc::new(Golden(blocks * block)), config, Some(store)).unwrap());
     let threads: Vec<_> = (0..4u64)
@@ -418,7 +451,5 @@ fn batched_eviction_and_fast_path_keep_every_block_current() {
     for th in threads {
         th.join().unwrap();
     }
-    let u = cache.usage();
-    assert!(u.evictions > 448, "{u:?}");
-    assert!(u.promotions > 0, "{u:?}");
+    cache.usage()
 }
