@@ -1122,6 +1122,10 @@ impl BlockDevice for CachedDevice {
         Some(Ok(pieces))
     }
 
+    fn shares_reads(&self) -> bool {
+        true
+    }
+
     fn read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {
         if let Err(e) = check_bounds(self.geometry.size, offset, len) {
             return Some(Err(e));

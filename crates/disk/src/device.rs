@@ -177,6 +177,13 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// True when [`BlockDevice::try_read_shared`] answers every read the device can serve
+    /// from memory, so a caller need not try [`BlockDevice::try_read_at`] (and fill a buffer
+    /// for it) after it declined. False by default.
+    fn shares_reads(&self) -> bool {
+        false
+    }
+
     /// The bytes `[offset, offset+len)` as pieces of buffers the device keeps (a block
     /// cache's entries), reading what is missing first, like [`BlockDevice::read_at`] but
     /// without copying the bytes out; may block. `None` when the device keeps no buffers to

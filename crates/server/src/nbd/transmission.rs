@@ -347,7 +347,7 @@ fn try_inline(req: &Request, e: &Export, payload: &mut Vec<u8>) -> Option<Frame>
             if let Some(r) = dev.try_read_shared(req.offset, u64::from(req.len)) {
                 return Some(shared_frame(req, r, e.structured));
             }
-            if req.len > INLINE_MAX_BYTES {
+            if dev.shares_reads() || req.len > INLINE_MAX_BYTES {
                 return None;
             }
             payload.resize(req.len as usize, 0);
