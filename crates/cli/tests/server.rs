@@ -11,34 +11,20 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{WAIT, ferry, free_port, path_str, tool};
 use interop::{
     MIB, create_vhdx, dynamic, pattern, require, require_all, run_ok, session, sha256_file,
 };
 
 /// The vDisk's virtual size.
 const SIZE: u64 = 64 * MIB;
-/// How long the server may take to start accepting, or to exit after SIGTERM.
-const WAIT: Duration = Duration::from_secs(30);
-
-fn ferry() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferry"))
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("temp paths are UTF-8")
-}
-
-/// A port free now: bind 127.0.0.1:0 and let it go.
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
-}
-
 /// A store with `golden.vhdx` and `golden.1.avhdx`, plus raw conversions of both chains.
 struct Store {
     dir: tempfile::TempDir,
@@ -225,12 +211,6 @@ fn metric_sum(text: &str, name: &str) -> f64 {
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-fn tool(name: &str) -> Command {
-    let mut c = Command::new(name);
-    c.stdin(Stdio::null());
-    c
 }
 
 /// `nbdcopy URI OUT`, then the sha256 of OUT.

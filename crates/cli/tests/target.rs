@@ -8,34 +8,20 @@
 //! Tool rule (STYLE.md §6): a missing client skips a test with a printed reason on a
 //! developer's machine and fails it under `CI=true`.
 
-use std::fs::File;
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{Proc, WAIT, ferry, free_port, path_str, tool};
 use interop::{
     MIB, create_vhdx, dynamic, pattern, require, require_all, run_ok, session, sha256_file,
 };
 
 /// The vDisk's virtual size: room for a 256 MiB working set.
 const SIZE: u64 = 512 * MIB;
-/// How long a process may take to start accepting, or to exit after SIGTERM.
-const WAIT: Duration = Duration::from_secs(30);
-
-fn ferry() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ferry"))
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("temp paths are UTF-8")
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
-}
-
 /// A store with `golden.vhdx` (data at 0..3 MiB, 100..108 MiB and 300..301 MiB) and its
 /// raw conversion, which is what the target must read where it holds no writes.
 struct Store {
@@ -76,82 +62,6 @@ impl Store {
 
     fn scratch(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
-    }
-}
-
-/// A child process killed (not gracefully) if a test fails before `stop`.
-struct Proc {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn spawn(cmd: &mut Command, log: PathBuf) -> Proc {
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).expect("create log"))
-            .spawn()
-            .expect("spawn ferry");
-        Proc {
-            child: Some(child),
-            log,
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until `ready()`; fails if the process exits first.
-    fn wait_until(&mut self, what: &str, ready: impl Fn() -> bool) {
-        let start = Instant::now();
-        while !ready() {
-            let exited = self.child.as_mut().and_then(|c| c.try_wait().unwrap());
-            assert!(
-                exited.is_none(),
-                "exited ({exited:?}) before {what}: {}",
-                self.log_text()
-            );
-            assert!(start.elapsed() < WAIT, "never {what}: {}", self.log_text());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGKILL, as a crash or a pulled cable.
-    fn kill(mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().unwrap();
-            c.wait().unwrap();
-        }
-    }
-
-    /// SIGTERM; asserts exit status 0.
-    fn stop(mut self) {
-        let mut child = self.child.take().expect("running");
-        run_ok(Command::new("kill").args(["-TERM", &child.id().to_string()]));
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                start.elapsed() < WAIT,
-                "no exit after SIGTERM: {}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(status.success(), "exit {status}: {}", self.log_text());
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
@@ -209,12 +119,6 @@ impl Target {
         let out = run_ok(ferry().args(["target", "status", "--json", &self.export_arg()]));
         serde_json::from_str(&out).expect("status is JSON")
     }
-}
-
-fn tool(name: &str) -> Command {
-    let mut c = Command::new(name);
-    c.stdin(Stdio::null());
-    c
 }
 
 fn qemu_io(t: &Target, cmds: &[&str]) -> Output {

@@ -15,38 +15,20 @@
 //! Tool rule (STYLE.md §6): a missing qemu-io skips the read test with a printed reason on
 //! a developer's machine and fails it under `CI=true`.
 
-use std::fs::File;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{Proc, ferry, free_port, path_str};
 use interop::{MIB, create_vhdx, dynamic, require, run_ok, session};
 use serde_json::Value;
 
-/// How long a process may take to start accepting, or to exit after SIGTERM.
-const WAIT: Duration = Duration::from_secs(30);
 const MAC: &str = "AA:BB:CC:00:00:01";
 const MAC_MAINTENANCE: &str = "aa:bb:cc:00:00:02";
 const MAC_UNKNOWN: &str = "aa:bb:cc:00:00:99";
-
-fn ferry() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
-    c.env_remove("FERRY_TOKEN")
-        .env_remove("FERRY_API")
-        .env_remove("FERRY_FARM_KEY")
-        .env_remove("FERRY_DB");
-    c
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("temp paths are UTF-8")
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
-}
 
 fn text(out: &Output) -> String {
     format!(
@@ -54,73 +36,6 @@ fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
-}
-
-/// A child process killed if a test fails before `stop`.
-struct Proc {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn spawn(cmd: &mut Command, log: PathBuf) -> Proc {
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).expect("create log"))
-            .spawn()
-            .expect("spawn ferry");
-        Proc {
-            child: Some(child),
-            log,
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn wait_until(&mut self, what: &str, ready: impl Fn() -> bool) {
-        let start = Instant::now();
-        while !ready() {
-            let exited = self.child.as_mut().and_then(|c| c.try_wait().unwrap());
-            assert!(
-                exited.is_none(),
-                "exited ({exited:?}) before {what}: {}",
-                self.log_text()
-            );
-            assert!(start.elapsed() < WAIT, "never {what}: {}", self.log_text());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGTERM; asserts exit status 0.
-    fn stop(mut self) {
-        let mut child = self.child.take().expect("running");
-        run_ok(Command::new("kill").args(["-TERM", &child.id().to_string()]));
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                start.elapsed() < WAIT,
-                "no exit after SIGTERM: {}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        assert!(status.success(), "exit {status}: {}", self.log_text());
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 /// A farm data directory (`ferry farm init`) and its API, served by `ferry farm serve` or
