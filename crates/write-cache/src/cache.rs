@@ -201,7 +201,7 @@ impl WriteCache {
             mode: config.mode,
             block,
             shift: bs.trailing_zeros(),
-            index: Index::new(ram_slots as usize),
+            index: Index::new(size.div_ceil(block)),
             arena: Arena::new(bs as usize, ram_slots),
             clock: Clock::new(ram_slots),
             store,
@@ -454,7 +454,7 @@ impl WriteCache {
                     if g.owner != b {
                         continue;
                     }
-                    g.data[o..o + src.len()].copy_from_slice(src);
+                    crate::copy::copy_into_slot(&mut g.data[o..o + src.len()], src);
                     drop(g);
                     self.clock.touch(r);
                     true
@@ -586,7 +586,7 @@ impl WriteCache {
             self.filled();
             return based;
         }
-        g.data[o..o + src.len()].copy_from_slice(src);
+        crate::copy::copy_into_slot(&mut g.data[o..o + src.len()], src);
         g.owner = b;
         let new = self.index.entry(Place::Ram(r));
         if !self.index.replace(b, cur, Some(new)) {

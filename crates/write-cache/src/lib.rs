@@ -18,7 +18,7 @@
 //!
 //! ```text
 //! cache.rs   WriteCache: the read, write, trim and eviction paths
-//! index.rs   block → Entry{Ram(slot) | Disk(slot) | Zero, generation}, 64 shards
+//! index.rs   block → Entry{Ram(slot) | Disk(slot) | Zero, generation}, lock-free table
 //! arena.rs   RAM slots (RwLock + owner each), chunked growth, free list
 //! policy.rs  CLOCK eviction (pure)
 //! store.rs   OverflowStore trait: FileStore (unlinked file), MemStore (tests)
@@ -35,6 +35,7 @@
 
 mod arena;
 mod cache;
+mod copy;
 mod index;
 pub mod policy;
 pub mod store;
