@@ -639,6 +639,8 @@ impl Shared {
         let bs = self.block_bytes;
         let last = (end - 1) / bs;
         let mut b = offset / bs;
+        // The last lookup waited for a fill of block `b` (counted as a wait, not a hit).
+        let mut waited = false;
         while b <= last {
             let key = Key {
                 chain: chain.id,
@@ -647,7 +649,9 @@ impl Shared {
             let need = self.need_mask(b, offset, end);
             match self.find_or_claim(key, need) {
                 Found::Ready(c, first_use) => {
-                    self.counters.hits.add(1);
+                    if !std::mem::take(&mut waited) {
+                        self.counters.hits.add(1);
+                    }
                     if first_use {
                         chain.score.used.fetch_add(1, Ordering::Relaxed);
                         self.counters.read_ahead_used.add(1);
@@ -657,14 +661,14 @@ impl Shared {
                 }
                 Found::Wait(f) => {
                     self.counters.inflight_waits.add(1);
-                    let c = f.wait()?;
-                    // A fill of other pages of the block: look again (and claim the rest).
-                    if c.covers(need) {
-                        sink(b, &c);
-                        b += 1;
-                    }
+                    // Then look again: the entry is found ready (a prefetched one counted as
+                    // used, so read-ahead that readers wait on is not judged wasted), or, if
+                    // the fill was of other pages of the block, the rest is claimed.
+                    f.wait()?;
+                    waited = true;
                 }
                 Found::Claimed(c) => {
+                    waited = false;
                     let have = c.old.as_ref().map_or(0, |o| o.valid);
                     // A second miss in a block, apart from the pages it holds, reads the
                     // rest of the block: the block is being read at scattered places.

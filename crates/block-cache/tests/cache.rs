@@ -608,6 +608,36 @@ fn sequential_reader_is_served_by_read_ahead() {
     assert_eq!(s.store_read_bytes, 64 * BLOCK, "{s:?}");
 }
 
+/// A reader faster than the store catches up with read-ahead and waits on its fills: each
+/// prefetched block it then reads counts as used, so read-ahead is never judged wasted and
+/// turned off (it once was, after the warm-up, for every reader that waited on a fill).
+#[test]
+fn blocks_a_reader_waited_for_count_as_read_ahead_used() {
+    const BLOCK: u64 = 64 * KIB;
+    const BLOCKS: u64 = 96;
+    let dev = Counting::slow(
+        content(11, (BLOCKS * BLOCK) as usize),
+        BLOCK,
+        Duration::from_millis(3),
+    );
+    let cache = BlockCache::new(1 << 30, BLOCK as u32).unwrap();
+    let wrapped = cache.wrap(key("a"), dev.clone());
+    let mut buf = vec![0u8; BLOCK as usize];
+    for off in (0..BLOCKS * BLOCK).step_by(BLOCK as usize) {
+        wrapped.read_at(&mut buf, off).unwrap();
+    }
+    let s = cache.stats();
+    assert!(
+        s.inflight_waits > 0,
+        "the reader never waited on a fill: {s:?}"
+    );
+    assert!(s.read_ahead_blocks > BLOCKS / 2, "{s:?}");
+    // Every block was read once, so every prefetched one was used.
+    assert_eq!(s.read_ahead_used, s.read_ahead_blocks, "{s:?}");
+    assert_eq!(s.read_ahead_refused, 0, "{s:?}");
+    assert_eq!(s.store_read_bytes, BLOCKS * BLOCK, "{s:?}");
+}
+
 /// All-zero blocks keep no buffer: they are charged the entry overhead only.
 #[test]
 fn zero_blocks_are_charged_only_their_entry() {
