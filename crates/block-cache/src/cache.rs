@@ -13,13 +13,13 @@ use disk::{BlockDevice, Error, ErrorKind, Result};
 use vhdx::Guid;
 
 use crate::aligned::AlignedBuf;
-use crate::shard::{Claim, Key, Lookup, Published, Shard};
+use crate::shard::{Claim, Group, Key, Lookup, Published, Shard};
 use crate::stats::{BlockCacheStats, Counters};
 use crate::stream::Streams;
 use crate::{
     COMPLETE_SCATTERED_PERCENT, COMPLETE_WINDOW_MISSES, CacheConfig, CacheError, ChainKey,
-    ENTRY_OVERHEAD_BYTES, IDLE_CHAINS_MAX, PAGE_BYTES_MIN, READ_AHEAD_ACCURACY_PERCENT,
-    READ_AHEAD_WARMUP_BLOCKS, SHARD_MIN_BLOCKS, SHARDS_MAX,
+    ENTRY_OVERHEAD_BYTES, GROUP_BYTES, GROUPS_PER_SHARD_MIN, IDLE_CHAINS_MAX, PAGE_BYTES_MIN,
+    READ_AHEAD_ACCURACY_PERCENT, READ_AHEAD_WARMUP_BLOCKS, SHARD_MIN_BLOCKS, SHARDS_MAX,
 };
 
 /// A block buffer whose bytes are counted in `resident_bytes` while it lives. It holds the
@@ -78,10 +78,30 @@ thread_local! {
 /// A ready block's bytes.
 #[derive(Debug, Clone)]
 enum Data {
-    /// A buffer holding the block's bytes from byte `lo` on.
-    Bytes { block: Arc<Block>, lo: u32 },
+    /// Bytes `[start, start + len)` of a buffer hold the block's bytes from byte `lo` on.
+    /// The buffer is the block's own (`start` 0, `len` its length) or a group's.
+    Bytes {
+        block: Arc<Block>,
+        lo: u32,
+        start: u32,
+        len: u32,
+    },
     /// All zeros: no buffer is kept.
     Zero,
+}
+
+impl Data {
+    /// A block's own buffer, holding its bytes from byte `lo` on.
+    fn bytes(block: Block, lo: u32) -> Data {
+        // Block buffers are at most BLOCK_BYTES_MAX (4 MiB).
+        let len = block.bytes.len() as u32;
+        Data::Bytes {
+            block: Arc::new(block),
+            lo,
+            start: 0,
+            len,
+        }
+    }
 }
 
 /// What the cache keeps per block: its bytes and which of its pages they hold. A block
@@ -90,6 +110,8 @@ enum Data {
 #[derive(Debug, Clone)]
 struct Cached {
     data: Data,
+    /// The group whose buffer `data` shares, if any.
+    group: Option<Group>,
     /// Bit `i` set: page `i` of the block is valid.
     valid: u64,
 }
@@ -97,7 +119,7 @@ struct Cached {
 impl Cached {
     fn charge_bytes(&self) -> u64 {
         match &self.data {
-            Data::Bytes { block, .. } => block.bytes.len() as u64 + ENTRY_OVERHEAD_BYTES,
+            Data::Bytes { len, .. } => u64::from(*len) + ENTRY_OVERHEAD_BYTES,
             Data::Zero => ENTRY_OVERHEAD_BYTES,
         }
     }
@@ -109,8 +131,10 @@ impl Cached {
     /// Copies the block's bytes `[at, at + dst.len())` (valid pages) into `dst`.
     fn copy_to(&self, dst: &mut [u8], at: usize) {
         match &self.data {
-            Data::Bytes { block, lo } => {
-                let i = at - *lo as usize;
+            Data::Bytes {
+                block, lo, start, ..
+            } => {
+                let i = at - *lo as usize + *start as usize;
                 dst.copy_from_slice(&block.bytes[i..i + dst.len()]);
             }
             Data::Zero => dst.fill(0),
@@ -179,7 +203,7 @@ impl Claimed<'_> {
             .shard_of(self.key)
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .publish(self.key, data.clone(), charge, prefetched);
+            .publish(self.key, data.clone(), charge, prefetched, data.group);
         self.flight.finish(FlightState::Ready(data));
         self.open = false;
         p
@@ -331,6 +355,8 @@ struct Shared {
     block_bytes: u64,
     /// The unit of a partial block: `block_bytes / 64`, at least [`PAGE_BYTES_MIN`].
     page_bytes: u64,
+    /// Blocks per group (1: groups off).
+    group_blocks: u64,
     shards: Box<[RwLock<CacheShard>]>,
     counters: Arc<Counters>,
     chains: Mutex<ChainTable>,
@@ -354,7 +380,8 @@ struct ChainHandle {
 
 impl Shared {
     fn shard_of(&self, key: Key) -> &RwLock<CacheShard> {
-        let h = (key.chain.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ key.block)
+        // A group's blocks share a shard, so its entries can leave together.
+        let h = (key.chain.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (key.block / self.group_blocks))
             .wrapping_mul(0xBF58_476D_1CE4_E5B9);
         &self.shards[(h >> 32) as usize % self.shards.len()]
     }
@@ -423,7 +450,7 @@ impl Shared {
                 chain: chain.id,
                 block: first + run.len() as u64,
             };
-            match self.claim(key, u64::MAX) {
+            match self.claim(key, self.block_mask(chain, key.block)) {
                 Found::Claimed(c) if c.old.is_none() => run.push(c),
                 // A partial entry (refused by an all-pages need) is put back as it was.
                 Found::Claimed(c) => {
@@ -469,17 +496,23 @@ impl Shared {
             let data = if is_zero(&buf.bytes) {
                 Data::Zero
             } else {
-                Data::Bytes {
-                    block: Arc::new(buf),
-                    lo: (lo - base) as u32,
-                }
+                Data::bytes(buf, (lo - base) as u32)
             };
-            let entry = Cached { data, valid };
+            let entry = Cached {
+                data,
+                valid,
+                group: None,
+            };
             each(first, &entry);
             for c in run {
                 self.publish(c, entry.clone(), prefetched);
             }
             return Ok(());
+        }
+        let whole = lo == first * self.block_bytes
+            && hi == (first + n - 1) * self.block_bytes + self.block_len(chain, first + n - 1);
+        if self.group_blocks > 1 && whole && run.iter().all(|c| c.old.is_none()) {
+            return self.fill_groups(chain, run, prefetched, &mut each);
         }
         // Several blocks (or a refill to merge): read into this thread's scratch buffer,
         // then copy each block's piece into its own right-sized buffer.
@@ -505,6 +538,73 @@ impl Shared {
             });
         }
         out
+    }
+
+    /// Fills a run of whole new blocks group by group: one store read per group's part of
+    /// the run, straight into a new buffer that the part's entries share (no copy, and a
+    /// new buffer's pages are first touched by the read itself).
+    ///
+    /// # Errors
+    /// A store read's error; that part's claims and every later one fail with it.
+    fn fill_groups(
+        &self,
+        chain: &ChainHandle,
+        run: Vec<Claimed<'_>>,
+        prefetched: bool,
+        each: &mut impl FnMut(u64, &Cached),
+    ) -> Result<()> {
+        let (bs, g) = (self.block_bytes, self.group_blocks);
+        let end = run[0].key.block + run.len() as u64;
+        let mut claims = run.into_iter().peekable();
+        while let Some(first) = claims.peek().map(|c| c.key.block) {
+            let stop = ((first / g + 1) * g).min(end);
+            let part: Vec<Claimed<'_>> = claims.by_ref().take((stop - first) as usize).collect();
+            let (lo, hi) = (
+                first * bs,
+                (stop - 1) * bs + self.block_len(chain, stop - 1),
+            );
+            let mut buf = Block::zeroed((hi - lo) as usize, &self.counters);
+            if let Err(e) = chain.inner.read_at(&mut buf.bytes, lo) {
+                let e = self.fail_run(part, lo, hi, e);
+                let rest: Vec<Claimed<'_>> = claims.collect();
+                if rest.is_empty() {
+                    return Err(e);
+                }
+                return Err(self.fail_run(rest, hi, end * bs, e));
+            }
+            self.counters.store_reads.add(1);
+            self.counters.store_read_bytes.add(hi - lo);
+            let zero = is_zero(&buf.bytes);
+            let buf = Arc::new(buf);
+            let group = (part.len() > 1 && !zero).then(|| Group {
+                id: Arc::as_ptr(&buf) as usize,
+                first,
+                blocks: stop - first,
+            });
+            for c in part {
+                let b = c.key.block;
+                // Below GROUP_BYTES: fits a u32.
+                let (start, len) = ((b - first) * bs, self.block_len(chain, b));
+                let data = if zero {
+                    Data::Zero
+                } else {
+                    Data::Bytes {
+                        block: Arc::clone(&buf),
+                        lo: 0,
+                        start: start as u32,
+                        len: len as u32,
+                    }
+                };
+                let entry = Cached {
+                    data,
+                    valid: self.block_mask(chain, b),
+                    group,
+                };
+                each(b, &entry);
+                self.publish(c, entry, prefetched);
+            }
+        }
+        Ok(())
     }
 
     /// Fails every claim of a run whose store read of `[lo, hi)` failed; returns the error.
@@ -549,13 +649,12 @@ impl Shared {
                 None if is_zero(src) => Cached {
                     data: Data::Zero,
                     valid: piece_mask,
+                    group: None,
                 },
                 None => Cached {
-                    data: Data::Bytes {
-                        block: Arc::new(Block::copy_of(src, &self.counters)),
-                        lo: (p_lo - base) as u32,
-                    },
+                    data: Data::bytes(Block::copy_of(src, &self.counters), (p_lo - base) as u32),
                     valid: piece_mask,
+                    group: None,
                 },
                 Some(old) => self.merge(chain, b, old, src, p_lo - base, piece_mask),
             };
@@ -580,6 +679,7 @@ impl Shared {
             return Cached {
                 data: Data::Zero,
                 valid,
+                group: None,
             };
         }
         let first_page = u64::from(valid.trailing_zeros());
@@ -587,18 +687,23 @@ impl Shared {
         let lo = first_page * self.page_bytes;
         let hi = (end_page * self.page_bytes).min(self.block_len(chain, b));
         let mut own = Block::zeroed((hi - lo) as usize, &self.counters);
-        if let Data::Bytes { block, lo: old_lo } = &old.data {
+        if let Data::Bytes {
+            block,
+            lo: old_lo,
+            start,
+            len,
+        } = &old.data
+        {
             let from = (u64::from(*old_lo) - lo) as usize;
-            own.bytes[from..from + block.bytes.len()].copy_from_slice(&block.bytes);
+            let (start, len) = (*start as usize, *len as usize);
+            own.bytes[from..from + len].copy_from_slice(&block.bytes[start..start + len]);
         }
         let from = (at - lo) as usize;
         own.bytes[from..from + src.len()].copy_from_slice(src);
         Cached {
-            data: Data::Bytes {
-                block: Arc::new(own),
-                lo: lo as u32,
-            },
+            data: Data::bytes(own, lo as u32),
             valid,
+            group: None,
         }
     }
 
@@ -812,9 +917,14 @@ fn push_piece(pieces: &mut Vec<Piece>, blk: u64, bs: u64, offset: u64, end: u64,
             Some(Piece::Zero(z)) => *z += n,
             _ => pieces.push(Piece::Zero(n)),
         },
-        Data::Bytes { block, lo: at } => pieces.push(Piece::Shared {
+        Data::Bytes {
+            block,
+            lo: at,
+            start,
+            ..
+        } => pieces.push(Piece::Shared {
             buf: block.clone(),
-            start: (lo - base) as usize - *at as usize,
+            start: (lo - base) as usize - *at as usize + *start as usize,
             len: n,
         }),
     }
@@ -887,10 +997,16 @@ impl BlockCache {
             (None, None)
         };
         let threads = config.read_ahead_threads;
+        let group_blocks = if per_shard >= GROUPS_PER_SHARD_MIN * GROUP_BYTES {
+            (GROUP_BYTES / block_bytes).max(1)
+        } else {
+            1
+        };
         let shared = Arc::new(Shared {
             config,
             block_bytes,
             page_bytes: (block_bytes / 64).max(PAGE_BYTES_MIN),
+            group_blocks,
             shards,
             counters: Arc::default(),
             chains: Mutex::default(),

@@ -69,10 +69,24 @@ enum Entry<P> {
     Refilling(usize, P),
 }
 
+/// Entries that share one buffer (consecutive blocks of one chain, read by one store read)
+/// and therefore leave the cache together: evicting one alone would free no memory while
+/// its charge was released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Group {
+    /// Identifies the shared buffer while it lives.
+    pub id: usize,
+    /// The first block of the group.
+    pub first: u64,
+    /// Its number of blocks.
+    pub blocks: u64,
+}
+
 #[derive(Debug)]
 struct Slot<D> {
     key: Key,
     data: D,
+    group: Option<Group>,
     charge_bytes: u64,
     /// The CLOCK bit: set by hits (under the read lock, hence atomic), cleared by the hand.
     referenced: AtomicBool,
@@ -178,7 +192,17 @@ impl<D: Clone, P: Clone> Shard<D, P> {
     /// Turns the claimed `key` into a ready entry charged `charge_bytes`, evicting by CLOCK
     /// until it fits. New entries start with a clear bit: a block read once is the first to
     /// go, and a block read again (a second connection, a second boot) earns a second chance.
-    pub fn publish(&mut self, key: Key, data: D, charge_bytes: u64, prefetched: bool) -> Published {
+    /// An entry of a `group` (all of whose blocks must be in this shard) is evicted with the
+    /// rest of its group; publishing it evicts other entries of its group only if nothing
+    /// else is left to evict.
+    pub fn publish(
+        &mut self,
+        key: Key,
+        data: D,
+        charge_bytes: u64,
+        prefetched: bool,
+        group: Option<Group>,
+    ) -> Published {
         let was = self.map.remove(&key);
         debug_assert!(
             matches!(was, Some(Entry::Loading(_) | Entry::Refilling(..))),
@@ -192,16 +216,18 @@ impl<D: Clone, P: Clone> Shard<D, P> {
         if charge_bytes > self.budget_bytes {
             return out;
         }
+        let protect = group.map(|g| g.id);
         while self.charged_bytes + charge_bytes > self.budget_bytes {
-            let Some(bytes) = self.evict_one() else {
+            let Some((n, bytes)) = self.evict_one(protect).or_else(|| self.evict_one(None)) else {
                 unreachable!("charged bytes exceed the budget with nothing to evict");
             };
-            out.evicted += 1;
+            out.evicted += n;
             out.evicted_bytes += bytes;
         }
         let slot = Slot {
             key,
             data,
+            group,
             charge_bytes,
             referenced: AtomicBool::new(false),
             prefetched: AtomicBool::new(prefetched),
@@ -269,9 +295,10 @@ impl<D: Clone, P: Clone> Shard<D, P> {
         }
     }
 
-    /// One sweep of the hand: clears set bits and evicts the first clear one. Two passes
-    /// at most, since the first clears every bit it passes.
-    fn evict_one(&mut self) -> Option<u64> {
+    /// One sweep of the hand: clears set bits and evicts the first clear one, with the rest
+    /// of its group; entries of group `protect` are passed over. Two passes at most, since
+    /// the first clears every bit it passes. Returns (entries, charged bytes) evicted.
+    fn evict_one(&mut self, protect: Option<usize>) -> Option<(u64, u64)> {
         let n = self.ring.len();
         for _ in 0..2 * n {
             let i = self.hand;
@@ -279,11 +306,32 @@ impl<D: Clone, P: Clone> Shard<D, P> {
             let Some(slot) = self.ring[i].as_mut() else {
                 continue;
             };
+            if protect.is_some() && slot.group.map(|g| g.id) == protect {
+                continue;
+            }
             if *slot.referenced.get_mut() {
                 *slot.referenced.get_mut() = false;
                 continue;
             }
-            return Some(self.remove_slot(i));
+            let (key, group) = (slot.key, slot.group);
+            let mut out = (1, self.remove_slot(i));
+            if let Some(g) = group {
+                for block in (g.first..g.first + g.blocks).filter(|&b| b != key.block) {
+                    let k = Key {
+                        chain: key.chain,
+                        block,
+                    };
+                    let at = match self.map.get(&k) {
+                        Some(Entry::Ready(j) | Entry::Refilling(j, _)) => *j,
+                        Some(Entry::Loading(_)) | None => continue,
+                    };
+                    if self.slot(at).group.map(|x| x.id) == Some(g.id) {
+                        out.0 += 1;
+                        out.1 += self.remove_slot(at);
+                    }
+                }
+            }
+            return Some(out);
         }
         None
     }
@@ -328,7 +376,7 @@ mod tests {
                 s.claim(key(b), 0, |_| true),
                 Claim::Claimed { old: None }
             ));
-            s.publish(key(b), b * 100, 10, false);
+            s.publish(key(b), b * 100, 10, false, None);
         }
         s
     }
@@ -344,7 +392,7 @@ mod tests {
     fn publish_makes_lookup_ready() {
         let mut s: Shard<u64, u32> = Shard::new(100);
         s.claim(key(7), 1, |_| true);
-        s.publish(key(7), 700, 10, false);
+        s.publish(key(7), 700, 10, false, None);
         assert!(matches!(s.lookup(key(7)), Lookup::Ready(700, _)));
     }
 
@@ -352,7 +400,7 @@ mod tests {
     fn publish_past_budget_evicts_oldest_unreferenced() {
         let mut s = full_shard();
         s.claim(key(3), 0, |_| true);
-        let p = s.publish(key(3), 300, 10, false);
+        let p = s.publish(key(3), 300, 10, false, None);
         assert_eq!(p.evicted, 1);
         assert!(matches!(s.lookup(key(0)), Lookup::Absent));
     }
@@ -362,7 +410,7 @@ mod tests {
         let mut s = full_shard();
         let _ = s.lookup(key(0)); // sets block 0's bit
         s.claim(key(3), 0, |_| true);
-        s.publish(key(3), 300, 10, false);
+        s.publish(key(3), 300, 10, false, None);
         assert!(matches!(s.lookup(key(0)), Lookup::Ready(0, _)));
         assert!(matches!(s.lookup(key(1)), Lookup::Absent));
     }
@@ -372,7 +420,7 @@ mod tests {
         let mut s = full_shard();
         assert!(s.contains(key(0)));
         s.claim(key(3), 0, |_| true);
-        s.publish(key(3), 300, 10, false);
+        s.publish(key(3), 300, 10, false, None);
         assert!(!s.contains(key(0)));
     }
 
@@ -380,7 +428,7 @@ mod tests {
     fn entry_larger_than_budget_is_not_kept() {
         let mut s: Shard<u64, u32> = Shard::new(5);
         s.claim(key(1), 0, |_| true);
-        let p = s.publish(key(1), 1, 10, false);
+        let p = s.publish(key(1), 1, 10, false, None);
         assert!(!p.inserted);
         assert_eq!(s.charged_bytes(), 0);
     }
@@ -401,7 +449,7 @@ mod tests {
         let mut s = full_shard();
         let other = Key { chain: 2, block: 0 };
         s.claim(other, 0, |_| true);
-        s.publish(other, 9, 0, false);
+        s.publish(other, 9, 0, false, None);
         assert_eq!(s.remove_chain(1), (3, 30));
         assert_eq!((s.ready_len(), s.charged_bytes()), (1, 0));
     }
@@ -411,7 +459,7 @@ mod tests {
         let mut s = full_shard();
         for b in 3..10 {
             s.claim(key(b), 0, |_| true);
-            s.publish(key(b), b, 10, false);
+            s.publish(key(b), b, 10, false, None);
         }
         assert_eq!(s.ring.len(), 3);
     }
@@ -431,7 +479,7 @@ mod tests {
             s.claim(key(1), 10, |d| *d > 1000),
             Claim::Loading(9)
         ));
-        s.publish(key(1), 2000, 10, false);
+        s.publish(key(1), 2000, 10, false, None);
         assert!(matches!(s.lookup(key(1)), Lookup::Ready(2000, false)));
         assert_eq!(s.charged_bytes(), before);
         assert_eq!(s.ready_len(), 3);
@@ -451,9 +499,9 @@ mod tests {
         s.claim(key(0), 9, |_| false);
         // Blocks 0..2 have clear bits; a new block evicts block 0, the one being refilled.
         s.claim(key(3), 1, |_| true);
-        s.publish(key(3), 300, 10, false);
+        s.publish(key(3), 300, 10, false, None);
         assert!(matches!(s.lookup(key(0)), Lookup::Loading(9)));
-        s.publish(key(0), 7, 10, false);
+        s.publish(key(0), 7, 10, false, None);
         assert!(matches!(s.lookup(key(0)), Lookup::Ready(7, false)));
         assert_eq!(s.charged_bytes(), 30);
     }
@@ -462,8 +510,57 @@ mod tests {
     fn a_prefetched_entry_reports_its_first_use_once() {
         let mut s: Shard<u64, u32> = Shard::new(100);
         s.claim(key(4), 0, |_| true);
-        s.publish(key(4), 4, 10, true);
+        s.publish(key(4), 4, 10, true, None);
         assert!(matches!(s.lookup(key(4)), Lookup::Ready(4, true)));
         assert!(matches!(s.lookup(key(4)), Lookup::Ready(4, false)));
+    }
+
+    fn group(id: usize, first: u64, blocks: u64) -> Option<Group> {
+        Some(Group { id, first, blocks })
+    }
+
+    #[test]
+    fn a_group_is_evicted_whole() {
+        let mut s: Shard<u64, u32> = Shard::new(50);
+        for b in 0..3 {
+            s.claim(key(b), 0, |_| true);
+            s.publish(key(b), b, 10, false, group(1, 0, 3));
+        }
+        for b in [10, 11] {
+            s.claim(key(b), 0, |_| true);
+            s.publish(key(b), b, 10, false, None);
+        }
+        // Full: the hand is at block 0, whose group goes with it.
+        s.claim(key(12), 0, |_| true);
+        let p = s.publish(key(12), 12, 10, false, None);
+        assert_eq!((p.evicted, p.evicted_bytes), (3, 30));
+        for b in 0..3 {
+            assert!(matches!(s.lookup(key(b)), Lookup::Absent), "block {b}");
+        }
+        assert_eq!((s.ready_len(), s.charged_bytes()), (3, 30));
+    }
+
+    #[test]
+    fn publishing_a_group_evicts_others_first_then_its_own_if_nothing_else() {
+        let mut s: Shard<u64, u32> = Shard::new(30);
+        s.claim(key(9), 0, |_| true);
+        s.publish(key(9), 9, 10, false, None);
+        for b in 0..2 {
+            s.claim(key(b), 0, |_| true);
+            s.publish(key(b), b, 10, false, group(1, 0, 3));
+        }
+        // Block 9 goes, not the group's first blocks (the hand passes them).
+        s.claim(key(2), 0, |_| true);
+        let p = s.publish(key(2), 2, 10, false, group(1, 0, 3));
+        assert_eq!(p.evicted, 1);
+        assert!(matches!(s.lookup(key(9)), Lookup::Absent));
+        assert_eq!(s.ready_len(), 3);
+        // A shard holding only one group: a new member evicts the group (no panic).
+        let mut t: Shard<u64, u32> = Shard::new(20);
+        for b in 0..3 {
+            t.claim(key(b), 0, |_| true);
+            t.publish(key(b), b, 10, false, group(2, 0, 3));
+        }
+        assert!(t.charged_bytes() <= 20);
     }
 }

@@ -99,6 +99,7 @@ fn key(name: &str) -> ChainKey {
 }
 
 const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
 
 /// No read-ahead and one block per store read: every store read is one demand miss.
 fn plain(budget_bytes: u64, block_bytes: u32) -> CacheConfig {
@@ -636,6 +637,69 @@ fn blocks_a_reader_waited_for_count_as_read_ahead_used() {
     assert_eq!(s.read_ahead_used, s.read_ahead_blocks, "{s:?}");
     assert_eq!(s.read_ahead_refused, 0, "{s:?}");
     assert_eq!(s.store_read_bytes, BLOCKS * BLOCK, "{s:?}");
+}
+
+/// Whole new blocks are read a group (256 KiB) at a time into one buffer their entries
+/// share; under eviction the entries of a group leave together, so the memory the cache
+/// holds follows its charged bytes, and every byte read back is the store's.
+#[test]
+fn groups_are_read_once_and_leave_the_cache_together() {
+    const BLOCK: u64 = 64 * KIB;
+    const BLOCKS: u64 = 1024;
+    let budget = 8 << 20;
+    let bytes = content(12, (BLOCKS * BLOCK) as usize);
+    let dev = Counting::new(bytes.clone(), BLOCK);
+    let cfg = CacheConfig {
+        budget_bytes: budget,
+        block_bytes: BLOCK as u32,
+        read_ahead_threads: 0,
+        ..CacheConfig::default()
+    };
+    let cache = BlockCache::with_config(cfg).unwrap();
+    let wrapped = cache.wrap(key("a"), dev.clone());
+    // A sequential pass in 1 MiB reads: 4 groups per read, 256 groups in all.
+    let mut buf = vec![0u8; MIB as usize];
+    let pass = |range: std::ops::Range<u64>, buf: &mut [u8]| {
+        for off in range.step_by(MIB as usize) {
+            wrapped.read_at(buf, off).unwrap();
+            assert!(
+                buf[..] == bytes[off as usize..(off + MIB) as usize],
+                "at {off:#x}"
+            );
+        }
+    };
+    // The first 8 MiB, then a hit on one block of each of its groups (a set CLOCK bit),
+    // then the rest: evicting a group's other entries alone would keep its whole buffer.
+    pass(0..budget / 2, &mut buf);
+    let mut one = vec![0u8; 4096];
+    for g in (0..budget / 2).step_by((256 * KIB) as usize) {
+        wrapped.read_at(&mut one, g + 3 * BLOCK).unwrap();
+    }
+    pass(budget / 2..BLOCKS * BLOCK, &mut buf);
+    let s = cache.stats();
+    assert_eq!(s.store_reads, BLOCKS * BLOCK / (256 * KIB), "{s:?}");
+    assert_eq!(s.store_read_bytes, BLOCKS * BLOCK, "{s:?}");
+    assert!(s.evictions > 0 && s.cached_bytes <= budget, "{s:?}");
+    // Held beyond the budget: at most the read in flight and the pieces being copied out.
+    assert!(
+        s.resident_bytes_max <= budget + 2 * MIB,
+        "resident max {} over budget {budget} + 2 MiB: evicted entries kept their group's buffer",
+        s.resident_bytes_max
+    );
+    // Random reads across group boundaries after all that eviction: still the store's bytes.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    for _ in 0..200 {
+        let len = rng.gen_range(1..=300 * KIB) as usize;
+        let off = rng.gen_range(0..BLOCKS * BLOCK - len as u64);
+        let mut b = vec![0u8; len];
+        wrapped.read_at(&mut b, off).unwrap();
+        assert!(
+            b[..] == bytes[off as usize..off as usize + len],
+            "at {off:#x}+{len}"
+        );
+    }
+    let s = cache.stats();
+    assert!(s.resident_bytes_max <= budget + 2 * MIB, "{s:?}");
 }
 
 /// All-zero blocks keep no buffer: they are charged the entry overhead only.
