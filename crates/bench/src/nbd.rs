@@ -495,9 +495,9 @@ pub fn seq_bench(cfg: &Config, ds: &DataSet) -> Result<String> {
          connection). {} runs per server, interleaved; median shown. Server CPU is the \
          server process's utime + stime (`/proc/PID/stat`). Ferry reads its store with \
          `O_DIRECT` into its cache's buffers (the peers through the page cache) and keeps \
-         every block it reads: a one-pass copy costs it the first touch of the export's size \
-         in new memory (a page fault and a zeroing per 4 KiB), which the peers' page cache, \
-         whose pages the disk read fills directly, does not pay.\n",
+         every block it reads, so a one-pass copy puts the export's size in new memory: whole \
+         blocks are read 256 KiB at a time into fresh mappings the read itself faults in (no \
+         zero-fill, no copy), where the peers' page cache needs no mapping at all.\n",
         ds.size >> 20,
         cfg.runs,
     );
