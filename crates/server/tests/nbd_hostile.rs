@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{Chain, Raw, Reply, SIZE, Server};
+use common::{Chain, Raw, Reply, SIZE, Server, req};
 use interop::{MIB, pattern};
 use nbd_proto::option::OptionReply;
 use nbd_proto::reply::{ChunkPayload, Descriptor};
@@ -19,16 +19,6 @@ use nbd_proto::{
     NBD_REP_ERR_UNKNOWN, NBD_REP_ERR_UNSUP, NBD_STATE_ZERO, OptionHeader, Request,
 };
 use server::nbd::ServerConfig;
-
-fn req(command: Command, cookie: u64, offset: u64, len: u32) -> Request {
-    Request {
-        flags: CommandFlags(0),
-        command,
-        cookie,
-        offset,
-        len,
-    }
-}
 
 fn error_chunk(r: &Reply) -> Option<u32> {
     match r {

@@ -11,10 +11,10 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use common::{Chain, Raw, SIZE, Server};
+use common::{Chain, Raw, SIZE, Server, req};
 use interop::{MIB, pattern};
 use nbd_proto::reply::{CHUNK_HEADER_LEN, Chunk, ChunkPayload, SimpleReply};
-use nbd_proto::{Command, CommandFlags, NBD_EINVAL, NBD_ENOSPC, NBD_SIMPLE_REPLY_MAGIC, Request};
+use nbd_proto::{Command, NBD_EINVAL, NBD_ENOSPC, NBD_SIMPLE_REPLY_MAGIC};
 use server::nbd::{ExportHandle, ExportInfo, ExportSource, OpenError, ServerConfig};
 use write_cache::{Config, Mode, WriteCache};
 
@@ -61,16 +61,6 @@ fn start_with(chain: &Chain, config: ServerConfig) -> (Server, Arc<WriteCache>) 
         cache: Arc::clone(&cache),
     });
     (Server::start_with(src, config), cache)
-}
-
-fn req(command: Command, cookie: u64, offset: u64, len: u32) -> Request {
-    Request {
-        flags: CommandFlags(0),
-        command,
-        cookie,
-        offset,
-        len,
-    }
 }
 
 /// Reads `n` simple replies in any order; `read_len(cookie)` is the data a successful reply

@@ -367,13 +367,9 @@ impl WriteCache {
                     return Ok(true);
                 }
                 Place::Ram(r) => {
-                    let g = self.arena.slot(r).read();
-                    if g.owner != b {
+                    if !self.copy_from_slot(r, b, o, dst) {
                         continue;
                     }
-                    dst.copy_from_slice(&g.data[o..o + dst.len()]);
-                    drop(g);
-                    self.clock.touch(r);
                     return Ok(true);
                 }
                 Place::Disk(s) => {
@@ -388,6 +384,19 @@ impl WriteCache {
         }
     }
 
+    /// Copies block `b`'s bytes from `o` out of RAM slot `r` into `dst`; false (nothing
+    /// copied) when the slot no longer holds `b`.
+    fn copy_from_slot(&self, r: u32, b: u64, o: usize, dst: &mut [u8]) -> bool {
+        let g = self.arena.slot(r).read();
+        if g.owner != b {
+            return false;
+        }
+        dst.copy_from_slice(&g.data[o..o + dst.len()]);
+        drop(g);
+        self.clock.touch(r);
+        true
+    }
+
     /// [`Self::read_piece`] when it needs no lock held across I/O and no wait for a device;
     /// `None` otherwise (also when the cache does not hold the block).
     fn try_read_piece(&self, b: u64, o: usize, dst: &mut [u8]) -> Option<Result<()>> {
@@ -399,13 +408,9 @@ impl WriteCache {
                     return Some(Ok(()));
                 }
                 Place::Ram(r) => {
-                    let g = self.arena.slot(r).read();
-                    if g.owner != b {
+                    if !self.copy_from_slot(r, b, o, dst) {
                         continue;
                     }
-                    dst.copy_from_slice(&g.data[o..o + dst.len()]);
-                    drop(g);
-                    self.clock.touch(r);
                     return Some(Ok(()));
                 }
                 Place::Disk(s) => {

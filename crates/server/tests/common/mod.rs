@@ -424,3 +424,14 @@ impl Raw {
         }
     }
 }
+
+/// A request with no flags.
+pub fn req(command: nbd_proto::Command, cookie: u64, offset: u64, len: u32) -> Request {
+    Request {
+        flags: nbd_proto::CommandFlags(0),
+        command,
+        cookie,
+        offset,
+        len,
+    }
+}
