@@ -9,16 +9,15 @@
 //! Tool rule (STYLE.md §6): a missing client skips a test with a printed reason on a
 //! developer's machine and fails it under `CI=true`.
 
-use std::fs::File;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{WAIT, ferry, free_port, path_str, tool};
+use common::{Proc, WAIT, ferry, free_port, path_str, tool};
 use interop::{
     MIB, create_vhdx, dynamic, pattern, require, require_all, run_ok, session, sha256_file,
 };
@@ -90,10 +89,9 @@ impl Store {
 
 /// A running `ferry server`; killed (not gracefully) if a test fails before `stop`.
 struct Server {
-    child: Option<Child>,
+    proc: Proc,
     nbd_port: u16,
     metrics_port: u16,
-    log: PathBuf,
 }
 
 impl Server {
@@ -101,47 +99,24 @@ impl Server {
     fn start(store: &Store) -> Server {
         let (nbd_port, metrics_port) = (free_port(), free_port());
         let log = store.scratch(&format!("server-{nbd_port}.log"));
-        let child = ferry()
-            .args(["server", "--store", path_str(&store.path())])
-            .arg(format!("--nbd-listen=127.0.0.1:{nbd_port}"))
-            .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
-            .arg("--cache-ram=256M")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).expect("create server log"))
-            .spawn()
-            .expect("spawn ferry server");
-        let mut srv = Server {
-            child: Some(child),
+        let mut proc = Proc::spawn(
+            ferry()
+                .args(["server", "--store", path_str(&store.path())])
+                .arg(format!("--nbd-listen=127.0.0.1:{nbd_port}"))
+                .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
+                .arg("--cache-ram=256M"),
+            log,
+        );
+        for port in [nbd_port, metrics_port] {
+            proc.wait_until(&format!("port {port} accepting"), || {
+                TcpStream::connect(("127.0.0.1", port)).is_ok()
+            });
+        }
+        Server {
+            proc,
             nbd_port,
             metrics_port,
-            log,
-        };
-        srv.wait_accepting(nbd_port);
-        srv.wait_accepting(metrics_port);
-        srv
-    }
-
-    fn wait_accepting(&mut self, port: u16) {
-        let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            let exited = self.child.as_mut().and_then(|c| c.try_wait().unwrap());
-            assert!(
-                exited.is_none(),
-                "server exited ({exited:?}): {}",
-                self.log_text()
-            );
-            assert!(
-                start.elapsed() < WAIT,
-                "port {port} never accepted: {}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
         }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     fn uri(&self, export: &str) -> String {
@@ -168,36 +143,8 @@ impl Server {
     }
 
     /// Sends SIGTERM and asserts a graceful exit with status 0.
-    fn stop(mut self) {
-        let mut child = self.child.take().expect("running");
-        let pid = child.id().to_string();
-        run_ok(Command::new("kill").args(["-TERM", &pid]));
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                start.elapsed() < WAIT,
-                "no exit after SIGTERM: {}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        assert!(
-            status.success(),
-            "exit {status} after SIGTERM: {}",
-            self.log_text()
-        );
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+    fn stop(self) {
+        self.proc.stop();
     }
 }
 

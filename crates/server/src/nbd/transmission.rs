@@ -448,19 +448,17 @@ fn read_into(
     };
     if let Some(r) = dev.try_read_shared(req.offset, u64::from(req.len)) {
         let frame = shared_frame(req, r, structured);
-        let ok = !matches!(frame, Frame::Error { .. });
+        // A shared read's header; the pieces follow.
+        encode_frame(req.cookie, true, &frame, structured, out);
         if let Frame::Shared { pieces, .. } = &frame {
-            data_header(out);
             for p in pieces {
                 match p.bytes() {
                     Some(b) => out.extend_from_slice(b),
                     None => out.resize(out.len() + p.len(), 0),
                 }
             }
-        } else {
-            encode_frame(req.cookie, true, &frame, structured, out);
         }
-        return Some(ok);
+        return Some(!matches!(frame, Frame::Error { .. }));
     }
     if dev.shares_reads() {
         return None;
