@@ -570,6 +570,32 @@ fn store_error_is_returned_and_not_cached() {
     assert!(wrapped.read_at(&mut buf, 0).is_ok());
 }
 
+/// A failed group read (whole new blocks, groups on) fails the read with the store's
+/// error, caches nothing, and the next read reads the store again.
+#[test]
+fn failed_group_read_is_returned_and_not_cached() {
+    const BLOCK: u64 = 64 * KIB;
+    let bytes = content(13, (64 * BLOCK) as usize);
+    let dev = Counting::new(bytes.clone(), BLOCK);
+    let cfg = CacheConfig {
+        budget_bytes: 8 << 20,
+        block_bytes: BLOCK as u32,
+        read_ahead_threads: 0,
+        ..CacheConfig::default()
+    };
+    let cache = BlockCache::with_config(cfg).unwrap();
+    let wrapped = cache.wrap(key("a"), dev.clone());
+    let mut buf = vec![0u8; MIB as usize];
+    dev.fail.store(true, Ordering::SeqCst);
+    let err = wrapped.read_at(&mut buf, 0).unwrap_err();
+    dev.fail.store(false, Ordering::SeqCst);
+    assert_eq!(err.kind(), ErrorKind::Io);
+    assert_eq!(cache.stats().cached_bytes, 0);
+    wrapped.read_at(&mut buf, 0).unwrap();
+    assert!(buf[..] == bytes[..MIB as usize]);
+    assert_eq!(cache.stats().store_read_bytes, MIB);
+}
+
 #[test]
 fn writes_trims_and_zeroes_are_refused() {
     let dev = Counting::new(vec![0u8; 1 << 20], 4096);
