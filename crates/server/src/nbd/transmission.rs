@@ -65,6 +65,13 @@ use super::{MAX_BLOCK_STATUS_EXTENTS, MAX_BLOCK_STATUS_QUERY, MAX_PAYLOAD, to_nb
 const WRITE_BUFFER_BYTES: usize = 256 << 10;
 /// Replies the reader encodes into one batch before handing it to the writer.
 const BATCH_MAX_BYTES: usize = 256 << 10;
+/// Replies the reader encodes into one batch before sending it. A client keeps a queue of
+/// requests in flight and refills it as replies arrive: a whole read buffer's worth of
+/// replies sent at once leaves the client idle while they are served and the server idle
+/// while it reaps them. Sending every few replies overlaps the two (the VDI workload on a
+/// RAM write cache, fio at queue depth 16: 177k IOPS with no cap, 220-230k with 2-4, where
+/// 1 costs a send per request and gives 207k; server-side block-cache reads: no change).
+const BATCH_MAX_REPLIES: usize = 4;
 /// Bytes of the scratch buffer that discards an oversized write's payload.
 const DISCARD_BUFFER_BYTES: usize = 64 << 10;
 /// The largest read or write served on the connection's own task when the device can do it
@@ -366,7 +373,7 @@ fn serve_buffered<R: AsyncRead + Unpin>(
     batch: &mut Batch,
 ) {
     let dev = export.device.as_ref();
-    while batch.bytes.len() < BATCH_MAX_BYTES {
+    while batch.bytes.len() < BATCH_MAX_BYTES && batch.count < BATCH_MAX_REPLIES {
         let buf = reader.buffer();
         let Some(head) = buf.first_chunk::<REQUEST_LEN>() else {
             break;
