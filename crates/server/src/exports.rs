@@ -589,6 +589,9 @@ impl Inner {
         }
         let chain =
             disk::open::open(&path, disk::open::OpenOptions::default()).map_err(disk_err(&path))?;
+        for layer in &chain.layers {
+            self.confined(&layer.path)?;
+        }
         if let Err(e) = chain.advise_random_all() {
             tracing::debug!(path = %path.display(), error = %e, "fadvise failed");
         }
@@ -617,6 +620,10 @@ impl Inner {
     ) -> Result<Arc<dyn BlockDevice>, OpenError> {
         let mut tried = Vec::new();
         for cand in pref.paths.iter().filter(|p| p.exists()) {
+            if let Err(e) = self.confined(cand) {
+                tried.push(format!("{} ({e})", cand.display()));
+                continue;
+            }
             match self.shared_chain(cand) {
                 Ok((top, key)) if top.linkage_id().is_some_and(|g| pref.linkage.contains(&g)) => {
                     return Ok(self.cache.wrap(key, top));
@@ -629,6 +636,23 @@ impl Inner {
             "parent not found; tried: {}",
             tried.join("; ")
         )))
+    }
+
+    /// Refuses a file outside the store directory (after symlinks are resolved). A
+    /// differencing image's parent locator is data inside the file: without this, a vDisk
+    /// dropped into the store could name any image on the server as its parent and have
+    /// it served to every client.
+    fn confined(&self, path: &Path) -> Result<(), OpenError> {
+        let real = canonical(path)?;
+        if real.starts_with(self.store.dir()) {
+            Ok(())
+        } else {
+            Err(OpenError::Other(format!(
+                "{} is outside the store {} (a parent locator may only name files in the store)",
+                real.display(),
+                self.store.dir().display()
+            )))
+        }
     }
 
     fn list(&self) -> Result<Vec<ExportInfo>, StoreError> {

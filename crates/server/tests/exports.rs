@@ -467,3 +467,37 @@ fn session_exports_resolve_through_the_farm_and_only_while_granted() {
     assert!(h.writable);
     assert_eq!(read_all(h.device.as_ref()), fx.expected[2]);
 }
+
+/// A vDisk in the store whose parent locator names an image outside the store (here a
+/// differencing `evil.vhdx` on `../outside/secret.vhdx`, and a symlink to that image) is
+/// refused with an error naming the file, for every mode: its bytes are never served.
+#[test]
+fn parents_outside_the_store_are_refused() {
+    let fx = Fixture::new();
+    let outside = fx.dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let secret = outside.join("secret.vhdx");
+    std::fs::copy(fx.store().join("golden.vhdx"), &secret).unwrap();
+    disk::version::new_version(&secret, &fx.store().join("evil.vhdx")).unwrap();
+    std::os::unix::fs::symlink(&secret, fx.store().join("link.vhdx")).unwrap();
+    let reg = fx.registry();
+    for name in [
+        "evil",
+        "evil@0",
+        "evil+pc-01",
+        "evil+pc-01+persistent",
+        "evil+private",
+        "link",
+    ] {
+        match reg.open(name) {
+            Err(OpenError::Other(msg)) => assert!(
+                msg.contains("outside the store") && msg.contains("secret.vhdx"),
+                "{name}: {msg}"
+            ),
+            Err(e) => panic!("{name}: unexpected error {e}"),
+            Ok(_) => panic!("{name}: served an image outside the store"),
+        }
+    }
+    // The store's own chains are unaffected.
+    assert!(read_all(open(&reg, "golden").device.as_ref()) == fx.expected[2]);
+}
