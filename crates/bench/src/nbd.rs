@@ -460,7 +460,16 @@ pub fn seq_bench(cfg: &Config, ds: &DataSet) -> Result<String> {
             cpu: vec![],
         })
         .collect();
+    let mut disk = Vec::new();
     for run in 0..cfg.runs {
+        cfg.cache.drop_now();
+        let d = disk_seq_secs(ds)?;
+        note(&format!(
+            "nbd-seq run {}: disk (fio O_DIRECT) {:.0} MB/s",
+            run + 1,
+            ds.size as f64 / 1e6 / d
+        ));
+        disk.push(d);
         for row in &mut rows {
             let srv = Server::start(row.kind, ds)?;
             cfg.cache.drop_now();
@@ -519,6 +528,14 @@ pub fn seq_bench(cfg: &Config, ds: &DataSet) -> Result<String> {
             ferry / mbs(r),
         );
     }
+    let disk_mbs = ds.size as f64 / 1e6 / median(&disk);
+    let _ = writeln!(
+        out,
+        "| disk | the raw twin, `fio --rw=read --bs=256k --iodepth=16 --ioengine=io_uring \
+         --direct=1` (no NBD, no server: the physical limit) | {:.2} | {disk_mbs:.0} | – | {:.2} |",
+        median(&disk),
+        ferry / disk_mbs,
+    );
     out.push('\n');
     for r in &rows[1..] {
         let q = ferry / mbs(r);
@@ -529,8 +546,52 @@ pub fn seq_bench(cfg: &Config, ds: &DataSet) -> Result<String> {
             verdict(q >= GOAL_VS_PEERS)
         );
     }
+    let _ = writeln!(
+        out,
+        "- of the disk's own sequential read: ferry {:.2}, {}",
+        ferry / disk_mbs,
+        rows[1..]
+            .iter()
+            .map(|r| format!("{} {:.2}", r.kind.name(), mbs(r) / disk_mbs))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let best = rows.iter().map(mbs).fold(0.0, f64::max);
+    if best < 0.8 * disk_mbs {
+        let _ = writeln!(
+            out,
+            "- every server ran below 0.8 of the disk's own speed: here the limit is the CPUs \
+             the server shares with nbdcopy (server CPU above), not the disk"
+        );
+    }
     out.push('\n');
     Ok(out)
+}
+
+/// Seconds for fio to read the raw twin front to back with `O_DIRECT` at queue depth 16:
+/// what the disk itself delivers, with no NBD and no server.
+fn disk_seq_secs(ds: &DataSet) -> Result<f64> {
+    let out = crate::sys::run(
+        "fio",
+        &[
+            "--name=disk",
+            &format!("--filename={}", ds.raw.display()),
+            "--readonly",
+            "--rw=read",
+            "--bs=256k",
+            "--iodepth=16",
+            "--ioengine=io_uring",
+            "--direct=1",
+            &format!("--size={}", ds.size),
+            "--output-format=json",
+        ],
+    )?;
+    let v = fio_json(&out)?;
+    let bw = v["jobs"][0]["read"]["bw_bytes"]
+        .as_f64()
+        .filter(|b| *b > 0.0)
+        .ok_or_else(|| anyhow!("no read.bw_bytes in fio's json"))?;
+    Ok(ds.size as f64 / bw)
 }
 
 fn verdict(ok: bool) -> &'static str {
