@@ -39,7 +39,7 @@
 //! VDI workload on a RAM write cache (a queue depth of 16 sends about 9 requests per read
 //! of the socket) this and writing the batch on the reader took the target from 125,000 to
 //! about 150,000 IOPS; sending every 4 replies instead of a whole buffer's worth, so the
-//! client refills its queue while the rest are served, took it to 220,000-230,000
+//! client refills its queue while the rest are served, took it to about 235,000
 //! (docs/target.md).
 
 use std::io;
@@ -70,9 +70,11 @@ const BATCH_MAX_BYTES: usize = 256 << 10;
 /// Replies the reader encodes into one batch before sending it. A client keeps a queue of
 /// requests in flight and refills it as replies arrive: a whole read buffer's worth of
 /// replies sent at once leaves the client idle while they are served and the server idle
-/// while it reaps them. Sending every few replies overlaps the two (the VDI workload on a
-/// RAM write cache, fio at queue depth 16: 177k IOPS with no cap, 220-230k with 2-4, where
-/// 1 costs a send per request and gives 207k; server-side block-cache reads: no change).
+/// while it reaps them. Sending every few replies overlaps the two. The VDI workload on a
+/// RAM write cache, fio at queue depth 16: 177k IOPS with no cap; with a cap of 16, 8, 4
+/// and 2: 164-170k, 214-217k, 229-236k and 236-240k; 1 costs a send per request (207k
+/// before the fast path resumed after a full batch). Server-side block-cache reads: no
+/// change.
 const BATCH_MAX_REPLIES: usize = 4;
 /// Bytes of the scratch buffer that discards an oversized write's payload.
 const DISCARD_BUFFER_BYTES: usize = 64 << 10;
