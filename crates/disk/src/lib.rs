@@ -16,6 +16,7 @@
 
 pub mod device;
 pub mod error;
+pub mod inline;
 pub mod open;
 pub mod ops;
 pub mod overlay;

@@ -46,6 +46,12 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     fn allocate(&self, _offset: u64, _len: u64) -> Result<()> {
         Ok(())
     }
+    /// True when an overwrite of whole pages the store already holds is a copy into the
+    /// host's page cache (a local or mounted file), so a caller may make it on a thread that
+    /// must not block long, behind a [`crate::inline::InlineGate`]. False by default.
+    fn inline_overwrites(&self) -> bool {
+        false
+    }
     /// The next offset at or after `offset` that may hold data (SEEK_DATA), if the store knows.
     fn next_data(&self, offset: u64) -> Result<Option<u64>> {
         Ok(Some(offset))
@@ -78,7 +84,12 @@ pub struct FileStorage {
     file: File,
     /// The same file opened `O_DIRECT` (read-only), once [`Storage::direct_reads`] asked.
     direct: std::sync::OnceLock<File>,
+    /// Writes are made in pieces of at most this many bytes.
+    write_piece: usize,
 }
+
+/// The largest write [`FileStorage::with_small_folios`] hands the kernel at once.
+pub const SMALL_FOLIO_WRITE_BYTES: usize = 64 << 10;
 
 impl FileStorage {
     /// Wraps an open file.
@@ -86,7 +97,23 @@ impl FileStorage {
         FileStorage {
             file,
             direct: std::sync::OnceLock::new(),
+            write_piece: usize::MAX,
         }
+    }
+
+    /// For files that take small scattered overwrites after large writes (write caches,
+    /// private images): writes are made in pieces of at most [`SMALL_FOLIO_WRITE_BYTES`].
+    ///
+    /// The page cache sizes a folio by the write that creates it, and an overwrite of 4 KiB
+    /// inside a large folio costs the file system work for every block of the folio. On
+    /// ext4 (kernel 6.18), a 4 KiB overwrite took 1.9 µs after 4 KiB or 64 KiB writes, 7.9 µs
+    /// after 1 MiB writes and 16.8 µs after 2 MiB writes; a server-side write cache behind a
+    /// target went from 21,000 to 33,000 VDI IOPS (docs/target.md). A 64 KiB piece keeps
+    /// sequential writes at one system call per 64 KiB.
+    #[must_use]
+    pub fn with_small_folios(mut self) -> FileStorage {
+        self.write_piece = SMALL_FOLIO_WRITE_BYTES;
+        self
     }
 
     /// Reads into `buf` at `offset` through the direct handle when there is one and the
@@ -157,9 +184,14 @@ impl Storage for FileStorage {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.file
-            .write_all_at(buf, offset)
-            .map_err(|e| Error::io(format!("write at {offset:#x}"), e))
+        let mut at = offset;
+        for piece in buf.chunks(self.write_piece) {
+            self.file
+                .write_all_at(piece, at)
+                .map_err(|e| Error::io(format!("write at {at:#x}"), e))?;
+            at += piece.len() as u64;
+        }
+        Ok(())
     }
 
     fn flush(&self) -> Result<()> {
@@ -189,6 +221,10 @@ impl Storage for FileStorage {
             Err(rustix::io::Errno::OPNOTSUPP) => write_zeros(self, offset, len),
             Err(e) => Err(Error::io(format!("punch hole at {offset:#x}"), e.into())),
         }
+    }
+
+    fn inline_overwrites(&self) -> bool {
+        true
     }
 
     fn advise_random(&self) -> Result<()> {
@@ -246,5 +282,31 @@ impl Storage for FileStorage {
             Ok(o) => Ok(o),
             Err(_) => self.len(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_folio_writes_land_whole_in_pieces() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(dir.path().join("f"))
+            .unwrap();
+        let s = FileStorage::new(f).with_small_folios();
+        // Three whole pieces and a short one, at an odd offset.
+        let len = 3 * SMALL_FOLIO_WRITE_BYTES + 1000;
+        let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        s.write_at(&data, 777).unwrap();
+        s.write_at(&[], 5).unwrap();
+        assert_eq!(s.len().unwrap(), 777 + len as u64);
+        let mut back = vec![0u8; len];
+        s.read_at(&mut back, 777).unwrap();
+        assert!(back == data);
     }
 }

@@ -111,3 +111,76 @@ fn differencing_child_reads_parent_and_own_sectors() {
     assert!(r[4096..8192].iter().all(|&b| b == 0xbb));
     assert!(r[8192..].iter().all(|&b| b == 0xaa));
 }
+
+/// `try_write_at` (the inline overwrite an NBD server makes on its reactor) writes only
+/// whole pages inside one block that the file already holds for the whole range, once a
+/// write session started; anything else declines with nothing written, and what it wrote
+/// is there after a reopen.
+#[test]
+fn inline_overwrites_only_what_the_file_already_holds() {
+    const MIB: u64 = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.vhdx");
+    new_file(
+        &base,
+        &CreateOptions {
+            size: 16 * MIB,
+            block_size: MIB as u32,
+            ..Default::default()
+        },
+    );
+    let child = dir.path().join("child.avhdx");
+    disk::version::new_version(&base, &child).unwrap();
+    let rw = OpenOptions {
+        writable: true,
+        format: None,
+    };
+    // Block 1 wholly the child's; block 0 only its first page (partially present).
+    let c = open::open(&child, rw).unwrap();
+    c.top().write_at(&pattern(MIB as usize, 2), MIB).unwrap();
+    c.top().write_at(&pattern(4096, 1), 0).unwrap();
+    c.close().unwrap();
+    drop(c);
+
+    let new = pattern(8192, 3);
+    let c = open::open(&child, rw).unwrap();
+    let top = c.top();
+    assert!(
+        top.try_write_at(&new, MIB).is_none(),
+        "no write session yet"
+    );
+    top.write_at(&pattern(4096, 1), 0).unwrap();
+    assert!(
+        top.try_write_at(&new, 0).is_none(),
+        "second page is the parent's"
+    );
+    assert!(
+        top.try_write_at(&new, 4 * MIB).is_none(),
+        "block not allocated"
+    );
+    assert!(
+        top.try_write_at(&new[..512], MIB).is_none(),
+        "not whole pages"
+    );
+    assert!(
+        top.try_write_at(&new, MIB + 512).is_none(),
+        "not page-aligned"
+    );
+    assert!(
+        top.try_write_at(&new, 2 * MIB - 4096).is_none(),
+        "crosses a block"
+    );
+    assert!(matches!(top.try_write_at(&new[..4096], 0), Some(Ok(()))));
+    assert!(matches!(top.try_write_at(&new, MIB + 8192), Some(Ok(()))));
+    c.close().unwrap();
+    drop(c);
+
+    let c = open::open(&child, OpenOptions::default()).unwrap();
+    let mut r = vec![0u8; 5 * MIB as usize];
+    c.top().read_at(&mut r, 0).unwrap();
+    let mut want = vec![0u8; 5 * MIB as usize];
+    want[..4096].copy_from_slice(&new[..4096]);
+    want[MIB as usize..2 * MIB as usize].copy_from_slice(&pattern(MIB as usize, 2));
+    want[(MIB + 8192) as usize..(MIB + 16384) as usize].copy_from_slice(&new);
+    assert!(r == want);
+}

@@ -253,7 +253,7 @@ impl WriteCache {
         std::fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
         let file = lock_for_write(&path, true)?;
         let len = file.metadata().map_err(io_err("stat", &path))?.len();
-        let storage: Arc<dyn Storage> = Arc::new(FileStorage::new(file));
+        let storage: Arc<dyn Storage> = Arc::new(FileStorage::new(file).with_small_folios());
         if target.mode == CacheMode::Discard || len == 0 {
             storage.set_len(0).map_err(disk_err(&path))?;
             let opts = create_options(parent.as_ref(), parent_path, &path)?;
@@ -355,7 +355,8 @@ pub fn open_private(path: &Path) -> Result<VhdxImage, WriteCacheError> {
         writable: true,
         path: Some(path.to_path_buf()),
     };
-    VhdxImage::open(Arc::new(FileStorage::new(file)), opts).map_err(disk_err(path))
+    VhdxImage::open(Arc::new(FileStorage::new(file).with_small_folios()), opts)
+        .map_err(disk_err(path))
 }
 
 /// Deletes the discard-mode caches left in `dir` by a server that stopped without
@@ -414,6 +415,13 @@ impl Counted {
     }
 }
 
+impl Counted {
+    fn count(&self, len: usize) {
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
+    }
+}
+
 impl BlockDevice for Counted {
     fn geometry(&self) -> Geometry {
         self.inner.geometry()
@@ -429,11 +437,16 @@ impl BlockDevice for Counted {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> disk::Result<()> {
         self.inner.write_at(buf, offset)?;
-        self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .bytes
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.count(buf.len());
         Ok(())
+    }
+
+    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<disk::Result<()>> {
+        let r = self.inner.try_write_at(buf, offset)?;
+        if r.is_ok() {
+            self.count(buf.len());
+        }
+        Some(r)
     }
 
     fn flush(&self) -> disk::Result<()> {

@@ -10,19 +10,11 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
-/// An inline write (`FileStore::try_write_at`) that took longer than this waited for
-/// something: the kernel throttling a writer of too much dirty memory, or the journal.
-/// A buffered 4 KiB write into the page cache takes microseconds.
-pub const INLINE_WRITE_SLOW: Duration = Duration::from_millis(10);
-/// After a slow inline write, `FileStore::try_write_at` declines (the writes go to the
-/// blocking pool) for this long, so a throttled disk stalls the caller's thread at most
-/// once per period.
-pub const INLINE_BACKOFF: Duration = Duration::from_secs(1);
+pub use disk::inline::{INLINE_BACKOFF, INLINE_WRITE_SLOW, Now};
 
 /// Positional storage of overflow slots.
 pub trait OverflowStore: Send + Sync + std::fmt::Debug {
@@ -58,36 +50,26 @@ pub trait OverflowStore: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// A source of the current time (injectable for tests).
-pub type Now = Box<dyn Fn() -> Instant + Send + Sync>;
-
 /// An unlinked file in a directory.
 ///
 /// Its inline paths run on the caller's thread (the NBD server's reactor):
 /// * `try_read_at` is `preadv2(RWF_NOWAIT)`: the kernel answers from the page cache or
 ///   says it would wait (`EAGAIN`), never blocks.
-/// * `try_write_at` is a plain `pwrite` of whole pages: buffered writes with `RWF_NOWAIT`
-///   are refused (`EOPNOTSUPP`) by ext4, so "would not wait" cannot be asked. It is taken
-///   only where a buffered write does not wait in the common case: the caller overwrites
-///   bytes the file already holds (no block allocation, no size change), and whole pages
-///   (no read of the rest of a page). What remains is the kernel throttling a writer of
-///   too much dirty memory (`balance_dirty_pages`, up to 200 ms) or a journal wait; a
-///   write that took over [`INLINE_WRITE_SLOW`] turns inline writes off for
-///   [`INLINE_BACKOFF`].
+/// * `try_write_at` is a plain `pwrite` of whole pages, which the caller takes only to
+///   overwrite bytes the file already holds, behind a [`disk::inline::InlineGate`] (see
+///   there: a write that took over [`INLINE_WRITE_SLOW`] turns inline writes off for
+///   [`INLINE_BACKOFF`]).
 pub struct FileStore {
     file: File,
     page: u64,
-    now: Now,
-    epoch: Instant,
-    /// Inline writes are off until this many nanoseconds after `epoch`.
-    inline_off_until: AtomicU64,
+    inline: disk::inline::InlineGate,
 }
 
 impl std::fmt::Debug for FileStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileStore")
             .field("file", &self.file)
-            .field("inline_off_until", &self.inline_off_until)
+            .field("inline", &self.inline)
             .finish_non_exhaustive()
     }
 }
@@ -107,18 +89,11 @@ impl FileStore {
     /// # Errors
     /// The directory is missing or not writable.
     pub fn with_clock(dir: &Path, now: Now) -> io::Result<FileStore> {
-        let epoch = now();
         Ok(FileStore {
             file: tempfile::tempfile_in(dir)?,
             page: rustix::param::page_size() as u64,
-            now,
-            epoch,
-            inline_off_until: AtomicU64::new(0),
+            inline: disk::inline::InlineGate::with_clock(now),
         })
-    }
-
-    fn since_epoch(&self, t: Instant) -> u64 {
-        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 }
 
@@ -174,21 +149,8 @@ impl OverflowStore for FileStore {
         if !offset.is_multiple_of(self.page) || !(buf.len() as u64).is_multiple_of(self.page) {
             return None;
         }
-        let start = (self.now)();
-        if self.since_epoch(start) < self.inline_off_until.load(Ordering::Relaxed) {
-            return None;
-        }
-        let r = self.file.write_all_at(buf, offset);
-        let end = (self.now)();
-        if end.saturating_duration_since(start) > INLINE_WRITE_SLOW {
-            let until = self.since_epoch(end + INLINE_BACKOFF);
-            self.inline_off_until.store(until, Ordering::Relaxed);
-            tracing::debug!(
-                took_us = end.saturating_duration_since(start).as_micros() as u64,
-                "slow inline overflow write: inline writes off for a while"
-            );
-        }
-        Some(r)
+        self.inline
+            .run("overflow write", || self.file.write_all_at(buf, offset))
     }
 }
 
@@ -263,6 +225,8 @@ impl OverflowStore for MemStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
 
     #[test]
     fn mem_store_past_limit_is_storage_full() {

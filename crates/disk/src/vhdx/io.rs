@@ -1,6 +1,8 @@
 //! The data path: mapping a range to file extents, reads, writes with block allocation,
 //! trim and write-zeroes.
 
+use std::sync::atomic::Ordering;
+
 use vhdx::bat::{self, Entry};
 use vhdx::bitmap;
 
@@ -208,6 +210,45 @@ impl VhdxImage {
             done += n as usize;
         }
         Ok(())
+    }
+
+    /// [`Self::write_impl`] on the caller's thread when it is a plain overwrite: whole
+    /// pages, inside one block, every sector of the range already this file's (no
+    /// allocation, no bitmap to change or load), in a session already started, on storage
+    /// that takes inline overwrites, while the inline gate is open. `None`, with nothing
+    /// written, otherwise (the caller then makes the ordinary call). The write is the
+    /// ordinary path's first step, made without the allocation lock there too.
+    pub(super) fn try_write_impl(&self, buf: &[u8], offset: u64) -> Option<Result<()>> {
+        const PAGE: u64 = 4096;
+        let len = buf.len() as u64;
+        if !self.writable
+            || self.poisoned.load(Ordering::Acquire)
+            || len == 0
+            || !offset.is_multiple_of(PAGE)
+            || !len.is_multiple_of(PAGE)
+            || offset.checked_add(len)? > self.meta.virtual_size
+            || !self.storage.inline_overwrites()
+        {
+            return None;
+        }
+        let bs = self.block_size();
+        let (block, off) = (offset / bs, offset % bs);
+        if off + len > bs {
+            return None;
+        }
+        let at = {
+            let st = self.read_state();
+            if !st.session_started {
+                return None;
+            }
+            match self.map_block(&st, block, off, len).ok()?.as_slice() {
+                [(_, Piece::File(at))] => *at,
+                _ => return None,
+            }
+        };
+        // Blocks start on 1 MiB boundaries: `at` is page-aligned like `offset`.
+        self.inline
+            .run("vhdx overwrite", || self.storage.write_at(buf, at))
     }
 
     /// True when every sector of the range is already this file's.

@@ -94,6 +94,8 @@ pub struct VhdxImage {
     /// Serializes allocation, bitmap loading for writes, and commits.
     alloc: Mutex<()>,
     poisoned: AtomicBool,
+    /// Times overwrites made on the caller's thread ([`BlockDevice::try_write_at`]).
+    inline: crate::inline::InlineGate,
     warnings: Vec<String>,
     creator: String,
 }
@@ -348,6 +350,10 @@ impl BlockDevice for VhdxImage {
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.write_impl(buf, offset)
+    }
+
+    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<Result<()>> {
+        self.try_write_impl(buf, offset)
     }
 
     fn flush(&self) -> Result<()> {

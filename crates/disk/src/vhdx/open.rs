@@ -166,6 +166,7 @@ impl VhdxImage {
             }),
             alloc: Mutex::new(()),
             poisoned: AtomicBool::new(false),
+            inline: crate::inline::InlineGate::default(),
             warnings,
             creator: ident.creator,
             meta,
