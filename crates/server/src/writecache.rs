@@ -413,9 +413,7 @@ impl Counted {
     pub fn new(inner: Arc<dyn BlockDevice>, counters: Arc<WriteCounters>) -> Counted {
         Counted { inner, counters }
     }
-}
 
-impl Counted {
     fn count(&self, len: usize) {
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
         self.counters.bytes.fetch_add(len as u64, Ordering::Relaxed);

@@ -241,10 +241,8 @@ impl VhdxImage {
             if !st.session_started {
                 return None;
             }
-            match self.map_block(&st, block, off, len).ok()?.as_slice() {
-                [(_, Piece::File(at))] => *at,
-                _ => return None,
-            }
+            // A bitmap not in memory would need a read: declined like any other miss.
+            self.own_target(&st, block, off, len).ok()??
         };
         // Blocks start on 1 MiB boundaries: `at` is page-aligned like `offset`.
         self.inline
@@ -253,12 +251,30 @@ impl VhdxImage {
 
     /// True when every sector of the range is already this file's.
     fn fast_target(&self, block: u64, off: u64, len: u64) -> Result<Option<u64>> {
-        let e = self.read_state().bat[self.layout.payload_index(block) as usize];
+        loop {
+            let r = self.own_target(&self.read_state(), block, off, len);
+            match r {
+                Ok(at) => return Ok(at),
+                Err(NeedBitmap(chunk)) => self.load_bitmap(chunk)?,
+            }
+        }
+    }
+
+    /// The file offset of `[off, off+len)` of `block` when every sector of it is this
+    /// file's, as `st` knows it; `NeedBitmap` when that takes a bitmap not in memory.
+    fn own_target(
+        &self,
+        st: &State,
+        block: u64,
+        off: u64,
+        len: u64,
+    ) -> std::result::Result<Option<u64>, NeedBitmap> {
+        let e = st.bat[self.layout.payload_index(block) as usize];
         match e.state() {
             // The common case needs no map: the whole block is in this file.
             bat::PAYLOAD_BLOCK_FULLY_PRESENT => Ok(Some(e.file_offset() + off)),
             bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT => {
-                let pieces = self.map_block_loading(block, off, len)?;
+                let pieces = self.map_block(st, block, off, len)?;
                 let all_here = pieces.len() == 1 && matches!(pieces[0].1, Piece::File(_));
                 Ok(all_here.then(|| e.file_offset() + off))
             }
