@@ -197,7 +197,29 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn try_write_at(&self, _buf: &[u8], _offset: u64) -> Option<Result<()>> {
         None
     }
+
+    /// Starts [`BlockDevice::read_at`] of `len` bytes at `offset` and returns its completion
+    /// as a future, if the device completes reads without a thread of the caller's waiting
+    /// on them (a device that forwards requests over a connection whose replies its own
+    /// reader delivers); `None` otherwise (nothing was started). See [`Submitted`].
+    fn submit_read(&self, _offset: u64, _len: usize) -> Option<Submitted<Vec<u8>>> {
+        None
+    }
+
+    /// Starts [`BlockDevice::write_at`] of `buf` at `offset` like
+    /// [`BlockDevice::submit_read`]; `None` when it was not started.
+    fn submit_write(&self, _buf: &[u8], _offset: u64) -> Option<Submitted<()>> {
+        None
+    }
 }
+
+/// A disk call started by [`BlockDevice::submit_read`] or [`BlockDevice::submit_write`].
+/// It resolves to `Some(result)`, or to `None` when the device could not finish the call
+/// this way (its connection was lost, say): the caller then makes the ordinary blocking
+/// call, which may recover (fail over, retry) where a future must not block. A write that
+/// resolves to `None` may or may not have landed, and the blocking call writes it again.
+pub type Submitted<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<Result<T>>> + Send + 'static>>;
 
 /// An immutable buffer shared between a cache and the readers of its bytes.
 pub type SharedBuf = Arc<dyn AsRef<[u8]> + Send + Sync>;

@@ -162,18 +162,16 @@ impl Agent {
             CacheMode::ServerPersistent | CacheMode::Private => Replay::UntilFlush,
             _ => Replay::None,
         };
-        let remote = Arc::new(
-            Remote::connect(RemoteConfig {
-                servers: cfg.servers.clone(),
-                export: export.clone(),
-                connect_timeout: cfg.connect_timeout,
-                request_timeout: cfg.request_timeout,
-                failover_timeout: cfg.failover_timeout,
-                replay,
-                replay_bytes_max: cfg.replay_bytes_max,
-            })
-            .map_err(AgentError::Attach)?,
-        );
+        let remote = Remote::connect(RemoteConfig {
+            servers: cfg.servers.clone(),
+            export: export.clone(),
+            connect_timeout: cfg.connect_timeout,
+            request_timeout: cfg.request_timeout,
+            failover_timeout: cfg.failover_timeout,
+            replay,
+            replay_bytes_max: cfg.replay_bytes_max,
+        })
+        .map_err(AgentError::Attach)?;
         let cache = match cfg.mode.local() {
             Some(mode) => Some(Arc::new(make_cache(&cfg, mode, &remote)?)),
             None if !remote.can_write() => return Err(AgentError::NotWritable(export)),

@@ -25,13 +25,21 @@
 //!                      than silently lose writes (fail-stop).
 //!  Replay::None        read-only exports (the local cache modes)
 //! ```
+//!
+//! Reads and writes of the server modes take a faster road first:
+//! [`BlockDevice::submit_read`] and [`BlockDevice::submit_write`] send the request on the
+//! active connection and return a future that the connection's reader completes, with no
+//! thread waiting (see `client`). An acknowledged write is logged as above; a log over its
+//! budget is flushed on the blocking pool. Any transient failure resolves the future to
+//! `None` and the caller makes the blocking call, which fails over and retries: the
+//! failover machinery has one implementation, on the blocking side.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use disk::device::{Geometry, check_bounds};
+use disk::device::{Geometry, Submitted, check_bounds};
 use disk::{BlockDevice, Error, ErrorKind, Result};
 use nbd_proto::{
     NBD_EINVAL, NBD_ENOSPC, NBD_EPERM, NBD_FLAG_READ_ONLY, NBD_FLAG_SEND_TRIM,
@@ -121,6 +129,18 @@ pub struct Remote {
     description: String,
     log: Mutex<Log>,
     counters: Arc<RemoteCounters>,
+    /// This device, for the futures of [`BlockDevice::submit_write`].
+    me: Weak<Remote>,
+}
+
+/// What [`Remote::push`] did with an acknowledged change.
+enum Pushed {
+    /// Logged (or nothing to log).
+    Done,
+    /// Logged, and the log is now over `replay_bytes_max`: see [`Remote::overflowed`].
+    Over,
+    /// The connection that acknowledged it was replaced first: run it again.
+    Again(Op),
 }
 
 impl Remote {
@@ -128,7 +148,7 @@ impl Remote {
     ///
     /// # Errors
     /// Every server refused or failed (the last error).
-    pub fn connect(cfg: RemoteConfig) -> std::result::Result<Remote, ClientError> {
+    pub fn connect(cfg: RemoteConfig) -> std::result::Result<Arc<Remote>, ClientError> {
         let mut last = None;
         for (index, server) in cfg.servers.iter().enumerate() {
             match Connection::connect(
@@ -141,7 +161,7 @@ impl Remote {
                     let info = conn.info.clone();
                     tracing::info!(%server, export = %cfg.export, size = info.size,
                         description = %info.description, "attached");
-                    return Ok(Remote {
+                    return Ok(Arc::new_cyclic(|me| Remote {
                         active: RwLock::new(Active {
                             conn: Arc::new(conn),
                             index,
@@ -151,8 +171,9 @@ impl Remote {
                         description: info.description,
                         log: Mutex::new(Log::default()),
                         counters: Arc::default(),
+                        me: me.clone(),
                         cfg,
-                    });
+                    }));
                 }
                 Err(e) => {
                     tracing::warn!(%server, error = %e, "server unavailable");
@@ -294,46 +315,58 @@ impl Remote {
     /// Records a change `conn` acknowledged. Gives it back when `conn` is no longer the
     /// active connection (a failover replayed the log without it).
     fn record(&self, op: Op, conn: &Arc<Connection>) -> Result<Option<Op>> {
+        match self.push(op, conn) {
+            Pushed::Done => Ok(None),
+            Pushed::Over => self.overflowed().map(|()| None),
+            Pushed::Again(op) => Ok(Some(op)),
+        }
+    }
+
+    /// The non-blocking part of [`Remote::record`]: logs the change.
+    fn push(&self, op: Op, conn: &Arc<Connection>) -> Pushed {
         if self.cfg.replay == Replay::None {
-            return Ok(None);
+            return Pushed::Done;
         }
         let bytes = match &op {
             Op::Write { data, .. } => data.len() as u64,
             _ => 0,
         };
-        let over = {
-            // A failover holds `active` for writing while it replays: the check and the
-            // push are atomic with respect to it.
-            let active = self.active.read();
-            if !Arc::ptr_eq(&active.conn, conn) {
-                return Ok(Some(op));
-            }
-            let mut log = self.log.lock();
-            if log.incomplete {
-                return Ok(None);
-            }
-            let seq = log.next_seq;
-            log.next_seq += 1;
-            log.entries.push_back((seq, op));
-            log.bytes += bytes;
-            log.bytes > self.cfg.replay_bytes_max
-        };
-        if over {
-            match self.cfg.replay {
-                Replay::UntilFlush => self.flush()?,
-                _ => {
-                    let mut log = self.log.lock();
-                    tracing::warn!(
-                        bytes = log.bytes,
-                        "replay log full: a server loss will now fail I/O"
-                    );
-                    log.entries.clear();
-                    log.bytes = 0;
-                    log.incomplete = true;
-                }
-            }
+        // A failover holds `active` for writing while it replays: the check and the push
+        // are atomic with respect to it.
+        let active = self.active.read();
+        if !Arc::ptr_eq(&active.conn, conn) {
+            return Pushed::Again(op);
         }
-        Ok(None)
+        let mut log = self.log.lock();
+        if log.incomplete {
+            return Pushed::Done;
+        }
+        let seq = log.next_seq;
+        log.next_seq += 1;
+        log.entries.push_back((seq, op));
+        log.bytes += bytes;
+        if log.bytes > self.cfg.replay_bytes_max {
+            Pushed::Over
+        } else {
+            Pushed::Done
+        }
+    }
+
+    /// The log went over `replay_bytes_max`: flushes it (`UntilFlush`, may block) or drops
+    /// it (`All`).
+    fn overflowed(&self) -> Result<()> {
+        if self.cfg.replay == Replay::UntilFlush {
+            return self.flush();
+        }
+        let mut log = self.log.lock();
+        tracing::warn!(
+            bytes = log.bytes,
+            "replay log full: a server loss will now fail I/O"
+        );
+        log.entries.clear();
+        log.bytes = 0;
+        log.incomplete = true;
+        Ok(())
     }
 }
 
@@ -443,6 +476,57 @@ impl BlockDevice for Remote {
 
     fn can_write(&self) -> bool {
         self.flags & NBD_FLAG_READ_ONLY == 0
+    }
+
+    /// One request on the active connection, its reply delivered by the connection's
+    /// reader thread: no thread of the caller's waits. A lost connection resolves to
+    /// `None` and the blocking call fails over.
+    fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
+        let n = u32::try_from(len).ok()?;
+        if len > REQUEST_BYTES_MAX || check_bounds(self.size, offset, len as u64).is_err() {
+            return None;
+        }
+        let req = self.active.read().conn.start(offset, n, None).ok()?;
+        Some(Box::pin(async move {
+            match req.wait().await {
+                Ok(data) => Some(Ok(data)),
+                Err(e) if e.is_transient() => None,
+                Err(e) => Some(Err(server_error("read", &e))),
+            }
+        }))
+    }
+
+    /// Like [`Remote::submit_read`]; the acknowledged write goes into the replay log as in
+    /// [`BlockDevice::write_at`]. A log that must flush first hands the flush to the
+    /// blocking pool.
+    fn submit_write(&self, buf: &[u8], offset: u64) -> Option<Submitted<()>> {
+        let n = u32::try_from(buf.len()).ok()?;
+        if buf.len() > REQUEST_BYTES_MAX
+            || check_bounds(self.size, offset, buf.len() as u64).is_err()
+            || !self.can_write()
+        {
+            return None;
+        }
+        let me = self.me.upgrade()?;
+        let req = self.active.read().conn.start(offset, n, Some(buf)).ok()?;
+        let conn = Arc::clone(req.connection());
+        let data = buf.to_vec();
+        Some(Box::pin(async move {
+            match req.wait().await {
+                Ok(_) => {}
+                Err(e) if e.is_transient() => return None,
+                Err(e) => return Some(Err(server_error("write", &e))),
+            }
+            match me.push(Op::Write { offset, data }, &conn) {
+                Pushed::Done => Some(Ok(())),
+                Pushed::Again(_) => None,
+                Pushed::Over => Some(
+                    tokio::task::spawn_blocking(move || me.overflowed())
+                        .await
+                        .unwrap_or_else(|e| Err(Error::new(ErrorKind::Io, e.to_string()))),
+                ),
+            }
+        }))
     }
 }
 

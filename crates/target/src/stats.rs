@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use disk::device::{Geometry, LayerRun};
+use disk::device::{Geometry, LayerRun, Submitted};
 use disk::{BlockDevice, Result};
 use parking_lot::Mutex;
 
@@ -72,8 +72,7 @@ impl Boot {
 #[derive(Debug)]
 pub struct Counted {
     inner: Arc<dyn BlockDevice>,
-    counters: Arc<IoCounters>,
-    boot: Arc<Boot>,
+    tally: Tally,
 }
 
 impl Counted {
@@ -81,12 +80,20 @@ impl Counted {
     pub fn new(inner: Arc<dyn BlockDevice>, counters: Arc<IoCounters>, boot: Arc<Boot>) -> Counted {
         Counted {
             inner,
-            counters,
-            boot,
+            tally: Tally { counters, boot },
         }
     }
+}
 
-    fn counted_read(&self, r: Result<()>, len: usize) -> Result<()> {
+/// The counters a [`Counted`] adds to, also carried by the futures of its submitted calls.
+#[derive(Debug, Clone)]
+struct Tally {
+    counters: Arc<IoCounters>,
+    boot: Arc<Boot>,
+}
+
+impl Tally {
+    fn counted_read<T>(&self, r: Result<T>, len: usize) -> Result<T> {
         if r.is_ok() {
             self.counters.reads.fetch_add(1, Ordering::Relaxed);
             let n = len as u64;
@@ -123,34 +130,34 @@ impl BlockDevice for Counted {
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let r = self.inner.read_at(buf, offset);
-        self.counted_read(r, buf.len())
+        self.tally.counted_read(r, buf.len())
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         let r = self.inner.write_at(buf, offset);
-        self.counted_write(r, buf.len())
+        self.tally.counted_write(r, buf.len())
     }
     fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {
         let r = self.inner.try_read_at(buf, offset)?;
-        Some(self.counted_read(r, buf.len()))
+        Some(self.tally.counted_read(r, buf.len()))
     }
     fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<Result<()>> {
         let r = self.inner.try_write_at(buf, offset)?;
-        Some(self.counted_write(r, buf.len()))
+        Some(self.tally.counted_write(r, buf.len()))
     }
     fn flush(&self) -> Result<()> {
         let r = self.inner.flush();
-        self.count(r)
+        self.tally.count(r)
     }
     fn trim(&self, offset: u64, len: u64) -> Result<()> {
         let r = self.inner.trim(offset, len);
-        self.count(r)
+        self.tally.count(r)
     }
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         let r = self.inner.write_zeroes(offset, len);
         if r.is_ok() {
-            self.counters.writes.fetch_add(1, Ordering::Relaxed);
+            self.tally.counters.writes.fetch_add(1, Ordering::Relaxed);
         }
-        self.count(r)
+        self.tally.count(r)
     }
     fn can_write(&self) -> bool {
         self.inner.can_write()
@@ -160,6 +167,22 @@ impl BlockDevice for Counted {
     }
     fn parent(&self) -> Option<Arc<dyn BlockDevice>> {
         self.inner.parent()
+    }
+    fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
+        let call = self.inner.submit_read(offset, len)?;
+        let tally = self.tally.clone();
+        Some(Box::pin(async move {
+            let r = call.await?;
+            Some(tally.counted_read(r, len))
+        }))
+    }
+    fn submit_write(&self, buf: &[u8], offset: u64) -> Option<Submitted<()>> {
+        let call = self.inner.submit_write(buf, offset)?;
+        let (tally, n) = (self.tally.clone(), buf.len());
+        Some(Box::pin(async move {
+            let r = call.await?;
+            Some(tally.counted_write(r, n))
+        }))
     }
 }
 

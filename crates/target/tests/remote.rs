@@ -156,7 +156,7 @@ fn connect(addr: &str) -> Connection {
     .unwrap()
 }
 
-fn remote(servers: Vec<String>, replay: Replay) -> Remote {
+fn remote(servers: Vec<String>, replay: Replay) -> Arc<Remote> {
     Remote::connect(RemoteConfig {
         servers,
         export: "golden".into(),
@@ -345,4 +345,80 @@ fn server_mode_replays_flushed_writes_too() {
     assert_eq!(&buf[..4096], &[3; 4096][..]);
     assert_eq!(&buf[4096..], &[4; 4096][..]);
     assert_eq!(r.counters().replayed.load(Ordering::Relaxed), 2);
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// Submitted calls (no thread waits on the reply) read the disk and write it, and a
+/// write acknowledged that way is in the replay log: after A goes, the submitted read
+/// gives up (`None`), the blocking read fails over to B and the replay puts the write
+/// there.
+#[test]
+fn submitted_writes_are_logged_and_replayed_after_failover() {
+    let disk_a = MemDisk::new();
+    let disk_b = MemDisk::new();
+    let a = Server::start(&disk_a);
+    let b = Server::start(&disk_b);
+    let r = remote(vec![a.addr.clone(), b.addr.clone()], Replay::UntilFlush);
+    let data = block_on(r.submit_read(1000, 4096).unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(data[0], 247);
+    assert_eq!(data.len(), 4096);
+    // Past the end: not submitted, the blocking call reports the error.
+    assert!(r.submit_read(SIZE, 4096).is_none());
+    block_on(r.submit_write(&[0xCC; 4096], 65536).unwrap())
+        .unwrap()
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    disk_a.read_at(&mut buf, 65536).unwrap();
+    assert_eq!(buf, vec![0xCC; 4096]);
+    a.stop();
+    let lost = r.submit_read(65536, 4096).map(block_on);
+    assert!(matches!(lost, None | Some(None)), "{lost:?}");
+    r.read_at(&mut buf, 65536).unwrap();
+    assert_eq!(buf, vec![0xCC; 4096]);
+    disk_b.read_at(&mut buf, 65536).unwrap();
+    assert_eq!(buf, vec![0xCC; 4096], "the replay wrote B");
+    assert_eq!(r.server(), b.addr);
+    assert_eq!(r.counters().replayed.load(Ordering::Relaxed), 1);
+}
+
+/// A submitted write that takes the log over its budget flushes it (on the blocking pool):
+/// the server saw the flush and nothing is left to replay.
+#[test]
+fn submitted_write_over_the_log_budget_flushes() {
+    let disk_a = MemDisk::new();
+    let disk_b = MemDisk::new();
+    let a = Server::start(&disk_a);
+    let b = Server::start(&disk_b);
+    let r = Remote::connect(RemoteConfig {
+        servers: vec![a.addr.clone(), b.addr.clone()],
+        export: "golden".into(),
+        connect_timeout: Duration::from_secs(5),
+        request_timeout: Duration::from_secs(10),
+        failover_timeout: Duration::from_secs(10),
+        replay: Replay::UntilFlush,
+        // Two 4 KiB writes do not fit.
+        replay_bytes_max: 6144,
+    })
+    .unwrap();
+    block_on(async {
+        for (i, byte) in [5u8, 6].into_iter().enumerate() {
+            let w = r.submit_write(&[byte; 4096], i as u64 * 4096).unwrap();
+            w.await.unwrap().unwrap();
+        }
+    });
+    assert_eq!(disk_a.flushes.load(Ordering::Relaxed), 1);
+    a.stop();
+    let mut buf = vec![0u8; 4096];
+    r.read_at(&mut buf, 0).unwrap();
+    assert_eq!(r.server(), b.addr);
+    assert_eq!(r.counters().replayed.load(Ordering::Relaxed), 0);
 }

@@ -4,8 +4,8 @@
 //!
 //! ```text
 //!  socket ─► reader (this task) ──spawn──► request task ──► spawn_blocking(disk call)
-//!               │  takes a slot            (global Semaphore        │
-//!               │  (+ payload bytes)        `max_blocking`)          ▼
+//!               │  takes a slot            (global Semaphore        │  or the device's
+//!               │  (+ payload bytes)        `max_blocking`)          ▼  submitted future
 //!               │                                      mpsc (capacity = slots) ─► writer task
 //!               ├─ early errors go straight to the mpsc                 │
 //!               └─ a batch of in-memory requests (`serve_buffered`) ────┴─► sink ─► socket
@@ -40,7 +40,10 @@
 //! of the socket) this and writing the batch on the reader took the target from 125,000 to
 //! about 150,000 IOPS; sending every 4 replies instead of a whole buffer's worth, so the
 //! client refills its queue while the rest are served, took it to about 235,000
-//! (docs/target.md).
+//! (docs/target.md). A device that forwards requests over a connection (the target's
+//! server modes) completes reads and writes without a thread waiting
+//! ([`BlockDevice::submit_read`]): the request task awaits that future and uses the
+//! blocking pool only when the device declines or gives up.
 
 use std::io;
 use std::sync::Arc;
@@ -732,7 +735,46 @@ async fn run_job(job: Job, ctx: Arc<ConnCtx>, tx: mpsc::Sender<Outgoing>, done: 
         mut out,
     } = job;
     let start = Instant::now();
-    let frame = match Arc::clone(&ctx.blocking).acquire_owned().await {
+    let frame = match submitted(&req, &export, &payload).await {
+        Some(frame) => frame,
+        None => blocking(req, export, payload, &ctx).await,
+    };
+    drop(done);
+    let ok = !matches!(frame, Frame::Error { .. });
+    let bytes = match req.command {
+        Command::Read | Command::Write => u64::from(req.len),
+        _ => 0,
+    };
+    ctx.metrics
+        .request(req.command.name(), bytes, start.elapsed(), ok);
+    out.frame = frame;
+    // Never waits: the channel has a place for every slot.
+    let _ = tx.send(out).await;
+}
+
+/// Serves a read or write the device completes without a thread of ours waiting on it
+/// ([`BlockDevice::submit_read`]: the target forwarding to its server); `None` to make the
+/// blocking call.
+async fn submitted(req: &Request, e: &Export, payload: &[u8]) -> Option<Frame> {
+    let dev = e.device.as_ref();
+    let r = match req.command {
+        Command::Read if req.len > 0 => match dev.submit_read(req.offset, req.len as usize)?.await?
+        {
+            Ok(data) => return Some(read_frame(req, Ok(()), data, e.structured)),
+            Err(err) => Err(err),
+        },
+        Command::Write if !req.flags.fua() => dev.submit_write(payload, req.offset)?.await?,
+        _ => return None,
+    };
+    Some(match r {
+        Ok(()) => Frame::Ok,
+        Err(err) => disk_error(req, &err),
+    })
+}
+
+/// The disk call on the blocking pool, under the global `max_blocking` limit.
+async fn blocking(req: Request, export: Export, payload: Vec<u8>, ctx: &ConnCtx) -> Frame {
+    match Arc::clone(&ctx.blocking).acquire_owned().await {
         Ok(permit) => {
             let r = tokio::task::spawn_blocking(move || {
                 let f = execute(&req, &export, payload);
@@ -746,18 +788,7 @@ async fn run_job(job: Job, ctx: Arc<ConnCtx>, tx: mpsc::Sender<Outgoing>, done: 
             })
         }
         Err(_) => error(NBD_EIO, "server is shutting down"),
-    };
-    drop(done);
-    let ok = !matches!(frame, Frame::Error { .. });
-    let bytes = match req.command {
-        Command::Read | Command::Write => u64::from(req.len),
-        _ => 0,
-    };
-    ctx.metrics
-        .request(req.command.name(), bytes, start.elapsed(), ok);
-    out.frame = frame;
-    // Never waits: the channel has a place for every slot.
-    let _ = tx.send(out).await;
+    }
 }
 
 /// The disk call of one request (on the blocking pool).
