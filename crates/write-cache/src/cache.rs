@@ -44,7 +44,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use disk::device::{Geometry, LayerRun, Source, check_bounds};
+use disk::device::{Geometry, LayerRun, Source, Submitted, check_bounds};
 use disk::{BlockDevice, Error, ErrorKind, Result};
 use parking_lot::{Mutex, RwLock, RwLockUpgradableReadGuard};
 
@@ -74,6 +74,17 @@ thread_local! {
     /// A block-sized buffer per thread for disk-mode read-modify-write (no allocation per
     /// write once a thread has one).
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Which of a range's blocks the cache holds ([`WriteCache::holds`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holds {
+    /// Every one (a range of no blocks too).
+    All,
+    /// Some but not all.
+    Some,
+    /// None.
+    None,
 }
 
 /// Counters of a cache.
@@ -243,6 +254,22 @@ impl WriteCache {
     /// Number of blocks the index holds (RAM, overflow and zero entries).
     pub fn cached_blocks(&self) -> usize {
         self.index.len()
+    }
+
+    /// How many of the blocks `[offset, offset+len)` touches the cache holds.
+    fn holds(&self, offset: u64, len: usize) -> Holds {
+        let (mut any, mut all) = (false, true);
+        let _ = self.pieces(offset, len, |b, _, _| {
+            let held = self.index.get(b).is_some();
+            any |= held;
+            all &= held;
+            Ok(())
+        });
+        match (any, all) {
+            (_, true) => Holds::All,
+            (true, false) => Holds::Some,
+            (false, false) => Holds::None,
+        }
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<()> {
@@ -820,12 +847,7 @@ impl BlockDevice for WriteCache {
             return Some(Err(e));
         }
         // Only when the cache holds every block: the others are read from the server.
-        let mut held = true;
-        let _ = self.pieces(offset, buf.len(), |b, _, _| {
-            held &= self.index.get(b).is_some();
-            Ok(())
-        });
-        if !held {
+        if self.holds(offset, buf.len()) != Holds::All {
             return None;
         }
         let len = buf.len();
@@ -844,6 +866,18 @@ impl BlockDevice for WriteCache {
             pos += n;
         }
         Some(Ok(()))
+    }
+
+    /// A read of blocks none of which the cache holds goes to the device below as it is,
+    /// so a device below that submits reads (the target's remote vDisk) answers it without
+    /// a blocking thread. A block written meanwhile is a concurrent write: either answer is
+    /// right.
+    fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
+        self.check(offset, len as u64).ok()?;
+        if self.holds(offset, len) != Holds::None {
+            return None;
+        }
+        self.next.submit_read(offset, len)
     }
 
     fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<Result<()>> {
@@ -1011,6 +1045,20 @@ mod tests {
             }
             Ok(())
         }
+        fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
+            let mut data = vec![0u8; len];
+            let r = self.read_at(&mut data, offset).map(|()| data);
+            Some(Box::pin(std::future::ready(Some(r))))
+        }
+    }
+
+    /// The outcome of a submitted call that is already complete.
+    fn ready<T>(mut call: Submitted<T>) -> Option<Result<T>> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match call.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => panic!("the golden device answers at once"),
+        }
     }
 
     fn cache(mode: Mode, ram_blocks: u64, disk_blocks: u64) -> WriteCache {
@@ -1032,6 +1080,23 @@ mod tests {
         c.read_at(&mut buf, 4096 + 99).unwrap();
         // Byte 4195 of the golden image is 4195 % 251 = 179.
         assert_eq!(buf, [179, 0xAA, 0xAA]);
+    }
+
+    /// A read of blocks the cache does not hold is submitted to the device below as it is;
+    /// one touching a block the cache holds is not (the blocking read merges the two).
+    #[test]
+    fn reads_of_blocks_not_held_are_submitted_below() {
+        let c = cache(Mode::Ram, 4, 0);
+        let data = ready(c.submit_read(8192 + 5, 8192).expect("no block held"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(data.len(), 8192);
+        assert_eq!(data[0], ((8192 + 5) % 251) as u8);
+        c.write_at(&[0xAA; 10], 4096 + 100).unwrap();
+        assert!(c.submit_read(4096, 4096).is_none(), "held");
+        assert!(c.submit_read(0, 8192).is_none(), "partly held");
+        assert!(c.submit_read(1 << 20, 4096).is_none(), "past the end");
+        assert!(c.submit_read(8192, 4096).is_some());
     }
 
     #[test]
