@@ -5,42 +5,51 @@
 //! # Design notes
 //!
 //! ```text
-//!  blocking callers ─(register cookie in `pending`)─► writer Mutex ─► socket
-//!  futures (`start`) ┘
-//!                  ◄── per-request channel ◄── reader thread ◄──────── socket
+//!  futures (`submit`) ─┬─(register cookie in `pending`)─► writer (async Mutex) ─► socket
+//!  blocking callers ───┘  (`Handle::block_on` of the same send)
+//!        ◄── per-request oneshot / channel ◄── reader task ◄──────────────────── socket
 //! ```
 //!
-//! Requests come two ways. Blocking callers (the `Remote`'s failover path, flush, trim;
-//! every call of the local cache modes, made on a blocking pool) send and wait on their own
-//! channel. [`Connection::start`] sends a read or a write and returns an [`InFlight`]
-//! future instead: the local export's reactor awaits it and no thread waits while the
-//! request travels. One reader thread reads replies in the order the server sends them and
-//! completes the matching request either way: simple replies, or structured chunks
-//! assembled into the request's buffer (data and holes at their offsets, errors kept) until
-//! the chunk flagged DONE. When the socket fails, the reader marks the connection dead under
-//! the `pending` lock and fails every waiting request with [`ClientError::Disconnected`]; a
-//! request registered afterwards sees the flag under the same lock, so none waits forever.
-//! Every request also has a timeout, after which the connection is shut down (a server that
-//! stops answering counts as lost).
+//! The transmission phase runs on a tokio runtime's reactor: the agent's own when the
+//! connection is made inside it (the reader is then a task), else a one-thread runtime on a
+//! thread of the connection's own (tests, tools). Requests come two ways.
+//! [`Connection::submit`] is a future that sends a read or a write and awaits the reply:
+//! the local export's request task awaits it, and no thread waits while the request
+//! travels. Blocking callers (the `Remote`'s failover path, flush, trim; every call of the
+//! local cache modes that is not a plain miss, made on a blocking pool) run the same send
+//! with `Handle::block_on` and wait on their own channel. The reader reads replies in the
+//! order the server sends them and completes the matching request either way: simple
+//! replies, or structured chunks assembled into the request's buffer (data and holes at
+//! their offsets, errors kept) until the chunk flagged DONE. When the socket fails (or the
+//! runtime drops the reader), the reader marks the connection dead under the `pending`
+//! lock and fails every waiting request with [`ClientError::Disconnected`]; a request
+//! registered afterwards sees the flag under the same lock, so none waits forever. Every
+//! request, its send included, has a timeout, after which the connection is shut down (a
+//! server that stops answering counts as lost); so does a send cut short.
 //!
-//! The reader is a thread rather than a task so that blocking callers need no runtime. The
-//! send is a blocking write under the writer lock, from a reactor thread too: a request is
-//! at most 8 MiB plus its header, the reader thread drains replies whatever the reactor
-//! does, so a live server keeps reading, and a send to one that stopped fails after the
-//! request timeout (`SO_SNDTIMEO`) and counts as a lost connection. Forwarding through the
-//! blocking pool cost about four thread switches per request (caller to pool, pool to
-//! socket, reader to pool, pool to caller); a submitted request costs the reader's wake-up
-//! and the awaiting task's. The VDI workload in `server` mode went from about 33,000 to
-//! 47,000 IOPS (docs/target.md).
+//! No reactor thread ever blocks: sends wait for the socket's write readiness and for the
+//! writer lock asynchronously. That is what makes a reader task safe. Were a worker to
+//! block in a send to a server that waits for its own replies to be read, and every
+//! worker did, nothing would read them.
+//!
+//! Measured (docs/target.md): forwarding through the blocking pool cost about four thread
+//! switches per request (caller to pool, pool to socket, reader to pool, pool to caller);
+//! a submitted request with a reader *thread* costs two wake-ups (the reader's, then the
+//! awaiting task's), with the reader task one. The VDI workload in `server` mode: 33,000
+//! IOPS through the pool, 47,000 submitted with a reader thread, 51,000 with the task;
+//! random 4 KiB reads through a `ram` target at queue depth 1: 121, 107 and 48–82 µs.
 
 use std::collections::HashMap;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{RecvTimeoutError, SyncSender, sync_channel};
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::oneshot;
 
 use nbd_proto::client::{
@@ -60,7 +69,8 @@ use parking_lot::Mutex;
 const GO_REPLIES_MAX: usize = 64;
 /// Bytes of the socket's read buffer.
 const READ_BUFFER_BYTES: usize = 256 << 10;
-/// Bytes of the socket's write buffer.
+/// The largest request (header and payload) sent with one write; a larger payload goes
+/// out in a second.
 const WRITE_BUFFER_BYTES: usize = 256 << 10;
 
 /// Why a request or a connection failed.
@@ -139,34 +149,6 @@ impl Done {
     }
 }
 
-/// A request in flight whose reply the reader thread delivers to a future: see
-/// [`Connection::start`].
-#[derive(Debug)]
-pub struct InFlight {
-    rx: oneshot::Receiver<Completion>,
-    conn: Arc<Connection>,
-}
-
-impl InFlight {
-    /// The reply: the read's data (empty for other commands). Past `timeout` the
-    /// connection is shut down, as in the blocking calls.
-    ///
-    /// # Errors
-    /// [`ClientError`].
-    pub async fn wait(self) -> Completion {
-        match tokio::time::timeout(self.conn.timeout, self.rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(self.conn.lost()),
-            Err(_) => Err(self.conn.timed_out()),
-        }
-    }
-
-    /// The connection the request went to.
-    pub fn connection(&self) -> &Arc<Connection> {
-        &self.conn
-    }
-}
-
 /// A request waiting for its reply.
 #[derive(Debug)]
 struct Pending {
@@ -184,12 +166,22 @@ struct Shared {
     dead: AtomicBool,
 }
 
+/// The sending side: the socket's write half and the buffer a request is assembled in.
+#[derive(Debug)]
+struct Writer {
+    half: OwnedWriteHalf,
+    buf: Vec<u8>,
+}
+
 /// A connected, negotiated NBD client connection.
 #[derive(Debug)]
 pub struct Connection {
     server: String,
+    /// A handle on the socket for `kill` (shutdown wakes the reader and any sender).
     socket: TcpStream,
-    writer: Mutex<BufWriter<TcpStream>>,
+    /// The runtime whose reactor drives the socket (see the module docs).
+    rt: Handle,
+    writer: tokio::sync::Mutex<Writer>,
     shared: Arc<Shared>,
     next_cookie: AtomicU64,
     timeout: Duration,
@@ -231,27 +223,24 @@ impl Connection {
             .map_err(|e| err(&e))?;
         let mut s = socket.try_clone().map_err(|e| err(&e))?;
         let info = negotiate(&mut s, export).map_err(|e| err(&e))?;
-        // Transmission: the reader thread blocks without a timeout; requests time out, and
-        // so does a send to a server that stopped reading.
+        // Transmission: the runtime's reactor drives the socket; requests time out.
         socket.set_read_timeout(None).map_err(|e| err(&e))?;
-        socket
-            .set_write_timeout(Some(request_timeout))
-            .map_err(|e| err(&e))?;
+        socket.set_nonblocking(true).map_err(|e| err(&e))?;
         let shared = Arc::new(Shared::default());
-        let reader =
-            BufReader::with_capacity(READ_BUFFER_BYTES, socket.try_clone().map_err(|e| err(&e))?);
-        let writer =
-            BufWriter::with_capacity(WRITE_BUFFER_BYTES, socket.try_clone().map_err(|e| err(&e))?);
-        let sh = Arc::clone(&shared);
-        let name = server.to_string();
-        std::thread::Builder::new()
-            .name("nbd-client-reader".into())
-            .spawn(move || read_replies(reader, &sh, &name))
-            .map_err(|e| err(&e))?;
+        let (rt, half) = spawn_reader(
+            socket.try_clone().map_err(|e| err(&e))?,
+            Arc::clone(&shared),
+            server.to_string(),
+        )
+        .map_err(|e| err(&e))?;
         Ok(Connection {
             server: server.to_string(),
             socket,
-            writer: Mutex::new(writer),
+            rt,
+            writer: tokio::sync::Mutex::new(Writer {
+                half,
+                buf: Vec::with_capacity(WRITE_BUFFER_BYTES),
+            }),
             shared,
             next_cookie: AtomicU64::new(1),
             timeout: request_timeout,
@@ -326,29 +315,29 @@ impl Connection {
             .map(drop)
     }
 
-    /// Sends a read (`payload` `None`) or a write without waiting for the reply, which
-    /// the reader thread delivers to the returned [`InFlight`]: no thread waits while the
-    /// request travels.
+    /// A read (`payload` `None`) or a write as a future: it sends the request and waits
+    /// for the reply, which the reader delivers; no thread waits while the request
+    /// travels. Past the request timeout the connection is shut down, as in the blocking
+    /// calls. Returns the read's data (empty for a write).
     ///
     /// # Errors
-    /// [`ClientError::Disconnected`] when the connection is dead or the send failed.
-    pub fn start(
-        self: &Arc<Self>,
-        offset: u64,
-        len: u32,
-        payload: Option<&[u8]>,
-    ) -> Result<InFlight, ClientError> {
+    /// [`ClientError`].
+    pub async fn submit(&self, offset: u64, len: u32, payload: Option<&[u8]>) -> Completion {
         let command = if payload.is_some() {
             Command::Write
         } else {
             Command::Read
         };
         let (tx, rx) = oneshot::channel();
-        self.send(command, offset, len, payload, Done::Future(tx))?;
-        Ok(InFlight {
-            rx,
-            conn: Arc::clone(self),
-        })
+        let call = async {
+            self.send(command, offset, len, payload, Done::Future(tx))
+                .await?;
+            rx.await.map_err(|_| self.lost())?
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(self.timed_out()),
+        }
     }
 
     fn lost(&self) -> ClientError {
@@ -370,7 +359,14 @@ impl Connection {
         payload: Option<&[u8]>,
     ) -> Result<Vec<u8>, ClientError> {
         let (tx, rx) = sync_channel(1);
-        self.send(command, offset, len, payload, Done::Blocking(tx))?;
+        let send = self.send(command, offset, len, payload, Done::Blocking(tx));
+        match self
+            .rt
+            .block_on(async { tokio::time::timeout(self.timeout, send).await })
+        {
+            Ok(r) => r?,
+            Err(_) => return Err(self.timed_out()),
+        }
         match rx.recv_timeout(self.timeout) {
             Ok(r) => r,
             Err(RecvTimeoutError::Timeout) => Err(self.timed_out()),
@@ -379,7 +375,9 @@ impl Connection {
     }
 
     /// Registers the request's completion under a new cookie and sends the request.
-    fn send(
+    /// Dropped halfway through a send, it shuts the connection down: the stream is out of
+    /// step.
+    async fn send(
         &self,
         command: Command,
         offset: u64,
@@ -408,7 +406,9 @@ impl Connection {
                 },
             );
         }
-        let mut head = Vec::with_capacity(nbd_proto::REQUEST_LEN);
+        let mut w = self.writer.lock().await;
+        let Writer { half, buf } = &mut *w;
+        buf.clear();
         Request {
             flags: CommandFlags(0),
             command,
@@ -416,13 +416,19 @@ impl Connection {
             offset,
             len,
         }
-        .encode(&mut head);
-        let sent = {
-            let mut w = self.writer.lock();
-            w.write_all(&head)
-                .and_then(|()| payload.map_or(Ok(()), |p| w.write_all(p)))
-                .and_then(|()| w.flush())
-        };
+        .encode(buf);
+        let payload = payload.unwrap_or_default();
+        // Small payloads go out with their header in one send.
+        let together = buf.len() + payload.len() <= WRITE_BUFFER_BYTES;
+        if together {
+            buf.extend_from_slice(payload);
+        }
+        let mut step = OutOfStep(Some(self));
+        let mut sent = half.write_all(buf).await;
+        if sent.is_ok() && !together {
+            sent = half.write_all(payload).await;
+        }
+        step.0 = None;
         if sent.is_err() {
             self.shared.pending.lock().remove(&cookie);
             self.kill();
@@ -436,6 +442,62 @@ impl Drop for Connection {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Shuts the connection down if dropped while armed: a send cut short leaves the stream
+/// out of step.
+struct OutOfStep<'a>(Option<&'a Connection>);
+
+impl Drop for OutOfStep<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            c.kill();
+        }
+    }
+}
+
+/// Starts the reader of `socket` (non-blocking, transmission phase) and returns the
+/// runtime that drives the socket with the write half. Inside a multi-threaded runtime
+/// (the agent) the reader is a task on it; otherwise it is a thread of its own running a
+/// one-thread runtime, which the blocking calls then use through its handle.
+fn spawn_reader(
+    socket: TcpStream,
+    shared: Arc<Shared>,
+    server: String,
+) -> std::io::Result<(Handle, OwnedWriteHalf)> {
+    if let Ok(h) = Handle::try_current()
+        && h.runtime_flavor() == RuntimeFlavor::MultiThread
+    {
+        let _entered = h.enter();
+        let (r, w) = tokio::net::TcpStream::from_std(socket)?.into_split();
+        h.spawn(read_replies(r, shared, server));
+        return Ok((h, w));
+    }
+    let (tx, rx) = sync_channel(1);
+    std::thread::Builder::new()
+        .name("nbd-client-reader".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            let stream = rt.and_then(|rt| {
+                let s = rt.block_on(async { tokio::net::TcpStream::from_std(socket) })?;
+                Ok((rt, s))
+            });
+            match stream {
+                Ok((rt, s)) => {
+                    let (r, w) = s.into_split();
+                    if tx.send(Ok((rt.handle().clone(), w))).is_ok() {
+                        rt.block_on(read_replies(r, shared, server));
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            }
+        })?;
+    rx.recv()
+        .map_err(|_| std::io::Error::other("the reader thread ended"))?
 }
 
 /// `host` → `host:10809`; `host:port` and `[v6]:port` unchanged.
@@ -522,21 +584,41 @@ fn negotiate(s: &mut TcpStream, export: &str) -> Result<ExportInfo, String> {
     Err("too many replies to NBD_OPT_GO".into())
 }
 
-/// The reader thread: completes requests until the socket fails, then fails the rest.
-fn read_replies(mut r: BufReader<TcpStream>, shared: &Shared, server: &str) {
-    let why = match read_loop(&mut r, shared) {
+/// The reader: completes requests until the socket fails, then fails the rest (also when
+/// its runtime drops it).
+async fn read_replies(half: OwnedReadHalf, shared: Arc<Shared>, server: String) {
+    let mut end = FailRest {
+        shared: &shared,
+        server: &server,
+        why: "the runtime stopped".into(),
+    };
+    let mut r = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, half);
+    end.why = match read_loop(&mut r, &shared).await {
         Ok(()) => "closed by the server".to_string(),
         Err(e) => e,
     };
-    let mut pending = shared.pending.lock();
-    shared.dead.store(true, Ordering::Release);
-    if !pending.is_empty() {
-        tracing::warn!(%server, in_flight = pending.len(), reason = %why, "NBD connection lost");
-    } else {
-        tracing::info!(%server, reason = %why, "NBD connection closed");
-    }
-    for (_, p) in pending.drain() {
-        p.tx.send(Err(ClientError::Disconnected(server.to_string())));
+}
+
+/// Marks the connection dead and fails every waiting request when dropped.
+struct FailRest<'a> {
+    shared: &'a Shared,
+    server: &'a str,
+    why: String,
+}
+
+impl Drop for FailRest<'_> {
+    fn drop(&mut self) {
+        let (shared, server, why) = (self.shared, self.server, &self.why);
+        let mut pending = shared.pending.lock();
+        shared.dead.store(true, Ordering::Release);
+        if !pending.is_empty() {
+            tracing::warn!(%server, in_flight = pending.len(), reason = %why, "NBD connection lost");
+        } else {
+            tracing::info!(%server, reason = %why, "NBD connection closed");
+        }
+        for (_, p) in pending.drain() {
+            p.tx.send(Err(ClientError::Disconnected(server.to_string())));
+        }
     }
 }
 
@@ -556,12 +638,12 @@ fn complete(p: Pending) {
     p.tx.send(r);
 }
 
-fn read_loop(r: &mut BufReader<TcpStream>, shared: &Shared) -> Result<(), String> {
+async fn read_loop<R: AsyncRead + Unpin>(r: &mut R, shared: &Shared) -> Result<(), String> {
     let mut head = [0u8; 20];
     let mut meta = Vec::new();
     loop {
-        match r.read_exact(&mut head[..REPLY_PREFIX_LEN]) {
-            Ok(()) => {}
+        match r.read_exact(&mut head[..REPLY_PREFIX_LEN]).await {
+            Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e.to_string()),
         }
@@ -569,6 +651,7 @@ fn read_loop(r: &mut BufReader<TcpStream>, shared: &Shared) -> Result<(), String
             Ok((h, _)) => h,
             Err(nbd_proto::ReplyError::Truncated { need }) => {
                 r.read_exact(&mut head[REPLY_PREFIX_LEN..REPLY_PREFIX_LEN + need])
+                    .await
                     .map_err(io("read reply"))?;
                 ReplyHeader::parse(&head[..REPLY_PREFIX_LEN + need])
                     .map_err(io("reply"))?
@@ -580,7 +663,7 @@ fn read_loop(r: &mut BufReader<TcpStream>, shared: &Shared) -> Result<(), String
             ReplyHeader::Simple { error, cookie } => {
                 let mut p = take(shared, cookie)?;
                 if error == 0 {
-                    r.read_exact(&mut p.buf).map_err(io("read data"))?;
+                    r.read_exact(&mut p.buf).await.map_err(io("read data"))?;
                 } else {
                     p.buf.clear();
                     p.error = Some((error, String::new()));
@@ -596,15 +679,17 @@ fn read_loop(r: &mut BufReader<TcpStream>, shared: &Shared) -> Result<(), String
                 let mut p = take(shared, cookie)?;
                 if kind == NBD_REPLY_TYPE_OFFSET_DATA {
                     let mut off = [0u8; OFFSET_DATA_PREFIX_LEN];
-                    r.read_exact(&mut off).map_err(io("read chunk"))?;
+                    r.read_exact(&mut off).await.map_err(io("read chunk"))?;
                     let at = u64::from_be_bytes(off);
                     let n = len as usize - OFFSET_DATA_PREFIX_LEN;
                     let dst = range(&p, at, n as u64)?;
-                    r.read_exact(&mut p.buf[dst]).map_err(io("read data"))?;
+                    r.read_exact(&mut p.buf[dst])
+                        .await
+                        .map_err(io("read data"))?;
                 } else {
                     debug_assert!(len <= MAX_CHUNK_META_LEN, "checked by the codec");
                     meta.resize(len as usize, 0);
-                    r.read_exact(&mut meta).map_err(io("read chunk"))?;
+                    r.read_exact(&mut meta).await.map_err(io("read chunk"))?;
                     match parse_chunk_payload(kind, &meta).map_err(io("chunk"))? {
                         ChunkPayload::OffsetHole { offset, len } => {
                             let dst = range(&p, offset, u64::from(len))?;

@@ -479,16 +479,16 @@ impl BlockDevice for Remote {
     }
 
     /// One request on the active connection, its reply delivered by the connection's
-    /// reader thread: no thread of the caller's waits. A lost connection resolves to
+    /// reader: no thread of the caller's waits. A lost connection resolves to
     /// `None` and the blocking call fails over.
     fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
         let n = u32::try_from(len).ok()?;
         if len > REQUEST_BYTES_MAX || check_bounds(self.size, offset, len as u64).is_err() {
             return None;
         }
-        let req = self.active.read().conn.start(offset, n, None).ok()?;
+        let conn = Arc::clone(&self.active.read().conn);
         Some(Box::pin(async move {
-            match req.wait().await {
+            match conn.submit(offset, n, None).await {
                 Ok(data) => Some(Ok(data)),
                 Err(e) if e.is_transient() => None,
                 Err(e) => Some(Err(server_error("read", &e))),
@@ -508,11 +508,10 @@ impl BlockDevice for Remote {
             return None;
         }
         let me = self.me.upgrade()?;
-        let req = self.active.read().conn.start(offset, n, Some(buf)).ok()?;
-        let conn = Arc::clone(req.connection());
+        let conn = Arc::clone(&self.active.read().conn);
         let data = buf.to_vec();
         Some(Box::pin(async move {
-            match req.wait().await {
+            match conn.submit(offset, n, Some(&data)).await {
                 Ok(_) => {}
                 Err(e) if e.is_transient() => return None,
                 Err(e) => return Some(Err(server_error("write", &e))),
