@@ -1170,18 +1170,22 @@ fn render_storm(cfg: &Config, n: &NbdConfig, t: &Trace, rows: &[StormRow]) -> St
         // PVS: 500 boots × 600 MB in 300 s = 1.0 GB/s of boot reads served.
         let pvs_mb_s = PVS_BOOTS_PER_MIN * BOOT_TRACE_BYTES as f64 / 60.0 / 1e6;
         let ferry_mb_s = fb / 60.0 * t.total_bytes as f64 / 1e6;
+        let cpus = crate::sys::cpus();
+        let per_boot = f.usage.cpu_secs / top as f64;
+        let capacity = cpus as f64 * 60.0 / per_boot;
         let _ = writeln!(
             out,
             "- external bar: PVS's published 500 boots of ~600 MB in 5 minutes per server = \
              {PVS_BOOTS_PER_MIN:.0} boots/min, {pvs_mb_s:.0} MB/s of boot reads served; ferry \
              served {ferry_mb_s:.0} MB/s of boot reads at {top} clients ({fb:.0} boots/min of \
              this {:.0} MB trace, ≈ {:.0} boots/min of a 600 MB boot at that rate: {}). \
-             {top} replaying clients share this machine's {} CPUs with the server, and a boot \
-             here has no think time.",
+             {top} replaying clients share this machine's {cpus} CPUs with the server, and a \
+             boot here has no think time. The server used {per_boot:.2} CPU-s per boot: at that \
+             cost, {cpus} CPUs given to the server alone would carry about {capacity:.0} \
+             boots/min of this trace (an extrapolation from CPU time, not a measurement).",
             t.total_bytes as f64 / 1e6,
             ferry_mb_s * 60.0 / (BOOT_TRACE_BYTES as f64 / 1e6),
             verdict(ferry_mb_s >= pvs_mb_s),
-            crate::sys::cpus(),
         );
         out.push('\n');
     }
