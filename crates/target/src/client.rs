@@ -375,7 +375,7 @@ impl Connection {
     }
 
     /// Registers the request's completion under a new cookie and sends the request.
-    /// Dropped halfway through a send, it shuts the connection down: the stream is out of
+    /// Dropped halfway through the send, it shuts the connection down: the stream is out of
     /// step.
     async fn send(
         &self,
@@ -386,6 +386,9 @@ impl Connection {
         tx: Done,
     ) -> Result<(), ClientError> {
         let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
+        // Registered under the writer lock: a call dropped while it waits for the lock
+        // leaves nothing behind.
+        let mut w = self.writer.lock().await;
         {
             let mut pending = self.shared.pending.lock();
             if self.is_dead() {
@@ -406,7 +409,6 @@ impl Connection {
                 },
             );
         }
-        let mut w = self.writer.lock().await;
         let Writer { half, buf } = &mut *w;
         buf.clear();
         Request {
@@ -477,13 +479,16 @@ fn spawn_reader(
     std::thread::Builder::new()
         .name("nbd-client-reader".into())
         .spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
+            let stream = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                .build();
-            let stream = rt.and_then(|rt| {
-                let s = rt.block_on(async { tokio::net::TcpStream::from_std(socket) })?;
-                Ok((rt, s))
-            });
+                .build()
+                .and_then(|rt| {
+                    let s = {
+                        let _entered = rt.enter();
+                        tokio::net::TcpStream::from_std(socket)?
+                    };
+                    Ok((rt, s))
+                });
             match stream {
                 Ok((rt, s)) => {
                     let (r, w) = s.into_split();
