@@ -27,6 +27,9 @@
 //! request, its send included, has a timeout, after which the connection is shut down (a
 //! server that stops answering counts as lost); so does a send cut short.
 //!
+//! The blocking calls ([`Connection::read`] and the rest) must not be made on a reactor
+//! thread (tokio refuses to block one); the agent makes them on its blocking pool.
+//!
 //! No reactor thread ever blocks: sends wait for the socket's write readiness and for the
 //! writer lock asynchronously. That is what makes a reader task safe. Were a worker to
 //! block in a send to a server that waits for its own replies to be read, and every

@@ -422,3 +422,80 @@ fn submitted_write_over_the_log_budget_flushes() {
     assert_eq!(r.server(), b.addr);
     assert_eq!(r.counters().replayed.load(Ordering::Relaxed), 0);
 }
+
+/// A TCP relay in front of `upstream` that, once `stall` is set, stops reading what the
+/// client sends (a server that stopped reading its socket).
+fn stalling_relay(upstream: String, stall: Arc<std::sync::atomic::AtomicBool>) -> String {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let (client, _) = l.accept().unwrap();
+        let server = std::net::TcpStream::connect(upstream).unwrap();
+        let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut s2, &mut c2);
+        });
+        let (mut client, mut server) = (client, server);
+        let mut buf = vec![0u8; 4096];
+        loop {
+            if stall.load(Ordering::Acquire) {
+                // Keep both sockets open and read nothing more.
+                std::thread::sleep(Duration::from_secs(120));
+                return;
+            }
+            client
+                .set_read_timeout(Some(Duration::from_millis(20)))
+                .unwrap();
+            match client.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => server.write_all(&buf[..n]).unwrap(),
+                Err(_) => {}
+            }
+        }
+    });
+    addr
+}
+
+/// A server that stops reading its socket makes a large write block in the send; the send
+/// has the request timeout too, so the call fails as a lost connection (then the device
+/// fails over) instead of hanging, on both the blocking and the submitted path.
+#[test]
+fn a_send_to_a_server_that_stopped_reading_times_out() {
+    let disk = MemDisk::new();
+    let srv = Server::start(&disk);
+    for submitted in [false, true] {
+        let stall = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let relay = stalling_relay(srv.addr.clone(), Arc::clone(&stall));
+        let c = Connection::connect(
+            &relay,
+            "golden",
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        let mut buf = vec![0u8; 4096];
+        c.read(&mut buf, 0).unwrap();
+        stall.store(true, Ordering::Release);
+        // Far more than the socket buffers on both sides of the relay hold.
+        let data = vec![7u8; 64 << 20];
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = if submitted {
+                block_on(c.submit(0, data.len() as u32, Some(&data))).map(drop)
+            } else {
+                c.write(&data, 0)
+            };
+            let mut buf = vec![0u8; 4096];
+            let after = c.read(&mut buf, 0);
+            let _ = tx.send((r, after));
+        });
+        let (r, after) = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the write returned");
+        let e = r.unwrap_err();
+        assert!(e.is_transient(), "submitted {submitted}: {e}");
+        let e = after.expect_err("the connection was shut down");
+        assert!(e.is_transient(), "submitted {submitted}: {e}");
+    }
+}
