@@ -157,6 +157,10 @@ fn connect(addr: &str) -> Connection {
 }
 
 fn remote(servers: Vec<String>, replay: Replay) -> Arc<Remote> {
+    remote_with_log(servers, replay, 1 << 20)
+}
+
+fn remote_with_log(servers: Vec<String>, replay: Replay, replay_bytes_max: u64) -> Arc<Remote> {
     Remote::connect(RemoteConfig {
         servers,
         export: "golden".into(),
@@ -164,7 +168,7 @@ fn remote(servers: Vec<String>, replay: Replay) -> Arc<Remote> {
         request_timeout: Duration::from_secs(10),
         failover_timeout: Duration::from_secs(10),
         replay,
-        replay_bytes_max: 1 << 20,
+        replay_bytes_max,
     })
     .unwrap()
 }
@@ -308,17 +312,8 @@ fn overflowed_replay_log_fails_io_on_failover() {
     let disk_b = MemDisk::new();
     let a = Server::start(&disk_a);
     let b = Server::start(&disk_b);
-    let r = Remote::connect(RemoteConfig {
-        servers: vec![a.addr.clone(), b.addr.clone()],
-        export: "golden".into(),
-        connect_timeout: Duration::from_secs(5),
-        request_timeout: Duration::from_secs(10),
-        failover_timeout: Duration::from_secs(10),
-        replay: Replay::All,
-        // Two 4 KiB writes do not fit.
-        replay_bytes_max: 6144,
-    })
-    .unwrap();
+    // Two 4 KiB writes do not fit.
+    let r = remote_with_log(vec![a.addr.clone(), b.addr.clone()], Replay::All, 6144);
     r.write_at(&[1; 4096], 0).unwrap();
     r.write_at(&[2; 4096], 4096).unwrap();
     a.stop();
@@ -398,17 +393,12 @@ fn submitted_write_over_the_log_budget_flushes() {
     let disk_b = MemDisk::new();
     let a = Server::start(&disk_a);
     let b = Server::start(&disk_b);
-    let r = Remote::connect(RemoteConfig {
-        servers: vec![a.addr.clone(), b.addr.clone()],
-        export: "golden".into(),
-        connect_timeout: Duration::from_secs(5),
-        request_timeout: Duration::from_secs(10),
-        failover_timeout: Duration::from_secs(10),
-        replay: Replay::UntilFlush,
-        // Two 4 KiB writes do not fit.
-        replay_bytes_max: 6144,
-    })
-    .unwrap();
+    // Two 4 KiB writes do not fit.
+    let r = remote_with_log(
+        vec![a.addr.clone(), b.addr.clone()],
+        Replay::UntilFlush,
+        6144,
+    );
     block_on(async {
         for (i, byte) in [5u8, 6].into_iter().enumerate() {
             let w = r.submit_write(&[byte; 4096], i as u64 * 4096).unwrap();
