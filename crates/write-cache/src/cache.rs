@@ -256,7 +256,8 @@ impl WriteCache {
         self.index.len()
     }
 
-    /// How many of the blocks `[offset, offset+len)` touches the cache holds.
+    /// Whether the cache holds all, some or none of the blocks `[offset, offset+len)`
+    /// touches.
     fn holds(&self, offset: u64, len: usize) -> Holds {
         let (mut any, mut all) = (false, true);
         let _ = self.pieces(offset, len, |b, _, _| {

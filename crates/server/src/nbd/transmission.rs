@@ -757,19 +757,23 @@ async fn run_job(job: Job, ctx: Arc<ConnCtx>, tx: mpsc::Sender<Outgoing>, done: 
 /// blocking call.
 async fn submitted(req: &Request, e: &Export, payload: &[u8]) -> Option<Frame> {
     let dev = e.device.as_ref();
-    let r = match req.command {
-        Command::Read if req.len > 0 => match dev.submit_read(req.offset, req.len as usize)?.await?
-        {
-            Ok(data) => return Some(read_frame(req, Ok(()), data, e.structured)),
-            Err(err) => Err(err),
-        },
-        Command::Write if !req.flags.fua() => dev.submit_write(payload, req.offset)?.await?,
-        _ => return None,
-    };
-    Some(match r {
-        Ok(()) => Frame::Ok,
-        Err(err) => disk_error(req, &err),
-    })
+    match req.command {
+        Command::Read if req.len > 0 => {
+            let r = dev.submit_read(req.offset, req.len as usize)?.await?;
+            Some(match r {
+                Ok(data) => read_frame(req, Ok(()), data, e.structured),
+                Err(err) => disk_error(req, &err),
+            })
+        }
+        Command::Write if !req.flags.fua() => {
+            let r = dev.submit_write(payload, req.offset)?.await?;
+            Some(match r {
+                Ok(()) => Frame::Ok,
+                Err(err) => disk_error(req, &err),
+            })
+        }
+        _ => None,
+    }
 }
 
 /// The disk call on the blocking pool, under the global `max_blocking` limit.
