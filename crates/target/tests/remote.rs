@@ -489,3 +489,52 @@ fn a_send_to_a_server_that_stopped_reading_times_out() {
         assert!(e.is_transient(), "submitted {submitted}: {e}");
     }
 }
+
+/// When the runtime that runs a connection's reader goes away (the agent stopping), the
+/// requests waiting on that reader fail at once as a lost connection instead of waiting
+/// for their timeout.
+#[test]
+fn a_dropped_runtime_fails_the_requests_waiting_on_its_reader() {
+    let disk = MemDisk::new();
+    let srv = Server::start(&disk);
+    let stall = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let relay = stalling_relay(srv.addr.clone(), Arc::clone(&stall));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let c = rt
+        .block_on(rt.spawn_blocking(move || {
+            Connection::connect(
+                &relay,
+                "golden",
+                Duration::from_secs(5),
+                Duration::from_secs(600),
+            )
+        }))
+        .unwrap()
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    c.read(&mut buf, 0).unwrap();
+    // The next request reaches the relay and stays there: no reply will come. (The relay
+    // notices `stall` between reads of at most 20 ms.)
+    stall.store(true, Ordering::Release);
+    std::thread::sleep(Duration::from_millis(200));
+    let c = Arc::new(c);
+    let waiting = Arc::clone(&c);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 4096];
+        let _ = tx.send(waiting.read(&mut buf, 4096));
+    });
+    // Give the request time to be sent and registered, then stop the runtime.
+    std::thread::sleep(Duration::from_millis(300));
+    rt.shutdown_background();
+    let r = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the waiting request was failed before its 600 s timeout");
+    let e = r.unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    assert!(c.is_dead());
+}
