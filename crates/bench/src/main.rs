@@ -91,7 +91,7 @@ struct Args {
     /// Skip the untimed qemu-img compare/check of Ferry's outputs.
     #[arg(long)]
     no_verify: bool,
-    /// Keep the work files.
+    /// Keep the work files, the NBD sections' data sets and the boot trace included.
     #[arg(long)]
     keep: bool,
     /// Size of the nbd-seq / nbd-iops vDisk [default: 2G, --quick: 256M].
@@ -165,6 +165,8 @@ pub struct Config {
     pub verify: bool,
     /// The load as each timed run started.
     pub loads: sys::LoadLog,
+    /// `--keep`: leave the data sets (vDisks, raw twins, traces) in the work directory.
+    pub keep: bool,
 }
 
 impl Config {
@@ -181,6 +183,7 @@ impl Config {
             seed: args.seed,
             verify: !args.no_verify,
             loads: sys::LoadLog::default(),
+            keep: args.keep,
         }
     }
 }
@@ -389,7 +392,7 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
             }
             anyhow::Ok(())
         })();
-        nbd::remove_data_set(&ds);
+        nbd::remove_data_set(&cfg, &ds);
         r?;
     }
     if args.only.contains(&Bench::Bootstorm) {
@@ -398,7 +401,7 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
     if args.only.contains(&Bench::Target) {
         let ds = nbd::make_data_set(&cfg, "golden", target::GOLDEN_BYTES, cfg.seed ^ 0x7a9)?;
         let r = target::target_bench(&cfg, &ds);
-        nbd::remove_data_set(&ds);
+        nbd::remove_data_set(&cfg, &ds);
         report.target = Some(r?);
     }
     report.load_end = sys::loadavg();

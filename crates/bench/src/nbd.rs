@@ -401,7 +401,11 @@ pub fn make_data_set(cfg: &Config, name: &'static str, size: u64, seed: u64) -> 
     })
 }
 
-pub fn remove_data_set(ds: &DataSet) {
+/// Removes a data set's files, unless `--keep` asked to keep the work files.
+pub fn remove_data_set(cfg: &Config, ds: &DataSet) {
+    if cfg.keep {
+        return;
+    }
     let _ = std::fs::remove_file(&ds.raw);
     let _ = std::fs::remove_dir_all(&ds.store);
     let _ = std::fs::remove_dir_all(ds.store.with_extension("write-caches"));
@@ -1037,8 +1041,10 @@ pub fn bootstorm_bench(cfg: &Config, n: &NbdConfig) -> Result<String> {
             rows.push(storm(cfg, &ds, &t, &log, kind, c)?);
         }
     }
-    remove_data_set(&ds);
-    let _ = std::fs::remove_file(&log);
+    remove_data_set(cfg, &ds);
+    if !cfg.keep {
+        let _ = std::fs::remove_file(&log);
+    }
     Ok(render_storm(cfg, n, &t, &rows))
 }
 
