@@ -261,9 +261,11 @@ impl Connection {
         self.shared.dead.load(Ordering::Acquire)
     }
 
-    /// Closes the socket; waiting requests fail with `Disconnected`.
+    /// Closes the socket; waiting requests fail with `Disconnected`. The connection is
+    /// dead from here on, before its reader notices.
     pub fn kill(&self) {
         let _ = self.socket.shutdown(Shutdown::Both);
+        self.shared.dead.store(true, Ordering::Release);
     }
 
     /// Reads `buf.len()` bytes at `offset`.

@@ -538,3 +538,41 @@ fn a_dropped_runtime_fails_the_requests_waiting_on_its_reader() {
     assert!(e.is_transient(), "{e}");
     assert!(c.is_dead());
 }
+
+/// A submitted write whose caller drops it halfway through the send (part of the payload
+/// on the wire, the rest not) shuts the connection down: the server would read the next
+/// request from the middle of the payload. The request timeout is far away, so only the
+/// send's own guard can notice.
+#[test]
+fn a_submit_dropped_mid_send_shuts_the_connection_down() {
+    let disk = MemDisk::new();
+    let srv = Server::start(&disk);
+    let stall = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let relay = stalling_relay(srv.addr.clone(), Arc::clone(&stall));
+    let c = Connection::connect(
+        &relay,
+        "golden",
+        Duration::from_secs(5),
+        Duration::from_secs(600),
+    )
+    .unwrap();
+    let mut buf = vec![0u8; 4096];
+    c.read(&mut buf, 0).unwrap();
+    stall.store(true, Ordering::Release);
+    std::thread::sleep(Duration::from_millis(100));
+    // Far more than the socket buffers on both sides of the relay hold.
+    let data = vec![7u8; 64 << 20];
+    let cut = block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            c.submit(0, data.len() as u32, Some(&data)),
+        )
+        .await
+    });
+    assert!(cut.is_err(), "the send blocked until the caller gave up");
+    assert!(c.is_dead(), "a send cut short shut the connection down");
+    let e = c
+        .read(&mut buf, 0)
+        .expect_err("no request goes out on a stream out of step");
+    assert!(e.is_transient(), "{e}");
+}
