@@ -331,6 +331,13 @@ pub fn serve_internal(args: &[String]) -> Result<()> {
     {
         cache_cfg.read_ahead_blocks_max = n;
     }
+    // FERRY_BENCH_SCAN_WINDOW_BYTES overrides the scan window (0 turns scans off).
+    if let Some(n) = std::env::var("FERRY_BENCH_SCAN_WINDOW_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        cache_cfg.scan_window_bytes = n;
+    }
     let cache = block_cache::BlockCache::with_config(cache_cfg)?;
     let wc = store.with_extension("write-caches");
     let registry = server::exports::Registry::new(

@@ -12,6 +12,7 @@
 
 use std::alloc::{Layout, alloc, alloc_zeroed, dealloc, handle_alloc_error};
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use disk::DIRECT_ALIGN;
 
@@ -22,6 +23,8 @@ pub(crate) const MAPPED_MIN_BYTES: usize = 128 << 10;
 pub(crate) struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
+    /// The pool a mapped buffer goes back to when dropped, if it has room.
+    pool: Option<Arc<BufPool>>,
 }
 
 // SAFETY: the buffer owns its allocation alone, like a `Box<[u8]>`.
@@ -50,6 +53,7 @@ impl AlignedBuf {
         AlignedBuf {
             ptr: NonNull::new(p).unwrap_or_else(|| handle_alloc_error(layout)),
             len,
+            pool: None,
         }
     }
 
@@ -71,6 +75,7 @@ impl AlignedBuf {
                 ptr: NonNull::new(p.cast::<u8>())
                     .unwrap_or_else(|| handle_alloc_error(AlignedBuf::layout(len))),
                 len,
+                pool: None,
             },
             Err(_) => handle_alloc_error(AlignedBuf::layout(len)),
         }
@@ -93,6 +98,7 @@ impl AlignedBuf {
         AlignedBuf {
             ptr,
             len: src.len(),
+            pool: None,
         }
     }
 }
@@ -114,6 +120,23 @@ impl std::ops::DerefMut for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            // The mapping moves into a pooled buffer, which owns it from here on; this one
+            // then frees nothing.
+            let kept = AlignedBuf {
+                ptr: self.ptr,
+                len: self.len,
+                pool: None,
+            };
+            match pool.put(kept) {
+                Ok(()) => return,
+                Err(kept) => {
+                    // The pool is full: the mapping is unmapped by `kept`'s drop.
+                    drop(kept);
+                    return;
+                }
+            }
+        }
         if AlignedBuf::mapped(self.len) {
             // SAFETY: `ptr` is the start of a mapping of `len` bytes made by `map` (the same
             // length decides both), unmapped once; nothing borrows the buffer any more.
@@ -133,6 +156,73 @@ impl std::fmt::Debug for AlignedBuf {
     }
 }
 
+/// Mapped buffers of one size kept for reuse: a buffer taken from the pool goes back to it
+/// when dropped, up to `max` idle buffers (the rest are unmapped). A reused buffer's pages
+/// are resident already, so a direct read into it faults nothing in: on a cold sequential
+/// scan, faulting fresh anonymous pages in cost about as much CPU as everything else the
+/// server did (see the crate's notes on scans).
+#[derive(Debug)]
+pub(crate) struct BufPool {
+    len: usize,
+    max: usize,
+    idle: Mutex<Vec<AlignedBuf>>,
+}
+
+impl BufPool {
+    /// A pool of buffers of `len` bytes (at least [`MAPPED_MIN_BYTES`]) keeping at most
+    /// `max` idle.
+    pub fn new(len: usize, max: usize) -> Arc<BufPool> {
+        debug_assert!(AlignedBuf::mapped(len));
+        Arc::new(BufPool {
+            len,
+            max,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The buffers' length.
+    pub fn buf_len(&self) -> usize {
+        self.len
+    }
+
+    /// Idle buffers held.
+    #[cfg(test)]
+    pub fn idle(&self) -> usize {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// A buffer of the pool's length whose bytes are unspecified (a reused buffer holds
+    /// what its last user left; a new one is zero): for a read that overwrites all of it.
+    /// It returns to the pool when dropped.
+    pub fn take(self: &Arc<Self>) -> (AlignedBuf, bool) {
+        let reused = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let (mut buf, was_reused) = match reused {
+            Some(b) => (b, true),
+            None => (AlignedBuf::map(self.len), false),
+        };
+        buf.pool = Some(Arc::clone(self));
+        (buf, was_reused)
+    }
+
+    /// Keeps `buf` (not pooled itself) if there is room; else hands it back.
+    fn put(&self, buf: AlignedBuf) -> Result<(), AlignedBuf> {
+        debug_assert!(buf.pool.is_none() && buf.len == self.len);
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() >= self.max {
+            return Err(buf);
+        }
+        idle.push(buf);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,5 +239,31 @@ mod tests {
             assert_eq!(c.as_ptr() as usize % DIRECT_ALIGN, 0);
             assert_eq!(&c[..], &src[..]);
         }
+    }
+
+    #[test]
+    fn a_pooled_buffer_comes_back_with_its_pages_up_to_the_pool_size() {
+        let pool = BufPool::new(MAPPED_MIN_BYTES, 1);
+        let (mut a, reused) = pool.take();
+        assert!(!reused);
+        assert_eq!(a.len(), MAPPED_MIN_BYTES);
+        assert_eq!(a.as_ptr() as usize % DIRECT_ALIGN, 0);
+        a.fill(0xAB);
+        let at = a.as_ptr();
+        let (b, _) = pool.take();
+        drop(a);
+        drop(b);
+        // Only one idle buffer is kept: the second drop unmapped its buffer.
+        assert_eq!(pool.idle(), 1);
+        let (c, reused) = pool.take();
+        assert!(reused);
+        assert_eq!(c.as_ptr(), at);
+        assert!(
+            c.iter().all(|&x| x == 0xAB),
+            "a reused buffer keeps its bytes"
+        );
+        assert_eq!(pool.idle(), 0);
+        drop(c);
+        assert_eq!(pool.idle(), 1);
     }
 }

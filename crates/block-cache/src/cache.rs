@@ -1,6 +1,6 @@
 //! The shared cache, its per-connection wrapper, single-flight fills and read-ahead workers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,14 +12,15 @@ use disk::ops::convert::is_zero;
 use disk::{BlockDevice, Error, ErrorKind, Result};
 use vhdx::Guid;
 
-use crate::aligned::AlignedBuf;
+use crate::aligned::{AlignedBuf, BufPool};
 use crate::shard::{Claim, Group, Key, Lookup, Published, Shard};
 use crate::stats::{BlockCacheStats, Counters};
 use crate::stream::Streams;
 use crate::{
     COMPLETE_SCATTERED_PERCENT, COMPLETE_WINDOW_MISSES, CacheConfig, CacheError, ChainKey,
     ENTRY_OVERHEAD_BYTES, GROUP_BYTES, GROUPS_PER_SHARD_MIN, IDLE_CHAINS_MAX, PAGE_BYTES_MIN,
-    READ_AHEAD_ACCURACY_PERCENT, READ_AHEAD_WARMUP_BLOCKS, SHARD_MIN_BLOCKS, SHARDS_MAX,
+    POOL_BUFFERS_MAX, READ_AHEAD_ACCURACY_PERCENT, READ_AHEAD_WARMUP_BLOCKS, SCAN_AFTER_BYTES,
+    SCAN_CHAIN_BUDGET_DIVISOR, SCAN_FILL_BYTES, SHARD_MIN_BLOCKS, SHARDS_MAX,
 };
 
 /// A block buffer whose bytes are counted in `resident_bytes` while it lives. It holds the
@@ -35,6 +36,20 @@ impl Block {
         counters.resident_add(len as u64);
         Block {
             bytes: AlignedBuf::zeroed(len),
+            counters: counters.clone(),
+        }
+    }
+
+    /// A buffer of `pool`'s length for a read that overwrites all of it: a reused one when
+    /// the pool has one (its bytes are stale until then), else a new mapping.
+    fn pooled(pool: &Arc<BufPool>, counters: &Arc<Counters>) -> Block {
+        let (bytes, reused) = pool.take();
+        if reused {
+            counters.buffers_reused.add(1);
+        }
+        counters.resident_add(bytes.len() as u64);
+        Block {
+            bytes,
             counters: counters.clone(),
         }
     }
@@ -348,6 +363,15 @@ struct Job {
     blocks: Range<u64>,
 }
 
+/// The groups filled by scans, oldest first, and their bytes: past the window, the oldest
+/// that no second read touched are evicted.
+#[derive(Debug, Default)]
+struct ScanWindow {
+    /// (a key of the group, the identity of its buffer, its bytes).
+    groups: VecDeque<(Key, usize, u64)>,
+    bytes: u64,
+}
+
 /// Everything the cache handle, wrappers and workers share.
 #[derive(Debug)]
 struct Shared {
@@ -362,6 +386,13 @@ struct Shared {
     chains: Mutex<ChainTable>,
     /// Read-ahead queue; `None` when read-ahead is off. Workers exit when it is dropped.
     read_ahead: Option<SyncSender<Job>>,
+    /// Group buffers for reuse; `None` when groups are off.
+    pool: Option<Arc<BufPool>>,
+    /// Bytes of scan-filled groups kept whatever CLOCK says (0: scans off).
+    scan_window_bytes: u64,
+    /// The most blocks one store read of a scan fills ([`SCAN_FILL_BYTES`]).
+    scan_fill_blocks: u64,
+    scans: Mutex<ScanWindow>,
 }
 
 /// One wrapped chain: the inner device and its interned id.
@@ -376,6 +407,9 @@ struct ChainHandle {
     /// Keeps the chain "live" in the table while any wrapper of it exists; the chain's
     /// read-ahead score.
     score: Arc<ReadAheadScore>,
+    /// Long streams through this chain are scans: it is larger than a quarter of the
+    /// budget (and scans are on).
+    scanned: bool,
 }
 
 impl Shared {
@@ -440,10 +474,15 @@ impl Shared {
         }
     }
 
-    /// Claims the absent blocks after the run's last, up to `end` and at most
-    /// `fill_blocks_max` in all, stopping at the first block that is present.
-    fn extend_run<'a>(&'a self, chain: &ChainHandle, run: &mut Vec<Claimed<'a>>, end: u64) {
-        let max = u64::from(self.config.fill_blocks_max);
+    /// Claims the absent blocks after the run's last, up to `end` and at most `max` in all,
+    /// stopping at the first block that is present.
+    fn extend_run<'a>(
+        &'a self,
+        chain: &ChainHandle,
+        run: &mut Vec<Claimed<'a>>,
+        end: u64,
+        max: u64,
+    ) {
         let first = run[0].key.block;
         while (run.len() as u64) < max && first + (run.len() as u64) < end {
             let key = Key {
@@ -476,7 +515,8 @@ impl Shared {
         chain: &ChainHandle,
         run: Vec<Claimed<'_>>,
         (lo, hi): (u64, u64),
-        prefetched: bool,
+        prefetched_from: u64,
+        scan: bool,
         mut each: impl FnMut(u64, &Cached),
     ) -> Result<()> {
         let first = run[0].key.block;
@@ -505,14 +545,14 @@ impl Shared {
             };
             each(first, &entry);
             for c in run {
-                self.publish(c, entry.clone(), prefetched);
+                self.publish(c, entry.clone(), first >= prefetched_from);
             }
             return Ok(());
         }
         let whole = lo == first * self.block_bytes
             && hi == (first + n - 1) * self.block_bytes + self.block_len(chain, first + n - 1);
         if self.group_blocks > 1 && whole && run.iter().all(|c| c.old.is_none()) {
-            return self.fill_groups(chain, run, prefetched, &mut each);
+            return self.fill_groups(chain, run, prefetched_from, scan, &mut each);
         }
         // Several blocks (or a refill to merge): read into this thread's scratch buffer,
         // then copy each block's piece into its own right-sized buffer.
@@ -527,7 +567,15 @@ impl Shared {
             Ok(()) => {
                 self.counters.store_reads.add(1);
                 self.counters.store_read_bytes.add(len as u64);
-                self.publish_run(chain, run, lo, hi, prefetched, &scratch[..len], &mut each)
+                self.publish_run(
+                    chain,
+                    run,
+                    lo,
+                    hi,
+                    prefetched_from,
+                    &scratch[..len],
+                    &mut each,
+                )
             }
         };
         if scratch.len() <= SCRATCH_KEEP_BYTES {
@@ -540,44 +588,56 @@ impl Shared {
         out
     }
 
-    /// Fills a run of whole new blocks group by group: one store read per group's part of
-    /// the run, straight into a new buffer that the part's entries share (no copy, and a
-    /// new buffer's pages are first touched by the read itself).
+    /// Fills a run of whole new blocks group by group: one store read for the whole run,
+    /// into a buffer per group (one vectored read, so the device sees one request however
+    /// many groups it spans), which the group's entries share (no copy, and a new buffer's
+    /// pages are first touched by the read itself; a pooled one's are resident already).
     ///
     /// # Errors
-    /// A store read's error; that part's claims and every later one fail with it.
+    /// The store read's error; every claim of the run fails with it.
     fn fill_groups(
         &self,
         chain: &ChainHandle,
         run: Vec<Claimed<'_>>,
-        prefetched: bool,
+        prefetched_from: u64,
+        scan: bool,
         each: &mut impl FnMut(u64, &Cached),
     ) -> Result<()> {
         let (bs, g) = (self.block_bytes, self.group_blocks);
-        let end = run[0].key.block + run.len() as u64;
-        let mut claims = run.into_iter().peekable();
-        while let Some(first) = claims.peek().map(|c| c.key.block) {
+        let start = run[0].key.block;
+        let end = start + run.len() as u64;
+        // (first block, end block, buffer) of each group's part of the run.
+        let mut parts = Vec::new();
+        let mut first = start;
+        while first < end {
             let stop = ((first / g + 1) * g).min(end);
+            let len = ((stop - 1 - first) * bs + self.block_len(chain, stop - 1)) as usize;
+            let buf = match &self.pool {
+                Some(pool) if pool.buf_len() == len => Block::pooled(pool, &self.counters),
+                _ => Block::zeroed(len, &self.counters),
+            };
+            parts.push((first, stop, buf));
+            first = stop;
+        }
+        let (lo, hi) = (start * bs, (end - 1) * bs + self.block_len(chain, end - 1));
+        let read = {
+            let mut bufs: Vec<&mut [u8]> = parts.iter_mut().map(|p| &mut *p.2.bytes).collect();
+            chain.inner.read_vectored_at(&mut bufs, lo)
+        };
+        if let Err(e) = read {
+            return Err(self.fail_run(run, lo, hi, e));
+        }
+        self.counters.store_reads.add(1);
+        self.counters.store_read_bytes.add(hi - lo);
+        let mut claims = run.into_iter();
+        for (first, stop, buf) in parts {
             let part: Vec<Claimed<'_>> = claims.by_ref().take((stop - first) as usize).collect();
-            let (lo, hi) = (
-                first * bs,
-                (stop - 1) * bs + self.block_len(chain, stop - 1),
-            );
-            let mut buf = Block::zeroed((hi - lo) as usize, &self.counters);
-            if let Err(e) = chain.inner.read_at(&mut buf.bytes, lo) {
-                let e = self.fail_run(part, lo, hi, e);
-                let rest: Vec<Claimed<'_>> = claims.collect();
-                if rest.is_empty() {
-                    return Err(e);
-                }
-                return Err(self.fail_run(rest, hi, end * bs, e));
-            }
-            self.counters.store_reads.add(1);
-            self.counters.store_read_bytes.add(hi - lo);
+            let bytes = buf.bytes.len() as u64;
             let zero = is_zero(&buf.bytes);
             let buf = Arc::new(buf);
-            let group = (part.len() > 1 && !zero).then(|| Group {
-                id: Arc::as_ptr(&buf) as usize,
+            let id = Arc::as_ptr(&buf) as usize;
+            let group = (part.len() > 1 && !zero).then_some(Group {
+                id,
                 first,
                 blocks: stop - first,
             });
@@ -601,10 +661,45 @@ impl Shared {
                     group,
                 };
                 each(b, &entry);
-                self.publish(c, entry, prefetched);
+                self.publish(c, entry, b >= prefetched_from);
+            }
+            if scan && !zero {
+                let key = Key {
+                    chain: chain.id,
+                    block: first,
+                };
+                self.scanned(key, id, bytes);
             }
         }
         Ok(())
+    }
+
+    /// Records a group a scan filled (`key` one of its blocks, `id` its buffer) and evicts
+    /// the scan's groups past the window that no second read touched.
+    fn scanned(&self, key: Key, id: usize, bytes: u64) {
+        let mut old = Vec::new();
+        {
+            let mut w = self.scans.lock().unwrap_or_else(PoisonError::into_inner);
+            w.groups.push_back((key, id, bytes));
+            w.bytes += bytes;
+            while w.bytes > self.scan_window_bytes {
+                let Some(g) = w.groups.pop_front() else { break };
+                w.bytes -= g.2;
+                old.push(g);
+            }
+        }
+        for (key, id, _) in old {
+            let is = |c: &Cached| matches!(&c.data, Data::Bytes { block, .. } if Arc::as_ptr(block) as usize == id);
+            let gone = self
+                .shard_of(key)
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .evict_unreferenced(key, is);
+            if let Some((n, _)) = gone {
+                self.counters.scan_evictions.add(n);
+                self.counters.evictions.add(n);
+            }
+        }
     }
 
     /// Fails every claim of a run whose store read of `[lo, hi)` failed; returns the error.
@@ -634,7 +729,7 @@ impl Shared {
         run: Vec<Claimed<'_>>,
         lo: u64,
         hi: u64,
-        prefetched: bool,
+        prefetched_from: u64,
         src_all: &[u8],
         each: &mut impl FnMut(u64, &Cached),
     ) -> Result<()> {
@@ -659,7 +754,7 @@ impl Shared {
                 Some(old) => self.merge(chain, b, old, src, p_lo - base, piece_mask),
             };
             each(b, &entry);
-            self.publish(c, entry, prefetched);
+            self.publish(c, entry, b >= prefetched_from);
         }
         Ok(())
     }
@@ -713,32 +808,40 @@ impl Shared {
     }
 
     /// A demand read through the cache (bounds already checked, `buf` not empty).
-    fn read(&self, chain: &ChainHandle, buf: &mut [u8], offset: u64) -> Result<()> {
+    fn read(&self, chain: &ChainHandle, buf: &mut [u8], offset: u64, scan: bool) -> Result<()> {
         let bs = self.block_bytes;
         let end = offset + buf.len() as u64;
-        self.read_with(chain, offset, end, |blk, c| {
+        self.read_with(chain, offset, end, scan, |blk, c| {
             copy_block(buf, offset, blk, bs, c)
         })
     }
 
     /// A demand read of `[offset, end)` as pieces of the cache's buffers (no copy of the
     /// bytes), filling what is missing first (bounds already checked, not empty).
-    fn read_shared(&self, chain: &ChainHandle, offset: u64, end: u64) -> Result<Vec<Piece>> {
+    fn read_shared(
+        &self,
+        chain: &ChainHandle,
+        offset: u64,
+        end: u64,
+        scan: bool,
+    ) -> Result<Vec<Piece>> {
         let bs = self.block_bytes;
         let mut pieces = Vec::with_capacity(((end - 1) / bs - offset / bs + 1) as usize);
-        self.read_with(chain, offset, end, |blk, c| {
+        self.read_with(chain, offset, end, scan, |blk, c| {
             push_piece(&mut pieces, blk, bs, offset, end, c);
         })?;
         Ok(pieces)
     }
 
     /// The walk of a demand read of `[offset, end)`: hands each block's entry to `sink`, in
-    /// block order, once it holds the pages the read needs (filling them first).
+    /// block order, once it holds the pages the read needs (filling them first). `scan`:
+    /// the read is part of a scan.
     fn read_with(
         &self,
         chain: &ChainHandle,
         offset: u64,
         end: u64,
+        scan: bool,
         mut sink: impl FnMut(u64, &Cached),
     ) -> Result<()> {
         let bs = self.block_bytes;
@@ -786,21 +889,43 @@ impl Shared {
                     };
                     let mut run = vec![c];
                     if fetch == need & !have {
-                        self.extend_run(chain, &mut run, last + 1);
+                        // A scan's miss reads on past the request (its next requests are
+                        // already on their way): a large store read, as the kernel's
+                        // read-ahead makes for a file read through the page cache.
+                        let (until, max) = if scan && have == 0 {
+                            (chain.blocks, self.scan_fill_blocks)
+                        } else {
+                            (last + 1, u64::from(self.config.fill_blocks_max))
+                        };
+                        self.extend_run(chain, &mut run, until, max);
                     }
                     let n = run.len() as u64;
-                    self.counters.misses.add(n);
-                    let lo = b * bs + u64::from(fetch.trailing_zeros()) * self.page_bytes;
                     let bl = b + n - 1;
+                    let ahead = bl.saturating_sub(last);
+                    self.counters.misses.add(n - ahead);
+                    if ahead > 0 {
+                        self.counters.read_ahead_blocks.add(ahead);
+                        chain.score.issued.fetch_add(ahead, Ordering::Relaxed);
+                    }
+                    let lo = b * bs + u64::from(fetch.trailing_zeros()) * self.page_bytes;
                     let need_last = if n == 1 {
                         fetch
+                    } else if bl > last {
+                        self.block_mask(chain, bl)
                     } else {
                         self.need_mask(bl, offset, end)
                     };
                     let end_page = 64 - u64::from(need_last.leading_zeros());
                     let hi = (bl * bs + end_page * self.page_bytes)
                         .min(bl * bs + self.block_len(chain, bl));
-                    self.fill(chain, run, (lo, hi), false, &mut sink)?;
+                    // Blocks past the request are published as prefetched and not handed
+                    // to the sink.
+                    let mut sink_req = |blk: u64, c: &Cached| {
+                        if blk <= last {
+                            sink(blk, c);
+                        }
+                    };
+                    self.fill(chain, run, (lo, hi), last + 1, scan, &mut sink_req)?;
                     b += n;
                 }
             }
@@ -875,13 +1000,14 @@ impl Shared {
                 }
             };
             let mut run = vec![c];
-            self.extend_run(chain, &mut run, blocks.end);
+            let max = u64::from(self.config.fill_blocks_max);
+            self.extend_run(chain, &mut run, blocks.end, max);
             let n = run.len() as u64;
             self.counters.read_ahead_blocks.add(n);
             chain.score.issued.fetch_add(n, Ordering::Relaxed);
             let lo = b * self.block_bytes;
             let hi = ((b + n) * self.block_bytes).min(chain.size);
-            if let Err(e) = self.fill(chain, run, (lo, hi), true, |_, _| {}) {
+            if let Err(e) = self.fill(chain, run, (lo, hi), 0, false, |_, _| {}) {
                 self.counters.read_ahead_errors.add(1);
                 tracing::debug!(chain = ?chain.key, block = b, error = %e, "read-ahead failed");
                 return;
@@ -1002,7 +1128,16 @@ impl BlockCache {
         } else {
             1
         };
+        let pool = (group_blocks > 1)
+            .then(|| BufPool::new((group_blocks * block_bytes) as usize, POOL_BUFFERS_MAX));
+        let scan_window_bytes = config.scan_window_bytes.min(config.budget_bytes / 16);
+        let scan_fill_blocks =
+            (SCAN_FILL_BYTES / block_bytes).clamp(1, u64::from(crate::RUN_BLOCKS_LIMIT));
         let shared = Arc::new(Shared {
+            pool,
+            scan_window_bytes,
+            scan_fill_blocks,
+            scans: Mutex::default(),
             config,
             block_bytes,
             page_bytes: (block_bytes / 64).max(PAGE_BYTES_MIN),
@@ -1055,6 +1190,8 @@ impl BlockCache {
             size: geometry.size,
             blocks: geometry.size.div_ceil(self.shared.block_bytes),
             score: token,
+            scanned: self.shared.scan_window_bytes > 0
+                && geometry.size > self.shared.config.budget_bytes / SCAN_CHAIN_BUDGET_DIVISOR,
         };
         Arc::new(CachedDevice {
             chain: Arc::new(chain),
@@ -1118,6 +1255,8 @@ impl BlockCache {
             read_ahead_refused: c.read_ahead_refused.get(),
             read_ahead_used: c.read_ahead_used.get(),
             completions: c.completions.get(),
+            scan_evictions: c.scan_evictions.get(),
+            buffers_reused: c.buffers_reused.get(),
             cached_bytes,
             cached_blocks,
             resident_bytes: c.resident_bytes.get(),
@@ -1165,30 +1304,35 @@ impl CachedDevice {
         &self.chain.inner
     }
 
-    /// Feeds the stream detector and queues read-ahead it asks for.
-    fn read_ahead(&self, offset: u64, len: u64) {
+    /// Feeds the stream detector and queues read-ahead it asks for. Returns whether the
+    /// read is part of a scan.
+    fn read_ahead(&self, offset: u64, len: u64) -> bool {
         let shared = &self.chain.shared;
-        let Some(tx) = &shared.read_ahead else {
-            return;
+        let window_max = match &shared.read_ahead {
+            Some(_) => u64::from(shared.config.read_ahead_blocks_max),
+            None => 0,
         };
-        let window_max = u64::from(shared.config.read_ahead_blocks_max);
-        let wanted = self
-            .streams
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .on_read(
+        let (wanted, span) = {
+            let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+            let wanted = streams.on_read(
                 offset,
                 len,
                 shared.block_bytes,
                 self.chain.blocks,
                 window_max,
             );
-        let Some(blocks) = wanted else {
-            return;
+            (wanted, streams.last_span())
+        };
+        let scan = self.chain.scanned && span >= SCAN_AFTER_BYTES;
+        // A scan's misses read ahead themselves (`SCAN_FILL_BYTES`); a job queued for it
+        // could run after the scan passed and its window let the blocks go, and read them
+        // again.
+        let (Some(tx), Some(blocks), false) = (&shared.read_ahead, wanted, scan) else {
+            return scan;
         };
         if !self.chain.score.allows() {
             shared.counters.read_ahead_refused.add(1);
-            return;
+            return scan;
         }
         let job = Job {
             chain: self.chain.clone(),
@@ -1199,6 +1343,7 @@ impl CachedDevice {
             Err(TrySendError::Full(_)) => shared.counters.read_ahead_dropped.add(1),
             Err(TrySendError::Disconnected(_)) => {}
         }
+        false
     }
 }
 
@@ -1223,8 +1368,8 @@ impl BlockDevice for CachedDevice {
         if buf.is_empty() {
             return Ok(());
         }
-        self.read_ahead(offset, buf.len() as u64);
-        self.chain.shared.read(&self.chain, buf, offset)
+        let scan = self.read_ahead(offset, buf.len() as u64);
+        self.chain.shared.read(&self.chain, buf, offset, scan)
     }
 
     fn try_read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {
@@ -1238,7 +1383,7 @@ impl BlockDevice for CachedDevice {
             .chain
             .shared
             .try_read_shared(&self.chain, offset, len)?;
-        self.read_ahead(offset, len);
+        let _scan = self.read_ahead(offset, len);
         Some(Ok(pieces))
     }
 
@@ -1253,11 +1398,11 @@ impl BlockDevice for CachedDevice {
         if len == 0 {
             return Some(Ok(Vec::new()));
         }
-        self.read_ahead(offset, len);
+        let scan = self.read_ahead(offset, len);
         Some(
             self.chain
                 .shared
-                .read_shared(&self.chain, offset, offset + len),
+                .read_shared(&self.chain, offset, offset + len, scan),
         )
     }
 

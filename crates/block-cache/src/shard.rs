@@ -142,13 +142,14 @@ impl<D: Clone, P: Clone> Shard<D, P> {
     /// demand use of a prefetched entry.
     fn hit(&self, i: usize) -> (D, bool) {
         let slot = self.slot(i);
-        // Load first: a hot block's bit is usually set already, and a plain load keeps its
-        // cache line shared between the cores that read it.
-        if !slot.referenced.load(Ordering::Relaxed) {
-            slot.referenced.store(true, Ordering::Relaxed);
-        }
         let first_use = slot.prefetched.load(Ordering::Relaxed)
             && slot.prefetched.swap(false, Ordering::Relaxed);
+        // The first demand read of a prefetched block is its first read: no second chance.
+        // Load first: a hot block's bit is usually set already, and a plain load keeps its
+        // cache line shared between the cores that read it.
+        if !first_use && !slot.referenced.load(Ordering::Relaxed) {
+            slot.referenced.store(true, Ordering::Relaxed);
+        }
         (slot.data.clone(), first_use)
     }
 
@@ -313,27 +314,49 @@ impl<D: Clone, P: Clone> Shard<D, P> {
                 *slot.referenced.get_mut() = false;
                 continue;
             }
-            let (key, group) = (slot.key, slot.group);
-            let mut out = (1, self.remove_slot(i));
-            if let Some(g) = group {
-                for block in (g.first..g.first + g.blocks).filter(|&b| b != key.block) {
-                    let k = Key {
-                        chain: key.chain,
-                        block,
-                    };
-                    let at = match self.map.get(&k) {
-                        Some(Entry::Ready(j) | Entry::Refilling(j, _)) => *j,
-                        Some(Entry::Loading(_)) | None => continue,
-                    };
-                    if self.slot(at).group.map(|x| x.id) == Some(g.id) {
-                        out.0 += 1;
-                        out.1 += self.remove_slot(at);
-                    }
-                }
-            }
-            return Some(out);
+            return Some(self.remove_with_group(i));
         }
         None
+    }
+
+    /// Evicts the ready entry of `key` (with the rest of its group) if `is` accepts its data
+    /// and its CLOCK bit is clear: a scan's old block that no second read touched. Returns
+    /// (entries, charged bytes) evicted; `None` when the entry is gone, was replaced,
+    /// is being refilled or was read again.
+    pub fn evict_unreferenced(&mut self, key: Key, is: impl Fn(&D) -> bool) -> Option<(u64, u64)> {
+        let Some(Entry::Ready(i)) = self.map.get(&key) else {
+            return None;
+        };
+        let i = *i;
+        let slot = self.slot(i);
+        if !is(&slot.data) || slot.referenced.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(self.remove_with_group(i))
+    }
+
+    /// Removes slot `i` and the other entries of its group; returns (entries, charged bytes).
+    fn remove_with_group(&mut self, i: usize) -> (u64, u64) {
+        let slot = self.slot(i);
+        let (key, group) = (slot.key, slot.group);
+        let mut out = (1, self.remove_slot(i));
+        if let Some(g) = group {
+            for block in (g.first..g.first + g.blocks).filter(|&b| b != key.block) {
+                let k = Key {
+                    chain: key.chain,
+                    block,
+                };
+                let at = match self.map.get(&k) {
+                    Some(Entry::Ready(j) | Entry::Refilling(j, _)) => *j,
+                    Some(Entry::Loading(_)) | None => continue,
+                };
+                if self.slot(at).group.map(|x| x.id) == Some(g.id) {
+                    out.0 += 1;
+                    out.1 += self.remove_slot(at);
+                }
+            }
+        }
+        out
     }
 
     /// Removes the slot at `i` and its map entry (a slot being refilled leaves its filler a
@@ -513,6 +536,45 @@ mod tests {
         s.publish(key(4), 4, 10, true, None);
         assert!(matches!(s.lookup(key(4)), Lookup::Ready(4, true)));
         assert!(matches!(s.lookup(key(4)), Lookup::Ready(4, false)));
+    }
+
+    #[test]
+    fn the_first_use_of_a_prefetched_entry_earns_no_second_chance() {
+        let mut s: Shard<u64, u32> = Shard::new(30);
+        for b in 0..3 {
+            s.claim(key(b), 0, |_| true);
+            s.publish(key(b), b, 10, b == 0, None);
+        }
+        // Block 0 was prefetched and then read once; block 1 was read twice.
+        let _ = s.lookup(key(0));
+        let _ = s.lookup(key(1));
+        s.claim(key(3), 0, |_| true);
+        s.publish(key(3), 3, 10, false, None);
+        assert!(matches!(s.lookup(key(0)), Lookup::Absent));
+        assert!(matches!(s.lookup(key(1)), Lookup::Ready(1, false)));
+    }
+
+    #[test]
+    fn evict_unreferenced_takes_the_group_unless_read_again_or_replaced() {
+        let mut s: Shard<u64, u32> = Shard::new(100);
+        for b in 0..3 {
+            s.claim(key(b), 0, |_| true);
+            s.publish(key(b), 7, 10, false, group(1, 0, 3));
+        }
+        s.claim(key(5), 0, |_| true);
+        s.publish(key(5), 8, 10, false, None);
+        // Other data under the key (the buffer was replaced): left alone.
+        assert_eq!(s.evict_unreferenced(key(1), |d| *d == 9), None);
+        // Read again: left alone.
+        let _ = s.lookup(key(5));
+        assert_eq!(s.evict_unreferenced(key(5), |d| *d == 8), None);
+        // Neither: the whole group goes.
+        assert_eq!(s.evict_unreferenced(key(1), |d| *d == 7), Some((3, 30)));
+        assert_eq!((s.ready_len(), s.charged_bytes()), (1, 10));
+        assert_eq!(s.evict_unreferenced(key(1), |d| *d == 7), None);
+        // Being loaded or refilled: left alone.
+        s.claim(key(5), 0, |_| false);
+        assert_eq!(s.evict_unreferenced(key(5), |_| true), None);
     }
 
     fn group(id: usize, first: u64, blocks: u64) -> Option<Group> {

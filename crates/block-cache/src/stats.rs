@@ -36,6 +36,8 @@ pub(crate) struct Counters {
     pub read_ahead_refused: Counter,
     pub read_ahead_used: Counter,
     pub completions: Counter,
+    pub scan_evictions: Counter,
+    pub buffers_reused: Counter,
     /// Bytes of block buffers alive (cached, in flight, or being copied out).
     pub resident_bytes: Counter,
     /// The high-water mark of `resident_bytes`.
@@ -79,6 +81,11 @@ pub struct BlockCacheStats {
     /// Misses that read the rest of a block already partly held, because the block was being
     /// read at scattered places (see `CacheConfig::complete_blocks`).
     pub completions: u64,
+    /// Entries evicted because a scan went on past them and no second read touched them
+    /// (also counted in `evictions`).
+    pub scan_evictions: u64,
+    /// Group fills that reused a pooled buffer instead of mapping new memory.
+    pub buffers_reused: u64,
     /// Bytes charged to the budget now (data plus per-entry overhead).
     pub cached_bytes: u64,
     /// Entries cached now.

@@ -46,6 +46,9 @@ struct Stream {
 pub(crate) struct Streams {
     slots: [Stream; STREAMS_MAX],
     tick: u64,
+    /// Bytes spanned by the stream the last read belonged to (its own length when it
+    /// started a new one).
+    last_span: u64,
 }
 
 impl Streams {
@@ -62,9 +65,6 @@ impl Streams {
     ) -> Option<Range<u64>> {
         debug_assert!(len > 0);
         self.tick += 1;
-        if window_max == 0 {
-            return None;
-        }
         let end = offset + len;
         let slack = len.saturating_mul(REORDER_REQUESTS);
         let continues = |s: &Stream| {
@@ -72,13 +72,15 @@ impl Streams {
         };
         let Some(i) = self.slots.iter().position(continues) else {
             self.start_stream(offset, end, block_bytes, window_max);
+            self.last_span = len;
             return None;
         };
         let s = &mut self.slots[i];
         s.used_tick = self.tick;
         s.next = s.next.max(end);
         s.start = s.start.min(offset);
-        if s.next - s.start < EARN_BYTES {
+        self.last_span = s.next - s.start;
+        if window_max == 0 || s.next - s.start < EARN_BYTES {
             return None;
         }
         let last = (s.next - 1) / block_bytes;
@@ -93,6 +95,12 @@ impl Streams {
         }
         s.issued_until = to;
         Some(from..to)
+    }
+
+    /// Bytes spanned by the stream the last [`Streams::on_read`] belonged to: how long a
+    /// scan has been going on.
+    pub fn last_span(&self) -> u64 {
+        self.last_span
     }
 
     fn start_stream(&mut self, offset: u64, end: u64, block_bytes: u64, window_max: u64) {
@@ -228,6 +236,22 @@ mod tests {
         let early = blocks(&mut s, 13, 13);
         let late = blocks(&mut s, 12, 12);
         assert_eq!((early, late), (Some(14..16), Some(16..18)));
+    }
+
+    #[test]
+    fn the_span_of_the_last_reads_stream_grows_with_the_stream_and_resets_on_a_jump() {
+        let mut s = Streams::default();
+        for b in 0..10 {
+            blocks(&mut s, b, b);
+            assert_eq!(s.last_span(), (b + 1) * BS);
+        }
+        // Read-ahead off: streams are still followed.
+        s.on_read(10 * BS, BS, BS, TOTAL, 0);
+        assert_eq!(s.last_span(), 11 * BS);
+        blocks(&mut s, 500, 500);
+        assert_eq!(s.last_span(), BS);
+        blocks(&mut s, 11, 11);
+        assert_eq!(s.last_span(), 12 * BS);
     }
 
     #[test]

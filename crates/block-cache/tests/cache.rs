@@ -137,6 +137,7 @@ proptest! {
             read_ahead_threads: 1,
             read_ahead_queue: 4,
             complete_blocks,
+            ..CacheConfig::default()
         };
         let cache = BlockCache::with_config(cfg).unwrap();
         let cached = cache.wrap(key("a"), dev.clone());
@@ -184,6 +185,7 @@ proptest! {
             read_ahead_threads: 1,
             read_ahead_queue: 4,
             complete_blocks,
+            ..CacheConfig::default()
         };
         let cache = BlockCache::with_config(cfg).unwrap();
         let cached = cache.wrap(key("a"), dev.clone());
@@ -665,9 +667,10 @@ fn blocks_a_reader_waited_for_count_as_read_ahead_used() {
     assert_eq!(s.store_read_bytes, BLOCKS * BLOCK, "{s:?}");
 }
 
-/// Whole new blocks are read a group (256 KiB) at a time into one buffer their entries
-/// share; under eviction the entries of a group leave together, so the memory the cache
-/// holds follows its charged bytes, and every byte read back is the store's.
+/// Whole new blocks are read into a buffer per group (256 KiB) that the group's entries
+/// share, with one store read per request however many groups it spans; under eviction
+/// the entries of a group leave together, so the memory the cache holds follows its
+/// charged bytes, and every byte read back is the store's. (Scans off: CLOCK alone evicts.)
 #[test]
 fn groups_are_read_once_and_leave_the_cache_together() {
     const BLOCK: u64 = 64 * KIB;
@@ -679,6 +682,7 @@ fn groups_are_read_once_and_leave_the_cache_together() {
         budget_bytes: budget,
         block_bytes: BLOCK as u32,
         read_ahead_threads: 0,
+        scan_window_bytes: 0,
         ..CacheConfig::default()
     };
     let cache = BlockCache::with_config(cfg).unwrap();
@@ -703,7 +707,8 @@ fn groups_are_read_once_and_leave_the_cache_together() {
     }
     pass(budget / 2..BLOCKS * BLOCK, &mut buf);
     let s = cache.stats();
-    assert_eq!(s.store_reads, BLOCKS * BLOCK / (256 * KIB), "{s:?}");
+    assert_eq!(s.store_reads, BLOCKS * BLOCK / MIB, "{s:?}");
+    assert_eq!(s.scan_evictions, 0, "{s:?}");
     assert_eq!(s.store_read_bytes, BLOCKS * BLOCK, "{s:?}");
     assert!(s.evictions > 0 && s.cached_bytes <= budget, "{s:?}");
     // Held beyond the budget: at most the read in flight and the pieces being copied out.
@@ -759,4 +764,116 @@ fn read_past_the_end_is_out_of_bounds() {
         .read_at(&mut buf, 8191)
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::OutOfBounds);
+}
+
+/// Reads `[0, size)` through `wrapped` in `req`-byte reads, checking every byte.
+fn stream(wrapped: &dyn BlockDevice, bytes: &[u8], range: std::ops::Range<u64>, req: u64) {
+    let mut buf = vec![0u8; req as usize];
+    for off in range.step_by(req as usize) {
+        let n = req.min(bytes.len() as u64 - off) as usize;
+        wrapped.read_at(&mut buf[..n], off).unwrap();
+        assert!(
+            buf[..n] == bytes[off as usize..off as usize + n],
+            "at {off:#x}"
+        );
+    }
+}
+
+/// A sequential pass over a chain larger than a quarter of the budget is a scan once it has
+/// gone on for `SCAN_AFTER_BYTES`: only the last `scan_window_bytes` of what it filled stay
+/// cached (the rest is evicted at once, however much budget is free), its fills reuse the
+/// evicted buffers instead of new memory, and each byte still comes from the store once.
+/// With scans off, the same pass keeps everything.
+#[test]
+fn a_scan_keeps_its_window_and_reuses_its_buffers() {
+    const BLOCK: u64 = 64 * KIB;
+    let size = 64 * MIB;
+    let bytes = content(21, size as usize);
+    for window in [4 * MIB, 0] {
+        let dev = Counting::new(bytes.clone(), BLOCK);
+        let cfg = CacheConfig {
+            budget_bytes: 128 * MIB,
+            block_bytes: BLOCK as u32,
+            scan_window_bytes: window,
+            ..CacheConfig::default()
+        };
+        let cache = BlockCache::with_config(cfg).unwrap();
+        let wrapped = cache.wrap(key("a"), dev.clone());
+        stream(&*wrapped, &bytes, 0..size, 256 * KIB);
+        let s = cache.stats();
+        assert_eq!(s.store_read_bytes, size, "window {window}: {s:?}");
+        if window == 0 {
+            assert_eq!((s.scan_evictions, s.buffers_reused), (0, 0), "{s:?}");
+            assert!(s.cached_bytes >= size, "{s:?}");
+            continue;
+        }
+        // Kept: the stream's first SCAN_AFTER_BYTES (not a scan yet), the window, and at
+        // most one scan fill past it.
+        let kept = block_cache::SCAN_AFTER_BYTES + window + block_cache::SCAN_FILL_BYTES;
+        assert!(s.cached_bytes <= kept + MIB, "{s:?}");
+        assert!(s.scan_evictions * BLOCK >= size - kept - MIB, "{s:?}");
+        assert!(s.buffers_reused * 256 * KIB >= size / 2, "{s:?}");
+        assert!(s.resident_bytes <= kept + 2 * MIB, "{s:?}");
+        // The window's blocks are still there: re-reading the last MiB reads nothing.
+        let before = dev.bytes_read();
+        stream(&*wrapped, &bytes, size - MIB..size, 256 * KIB);
+        assert_eq!(dev.bytes_read(), before, "{:?}", cache.stats());
+    }
+}
+
+/// A second reader close behind a scan (a second target copying the same vDisk) hits what
+/// the first filled: the store is read once, and the blocks read twice survive the window.
+#[test]
+fn a_reader_close_behind_a_scan_shares_it() {
+    const BLOCK: u64 = 64 * KIB;
+    let size = 48 * MIB;
+    let bytes = content(22, size as usize);
+    let dev = Counting::new(bytes.clone(), BLOCK);
+    let cfg = CacheConfig {
+        budget_bytes: 128 * MIB,
+        block_bytes: BLOCK as u32,
+        scan_window_bytes: 8 * MIB,
+        ..CacheConfig::default()
+    };
+    let cache = BlockCache::with_config(cfg).unwrap();
+    let a = cache.wrap(key("a"), dev.clone());
+    let b = cache.wrap(key("a"), dev.clone());
+    // B follows A 1 MiB behind.
+    let step = MIB;
+    for off in (0..size + step).step_by(step as usize) {
+        if off < size {
+            stream(&*a, &bytes, off..off + step, 256 * KIB);
+        }
+        if off >= step {
+            stream(&*b, &bytes, off - step..off, 256 * KIB);
+        }
+    }
+    let s = cache.stats();
+    assert_eq!(s.store_read_bytes, size, "{s:?}");
+    assert!(
+        s.cached_bytes >= size - MIB,
+        "blocks read twice stay: {s:?}"
+    );
+}
+
+/// A chain that fits in a quarter of the budget is never scanned: a whole pass stays cached
+/// for the next reader.
+#[test]
+fn a_small_chain_is_never_scanned() {
+    const BLOCK: u64 = 64 * KIB;
+    let size = 24 * MIB;
+    let bytes = content(23, size as usize);
+    let dev = Counting::new(bytes.clone(), BLOCK);
+    let cfg = CacheConfig {
+        budget_bytes: 128 * MIB,
+        block_bytes: BLOCK as u32,
+        scan_window_bytes: 4 * MIB,
+        ..CacheConfig::default()
+    };
+    let cache = BlockCache::with_config(cfg).unwrap();
+    let wrapped = cache.wrap(key("a"), dev.clone());
+    stream(&*wrapped, &bytes, 0..size, 256 * KIB);
+    let s = cache.stats();
+    assert_eq!(s.scan_evictions, 0, "{s:?}");
+    assert!(s.cached_bytes >= size, "{s:?}");
 }

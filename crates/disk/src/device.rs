@@ -91,6 +91,21 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// `OutOfBounds` past the end; `Io`; `ChainBroken` when a parent is needed and missing.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
 
+    /// Reads `bufs` one after the other from `offset` on, as [`BlockDevice::read_at`] of
+    /// their concatenation would. The default reads them one by one; an image whose range
+    /// lies in one stretch of its file reads it with one vectored store read.
+    ///
+    /// # Errors
+    /// As [`BlockDevice::read_at`].
+    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
+        let mut at = offset;
+        for b in bufs.iter_mut() {
+            self.read_at(b, at)?;
+            at += b.len() as u64;
+        }
+        Ok(())
+    }
+
     /// Writes `buf` at `offset`.
     ///
     /// # Errors

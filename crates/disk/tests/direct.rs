@@ -57,3 +57,50 @@ fn direct_reads_return_the_file_bytes_aligned_or_not() {
         }
     }
 }
+
+/// `read_vectored_at` returns what `read_at` of the buffers' concatenation would: one
+/// direct `preadv` when every piece is aligned, piece by piece otherwise, zeros past the
+/// end, and a read that the end of the file cuts short finished piece by piece.
+#[test]
+fn vectored_reads_return_the_file_bytes_aligned_or_not() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("data");
+    let bytes: Vec<u8> = (0..LEN).map(pattern).collect();
+    File::create(&path).unwrap().write_all(&bytes).unwrap();
+    for direct in [true, false] {
+        let s = FileStorage::new(File::open(&path).unwrap());
+        if direct {
+            assert!(s.direct_reads().unwrap());
+        }
+        // (offset, piece lengths, skew of the second piece's buffer)
+        let cases: [(usize, &[usize], usize); 6] = [
+            (0, &[65536, 65536, 4096], 0),
+            (8192, &[4096; 8], 0),
+            (4096, &[65536, 65536], 3),
+            (4097, &[8192, 8192], 0),
+            (LEN - LEN % 4096 - 8192, &[8192, 8192, 8192], 0),
+            (LEN + 4096, &[4096, 4096], 0),
+        ];
+        for (offset, lens, skew) in cases {
+            let mut backings: Vec<Vec<u8>> = lens.iter().map(|_| Vec::new()).collect();
+            let mut bufs: Vec<&mut [u8]> = backings
+                .iter_mut()
+                .zip(lens)
+                .enumerate()
+                .map(|(i, (b, &len))| buffer(b, len, if i == 1 { skew } else { 0 }))
+                .collect();
+            s.read_vectored_at(&mut bufs, offset as u64).unwrap();
+            let mut at = offset;
+            for (i, b) in bufs.iter().enumerate() {
+                for &got in b.iter() {
+                    let want = if at < LEN { pattern(at) } else { 0 };
+                    assert_eq!(
+                        got, want,
+                        "byte {at} (piece {i}) of a vectored read at {offset} (direct {direct})"
+                    );
+                    at += 1;
+                }
+            }
+        }
+    }
+}

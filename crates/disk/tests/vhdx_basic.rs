@@ -184,3 +184,84 @@ fn inline_overwrites_only_what_the_file_already_holds() {
     want[(MIB + 8192) as usize..(MIB + 16384) as usize].copy_from_slice(&new);
     assert!(r == want);
 }
+
+/// `read_vectored_at` returns what `read_at` does, whatever the split: ranges inside one
+/// fully present block (one vectored store read, direct or not), across blocks, over
+/// unallocated blocks, and in a differencing child holding some sectors of a block.
+#[test]
+fn vectored_reads_equal_plain_reads() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let base = dir.path().join("base.vhdx");
+    let child = dir.path().join("base.1.avhdx");
+    new_file(
+        &base,
+        &CreateOptions {
+            size: 16 << 20,
+            block_size: 1 << 20,
+            ..Default::default()
+        },
+    );
+    {
+        let c = open::open(
+            &base,
+            OpenOptions {
+                writable: true,
+                format: None,
+            },
+        )
+        .unwrap();
+        c.top().write_at(&pattern(5 << 20, 3), 0).unwrap();
+        c.close().unwrap();
+    }
+    disk::version::new_version(&base, &child).unwrap();
+    {
+        let c = open::open(
+            &child,
+            OpenOptions {
+                writable: true,
+                format: None,
+            },
+        )
+        .unwrap();
+        c.top()
+            .write_at(&pattern(8192, 9), (2 << 20) + 4096)
+            .unwrap();
+        c.close().unwrap();
+    }
+    for (path, direct) in [(&base, false), (&base, true), (&child, true)] {
+        let c = open::open(path, OpenOptions::default()).unwrap();
+        if direct {
+            c.direct_reads_all().unwrap();
+        }
+        let top = c.top();
+        // (offset, piece lengths): in one block, across a block boundary, a block the
+        // base never wrote, the child's partial block.
+        let cases: [(u64, &[usize]); 5] = [
+            (0, &[256 << 10, 256 << 10, 512 << 10]),
+            (1 << 20, &[4096; 16]),
+            ((1 << 20) - (128 << 10), &[128 << 10, 128 << 10]),
+            (6 << 20, &[65536, 65536]),
+            (2 << 20, &[4096, 8192, 4096, 65536]),
+        ];
+        for (offset, lens) in cases {
+            let total: usize = lens.iter().sum();
+            let mut want = vec![0u8; total];
+            top.read_at(&mut want, offset).unwrap();
+            // Page-aligned buffers, so the direct path can take them.
+            let mut backing = vec![0u8; total + 4096];
+            let start = backing.as_ptr().align_offset(4096);
+            let mut rest = &mut backing[start..start + total];
+            let mut bufs: Vec<&mut [u8]> = Vec::new();
+            for &len in lens {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
+                bufs.push(head);
+                rest = tail;
+            }
+            top.read_vectored_at(&mut bufs, offset).unwrap();
+            assert!(
+                backing[start..start + total] == want[..],
+                "{path:?} at {offset:#x} in {lens:?} (direct {direct})"
+            );
+        }
+    }
+}

@@ -252,7 +252,7 @@ impl Metrics {
 }
 
 fn render_cache(out: &mut String, c: &BlockCacheStats) {
-    let counters: [(&'static str, &str, u64); 12] = [
+    let counters: [(&'static str, &str, u64); 14] = [
         (
             "ferry_cache_hits_total",
             "Block lookups served from the cache.",
@@ -312,6 +312,16 @@ fn render_cache(out: &mut String, c: &BlockCacheStats) {
             "ferry_cache_block_completions_total",
             "Misses that read the rest of a partly held block read at scattered places.",
             c.completions,
+        ),
+        (
+            "ferry_cache_scan_evictions_total",
+            "Blocks evicted because a scan went on past them unread by anyone else.",
+            c.scan_evictions,
+        ),
+        (
+            "ferry_cache_buffers_reused_total",
+            "Group fills into a reused buffer rather than new memory.",
+            c.buffers_reused,
         ),
     ];
     for (name, help, v) in counters {

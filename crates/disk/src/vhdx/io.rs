@@ -139,6 +139,31 @@ impl VhdxImage {
         Ok(())
     }
 
+    /// [`BlockDevice::read_vectored_at`]: one vectored store read when the range lies in
+    /// one payload block held in this file as a whole; otherwise buffer by buffer.
+    ///
+    /// [`BlockDevice::read_vectored_at`]: crate::BlockDevice::read_vectored_at
+    pub(super) fn read_vectored_impl(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
+        self.check_poisoned()?;
+        let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        check_bounds(self.meta.virtual_size, offset, total)?;
+        let bs = self.block_size();
+        if total > 0 && offset / bs == (offset + total - 1) / bs {
+            let pieces = self.map_block_loading(offset / bs, offset % bs, total)?;
+            if let [(len, Piece::File(at))] = pieces[..]
+                && len == total
+            {
+                return self.storage.read_vectored_at(bufs, at);
+            }
+        }
+        let mut at = offset;
+        for b in bufs.iter_mut() {
+            self.read_impl(b, at)?;
+            at += b.len() as u64;
+        }
+        Ok(())
+    }
+
     fn read_parent(&self, dst: &mut [u8], offset: u64) -> Result<()> {
         let Some(parent) = self.parent.get() else {
             return Err(Error::new(

@@ -348,6 +348,10 @@ impl BlockDevice for VhdxImage {
         self.read_impl(buf, offset)
     }
 
+    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
+        self.read_vectored_impl(bufs, offset)
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.write_impl(buf, offset)
     }

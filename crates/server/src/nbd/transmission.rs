@@ -1000,6 +1000,16 @@ async fn write_reply<W: AsyncWrite + Unpin>(
 ) -> io::Result<()> {
     head.clear();
     let data = encode_frame(out.cookie, out.is_read, &out.frame, structured, head);
+    if let Frame::Shared { len, pieces, .. } = &out.frame
+        && *len >= DIRECT_WRITE_BYTES
+        && data.is_none()
+        && w.buffer().is_empty()
+    {
+        // The header goes out in the same vectored write as the pieces: sent on its own
+        // (a flush), it was a segment and a loopback delivery of its own per reply, a
+        // tenth of the server's CPU on a cold nbdcopy of 2 GiB.
+        return write_vectored_all(w.get_mut(), Some(head), pieces).await;
+    }
     w.write_all(head).await?;
     if let Some(d) = data {
         w.write_all(d).await?;
@@ -1030,8 +1040,19 @@ async fn write_pieces<W: AsyncWrite + Unpin>(
         return Ok(());
     }
     w.flush().await?;
-    let sock = w.get_mut();
-    let mut slices: Vec<io::IoSlice<'_>> = Vec::with_capacity(pieces.len());
+    write_vectored_all(w.get_mut(), None, pieces).await
+}
+
+/// Writes `head` (if any) and then `pieces` to `sock` with vectored writes.
+async fn write_vectored_all<W: AsyncWrite + Unpin>(
+    sock: &mut W,
+    head: Option<&[u8]>,
+    pieces: &[Piece],
+) -> io::Result<()> {
+    let mut slices: Vec<io::IoSlice<'_>> = Vec::with_capacity(pieces.len() + 1);
+    if let Some(h) = head {
+        slices.push(io::IoSlice::new(h));
+    }
     for p in pieces {
         match p.bytes() {
             Some(b) => slices.push(io::IoSlice::new(b)),
