@@ -75,9 +75,10 @@
 //!   server CPU, measured with `perf`). Unaligned pieces (a differencing layer's 512-byte
 //!   sectors) and file systems without `O_DIRECT` read buffered.
 //! * **Groups: one read, one buffer, one departure.** A fill of whole new blocks (a
-//!   sequential copy, read-ahead) reads each [`GROUP_BYTES`]-aligned group's part of the run
-//!   with one store read into one new buffer, which the part's entries share (`start`/`len`
-//!   into it). A buffer that large is an anonymous mapping, so the direct read is the first
+//!   sequential copy, read-ahead) reads the whole run with one vectored store read
+//!   (`BlockDevice::read_vectored_at`, one `preadv`) into a buffer per [`GROUP_BYTES`]-aligned
+//!   group, which the group's entries share (`start`/`len` into it). A buffer that large is
+//!   an anonymous mapping (or a pooled one, see scans), so the direct read is the first
 //!   touch of its pages: no zero-fill, no page-fault trap per 4 KiB, no copy out of a
 //!   scratch buffer. Those were most of the server's CPU on a cold `nbdcopy` of 2 GiB (page
 //!   faults about 27%, the copy 5%); with groups it used 1.68 CPU-s instead of 2.2 and took
@@ -99,22 +100,26 @@
 //!   page cache), and a second boot reads from the cache, not the store.
 //! * **Scans recycle their own buffers.** A sequential stream that has gone on for
 //!   [`SCAN_AFTER_BYTES`] through a chain larger than a quarter of the budget (a whole-disk
-//!   copy, a backup, a full antivirus pass from one target) is a *scan*. Its group fills
-//!   still go into the cache, so other readers hit them, but only the last
-//!   `scan_window_bytes` of them (default 64 MiB, at most a sixteenth of the budget) stay
-//!   whatever CLOCK says: an older scan-filled group that no second read touched is evicted
-//!   at once, and its buffer goes back to a small pool ([`POOL_BUFFERS_MAX`]) that the next
-//!   group fill takes from. So a scan neither sweeps the boot set of hundreds of targets
-//!   out of the cache (PostgreSQL's ring buffer for large sequential scans, for the same
-//!   reason) nor faults in fresh memory for every block it reads: on a cold `nbdcopy` of a
-//!   2 GiB export, faulting in 2 GiB of new anonymous pages cost 1.05 CPU-s of the server's
-//!   2.1 (a C program doing only that: 1.05 s; direct reads of the same file into a reused
-//!   64 MiB ring: 0.28 s; KVM guest, 2 vCPUs). A block read a second time while in the
-//!   window (a second target streaming the same file close behind) gets its CLOCK bit and
-//!   stays. The first demand read of a prefetched block does not set the bit: it is the
-//!   block's first read. A boot is never a scan (its longest contiguous run is 4.3 MB), and
-//!   a chain that fits in a quarter of the budget is never scanned, so its copy is kept
-//!   whole for the next reader.
+//!   copy, a backup, a full antivirus pass from one target) is a *scan*. A scan's miss
+//!   reads [`SCAN_FILL_BYTES`] at once (its next requests are on their way, and the device
+//!   sees 1 MiB requests instead of 256 KiB ones). Its group fills still go into the cache,
+//!   so other readers hit them, but only the last `scan_window_bytes` of them (default
+//!   64 MiB, at most a sixteenth of the budget) stay whatever CLOCK says: an older
+//!   scan-filled group that no second read touched is evicted at once, and its buffer goes
+//!   back to a small pool ([`POOL_BUFFERS_MAX`]) that the next group fill takes from. So a
+//!   scan neither sweeps the boot set of hundreds of targets out of the cache (PostgreSQL's
+//!   ring buffer for large sequential scans, for the same reason) nor faults in fresh
+//!   memory for every block it reads. On a cold `nbdcopy` of a 2 GiB export (KVM guest,
+//!   2 vCPUs), faulting in 2 GiB of new anonymous pages was half the server's 2.1 CPU-s (a
+//!   C program doing only that: 1.05 s; direct reads of the same file into a reused 64 MiB
+//!   ring: 0.28 s); with scans the server used 1.25–1.4 CPU-s (2.0–2.3 with scans off,
+//!   interleaved runs). A block read a second time while in the window (a second target
+//!   streaming the same file close behind) gets its CLOCK bit and stays. The first demand
+//!   read of a prefetched block does not set the bit: it is the block's first read. A scan
+//!   queues no read-ahead jobs (one run late, after the window let its blocks go, would
+//!   read them again). A boot is never a scan (the boot trace's longest contiguous run is
+//!   4.3 MB), and a chain that fits in a quarter of the budget is never scanned, so a copy
+//!   of it stays whole for the next reader.
 //! * **Keys.** A [`ChainKey`] is the top file's path plus its linkage identity (the VHDX
 //!   DataWriteGuid, which changes on the first write of any session). A version rewritten in
 //!   private mode or a file replaced in the store gets a new key, so stale entries are never

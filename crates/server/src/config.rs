@@ -12,6 +12,7 @@
 //! [cache]
 //! ram_bytes = 4294967296         # default: a quarter of RAM
 //! block_bytes = 65536
+//! scan_window_bytes = 67108864   # 0: long sequential reads are cached like any other
 //!
 //! [write_cache]
 //! dir = "/var/lib/ferry/write-cache"   # default: <store>/.write-cache
@@ -94,6 +95,9 @@ pub struct CacheSection {
     pub ram_bytes: Option<u64>,
     /// Cache granule in bytes, a power of two from 4 KiB to 4 MiB (default 64 KiB).
     pub block_bytes: Option<u32>,
+    /// Bytes of what scans (long sequential reads of a large vDisk) filled that stay cached
+    /// whatever else happens (default 64 MiB; 0 turns scans off).
+    pub scan_window_bytes: Option<u64>,
 }
 
 /// `[write_cache]`: the per-device write caches.
@@ -252,6 +256,10 @@ impl FerryConfig {
                 .cache
                 .block_bytes
                 .unwrap_or(block_cache::DEFAULT_BLOCK_BYTES),
+            scan_window_bytes: self
+                .cache
+                .scan_window_bytes
+                .unwrap_or(CacheConfig::default().scan_window_bytes),
             ..CacheConfig::default()
         };
         cache.validate().map_err(|e| ConfigError::InvalidValue {
@@ -332,6 +340,7 @@ mod tests {
             [cache]
             ram_bytes = 1048576
             block_bytes = 4096
+            scan_window_bytes = 0
             [write_cache]
             dir = "/wc"
             [metrics]
@@ -343,6 +352,7 @@ mod tests {
         assert_eq!(r.nbd.max_connections, 7);
         assert_eq!(r.cache.budget_bytes, 1 << 20);
         assert_eq!(r.cache.block_bytes, 4096);
+        assert_eq!(r.cache.scan_window_bytes, 0);
         assert_eq!(r.registry.write_cache_dir, PathBuf::from("/wc"));
         assert_eq!(r.metrics_listen, None);
     }
