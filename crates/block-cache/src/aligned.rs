@@ -6,6 +6,18 @@
 //! direct read into a new buffer is the first touch of its memory (the read's page pinning
 //! faults the pages in, with no zero-fill by us and no trap per page). A heap allocation
 //! would be zero-filled by `alloc_zeroed` first, one page-fault trap per 4 KiB.
+//!
+//! *Huge* buffers ([`AlignedBuf::map_huge`]) are mappings aligned to [`HUGE_PAGE_BYTES`] and
+//! advised `MADV_HUGEPAGE`, so where the kernel has transparent huge pages each 2 MiB of the
+//! buffer is one physically contiguous page. That decides how large a direct read's
+//! requests to the device are: the block layer puts one segment per physically contiguous
+//! range into a request, and a device takes a bounded number of segments (254 on this
+//! machine's virtio disk), so a read into 4 KiB pages is cut into requests of about 1 MiB,
+//! while a read into a huge page goes out as one request of up to `max_sectors_kb`. Reading
+//! a 2 GiB file with `O_DIRECT`, 2 MiB per read, four threads: 1.39-1.73 GB/s into 4 KiB
+//! pages (0.8-1.1 MiB requests), 3.3-3.6 GB/s into huge pages (2 MiB requests), three runs
+//! each, same machine. Where huge pages are off the advice is ignored and the buffer works
+//! as any other.
 
 // Aligned heap allocation: `Box<[u8]>` cannot ask for an alignment.
 #![allow(unsafe_code)]
@@ -18,6 +30,8 @@ use disk::DIRECT_ALIGN;
 
 /// Buffers of at least this many bytes are mapped (see the module notes).
 pub(crate) const MAPPED_MIN_BYTES: usize = 128 << 10;
+/// The size and alignment of a transparent huge page (x86-64 and arm64 with 4 KiB pages).
+pub(crate) const HUGE_PAGE_BYTES: usize = 2 << 20;
 
 /// An owned, initialized byte buffer whose address is a multiple of [`DIRECT_ALIGN`].
 pub(crate) struct AlignedBuf {
@@ -78,6 +92,49 @@ impl AlignedBuf {
                 pool: None,
             },
             Err(_) => handle_alloc_error(AlignedBuf::layout(len)),
+        }
+    }
+
+    /// `len` zero bytes (a multiple of [`HUGE_PAGE_BYTES`]) in a new anonymous mapping
+    /// aligned to [`HUGE_PAGE_BYTES`] and advised `MADV_HUGEPAGE` (see the module notes).
+    pub fn map_huge(len: usize) -> AlignedBuf {
+        use rustix::mm::{Advice, MapFlags, ProtFlags, madvise, mmap_anonymous, munmap};
+        debug_assert!(len > 0 && len.is_multiple_of(HUGE_PAGE_BYTES));
+        let span = len + HUGE_PAGE_BYTES;
+        // SAFETY: a new private anonymous mapping of `span` (> 0) bytes at an address the
+        // kernel chooses aliases no existing memory; its bytes read as zero.
+        let p = unsafe {
+            mmap_anonymous(
+                std::ptr::null_mut(),
+                span,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        };
+        let Ok(p) = p else {
+            handle_alloc_error(AlignedBuf::layout(len))
+        };
+        let base = p as usize;
+        let start = base.next_multiple_of(HUGE_PAGE_BYTES);
+        let (head, tail) = (start - base, base + span - (start + len));
+        // SAFETY: `[base, start)` and `[start + len, base + span)` are the unaligned ends of
+        // the mapping just made, which nothing refers to; `[start, start + len)` stays mapped
+        // and is the buffer, unmapped once by `drop` (same length).
+        unsafe {
+            if head > 0 {
+                let _ = munmap(p, head);
+            }
+            if tail > 0 {
+                let _ = munmap((start + len) as *mut std::ffi::c_void, tail);
+            }
+            // Only advice: without transparent huge pages the buffer is made of 4 KiB pages.
+            let _ = madvise(start as *mut std::ffi::c_void, len, Advice::LinuxHugepage);
+        }
+        AlignedBuf {
+            ptr: NonNull::new(start as *mut u8)
+                .unwrap_or_else(|| handle_alloc_error(AlignedBuf::layout(len))),
+            len,
+            pool: None,
         }
     }
 
@@ -165,6 +222,8 @@ impl std::fmt::Debug for AlignedBuf {
 pub(crate) struct BufPool {
     len: usize,
     max: usize,
+    /// New buffers are huge ([`AlignedBuf::map_huge`]).
+    huge: bool,
     idle: Mutex<Vec<AlignedBuf>>,
 }
 
@@ -176,6 +235,19 @@ impl BufPool {
         Arc::new(BufPool {
             len,
             max,
+            huge: false,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A pool of huge buffers ([`AlignedBuf::map_huge`]) of `len` bytes, a multiple of
+    /// [`HUGE_PAGE_BYTES`], keeping at most `max` idle.
+    pub fn new_huge(len: usize, max: usize) -> Arc<BufPool> {
+        debug_assert!(len > 0 && len.is_multiple_of(HUGE_PAGE_BYTES));
+        Arc::new(BufPool {
+            len,
+            max,
+            huge: true,
             idle: Mutex::new(Vec::new()),
         })
     }
@@ -205,6 +277,7 @@ impl BufPool {
             .pop();
         let (mut buf, was_reused) = match reused {
             Some(b) => (b, true),
+            None if self.huge => (AlignedBuf::map_huge(self.len), false),
             None => (AlignedBuf::map(self.len), false),
         };
         buf.pool = Some(Arc::clone(self));
@@ -239,6 +312,27 @@ mod tests {
             assert_eq!(c.as_ptr() as usize % DIRECT_ALIGN, 0);
             assert_eq!(&c[..], &src[..]);
         }
+    }
+
+    #[test]
+    fn huge_buffers_are_aligned_to_a_huge_page_and_come_back_to_their_pool() {
+        let pool = BufPool::new_huge(2 * HUGE_PAGE_BYTES, 1);
+        let (mut a, reused) = pool.take();
+        assert!(!reused);
+        assert_eq!(a.len(), 2 * HUGE_PAGE_BYTES);
+        assert_eq!(a.as_ptr() as usize % HUGE_PAGE_BYTES, 0);
+        assert!(a.iter().all(|&b| b == 0));
+        a.fill(0x5A);
+        let at = a.as_ptr();
+        drop(a);
+        let (b, reused) = pool.take();
+        assert!(reused);
+        assert_eq!(b.as_ptr(), at);
+        assert!(b.iter().all(|&x| x == 0x5A));
+        // A huge buffer outside a pool is unmapped by its drop (its whole length).
+        let c = AlignedBuf::map_huge(HUGE_PAGE_BYTES);
+        assert_eq!(c.as_ptr() as usize % HUGE_PAGE_BYTES, 0);
+        drop(c);
     }
 
     #[test]

@@ -12,15 +12,16 @@ use disk::ops::convert::is_zero;
 use disk::{BlockDevice, Error, ErrorKind, Result};
 use vhdx::Guid;
 
-use crate::aligned::{AlignedBuf, BufPool};
-use crate::shard::{Claim, Group, Key, Lookup, Published, Shard};
+use crate::aligned::{AlignedBuf, BufPool, HUGE_PAGE_BYTES};
+use crate::shard::{Claim, Group, Key, Lookup, Published, Retired, Shard};
 use crate::stats::{BlockCacheStats, Counters};
 use crate::stream::Streams;
 use crate::{
     COMPLETE_SCATTERED_PERCENT, COMPLETE_WINDOW_MISSES, CacheConfig, CacheError, ChainKey,
     ENTRY_OVERHEAD_BYTES, GROUP_BYTES, GROUPS_PER_SHARD_MIN, IDLE_CHAINS_MAX, PAGE_BYTES_MIN,
     POOL_BUFFERS_MAX, READ_AHEAD_ACCURACY_PERCENT, READ_AHEAD_WARMUP_BLOCKS, SCAN_AFTER_BYTES,
-    SCAN_CHAIN_BUDGET_DIVISOR, SCAN_FILL_BYTES, SHARD_MIN_BLOCKS, SHARDS_MAX,
+    SCAN_CHAIN_BUDGET_DIVISOR, SCAN_FILL_BYTES, SCAN_POOL_BUFFERS_MAX, SHARD_MIN_BLOCKS,
+    SHARDS_MAX,
 };
 
 /// A block buffer whose bytes are counted in `resident_bytes` while it lives. It holds the
@@ -388,6 +389,9 @@ struct Shared {
     read_ahead: Option<SyncSender<Job>>,
     /// Group buffers for reuse; `None` when groups are off.
     pool: Option<Arc<BufPool>>,
+    /// Huge buffers of a scan's fills ([`SCAN_FILL_BYTES`] rounded up to huge pages), for
+    /// reuse; `None` when groups or scans are off.
+    scan_pool: Option<Arc<BufPool>>,
     /// Bytes of scan-filled groups kept whatever CLOCK says (0: scans off).
     scan_window_bytes: u64,
     /// The most blocks one store read of a scan fills ([`SCAN_FILL_BYTES`]).
@@ -606,6 +610,13 @@ impl Shared {
         let (bs, g) = (self.block_bytes, self.group_blocks);
         let start = run[0].key.block;
         let end = start + run.len() as u64;
+        if let Some(pool) = self
+            .scan_pool
+            .as_ref()
+            .filter(|p| scan && end * bs - start * bs <= p.buf_len() as u64)
+        {
+            return self.fill_scan(chain, run, prefetched_from, pool, each);
+        }
         // (first block, end block, buffer) of each group's part of the run.
         let mut parts = Vec::new();
         let mut first = start;
@@ -634,9 +645,9 @@ impl Shared {
             let part: Vec<Claimed<'_>> = claims.by_ref().take((stop - first) as usize).collect();
             let bytes = buf.bytes.len() as u64;
             let zero = is_zero(&buf.bytes);
+            let id = buf.bytes.as_ptr() as usize;
             let buf = Arc::new(buf);
-            let id = Arc::as_ptr(&buf) as usize;
-            let group = (part.len() > 1 && !zero).then_some(Group {
+            let group = ((part.len() > 1 || scan) && !zero).then_some(Group {
                 id,
                 first,
                 blocks: stop - first,
@@ -674,6 +685,85 @@ impl Shared {
         Ok(())
     }
 
+    /// Fills a scan's run of whole new blocks (at most [`SCAN_FILL_BYTES`]) with one store
+    /// read into one huge buffer from the scan pool, which the run's groups share: the device
+    /// gets the run as one request instead of one per MiB (see `aligned.rs`). Each group
+    /// still leaves the cache on its own (`scanned`); the buffer goes back to the pool when
+    /// the last one has, and a group read again before the window passes it is copied into
+    /// a buffer of its own then, so a kept group never holds a whole huge buffer.
+    ///
+    /// # Errors
+    /// The store read's error; every claim of the run fails with it.
+    fn fill_scan(
+        &self,
+        chain: &ChainHandle,
+        run: Vec<Claimed<'_>>,
+        prefetched_from: u64,
+        pool: &Arc<BufPool>,
+        each: &mut impl FnMut(u64, &Cached),
+    ) -> Result<()> {
+        let (bs, g) = (self.block_bytes, self.group_blocks);
+        let start = run[0].key.block;
+        let end = start + run.len() as u64;
+        let (lo, hi) = (start * bs, (end - 1) * bs + self.block_len(chain, end - 1));
+        let mut buf = Block::pooled(pool, &self.counters);
+        // The caller checked that the run fits the pool's buffers.
+        if let Err(e) = chain
+            .inner
+            .read_at(&mut buf.bytes[..(hi - lo) as usize], lo)
+        {
+            return Err(self.fail_run(run, lo, hi, e));
+        }
+        self.counters.store_reads.add(1);
+        self.counters.store_read_bytes.add(hi - lo);
+        let base = buf.bytes.as_ptr() as usize;
+        let buf = Arc::new(buf);
+        let mut claims = run.into_iter();
+        let mut first = start;
+        while first < end {
+            let stop = ((first / g + 1) * g).min(end);
+            let part: Vec<Claimed<'_>> = claims.by_ref().take((stop - first) as usize).collect();
+            // Within the buffer: below its length, which is a few MiB.
+            let at = ((first - start) * bs) as usize;
+            let len = ((stop - 1 - first) * bs + self.block_len(chain, stop - 1)) as usize;
+            let zero = is_zero(&buf.bytes[at..at + len]);
+            let group = (!zero).then_some(Group {
+                id: base + at,
+                first,
+                blocks: stop - first,
+            });
+            for c in part {
+                let b = c.key.block;
+                let data = if zero {
+                    Data::Zero
+                } else {
+                    Data::Bytes {
+                        block: Arc::clone(&buf),
+                        lo: 0,
+                        start: ((b - start) * bs) as u32,
+                        len: self.block_len(chain, b) as u32,
+                    }
+                };
+                let entry = Cached {
+                    data,
+                    valid: self.block_mask(chain, b),
+                    group,
+                };
+                each(b, &entry);
+                self.publish(c, entry, b >= prefetched_from);
+            }
+            if !zero {
+                let key = Key {
+                    chain: chain.id,
+                    block: first,
+                };
+                self.scanned(key, base + at, len as u64);
+            }
+            first = stop;
+        }
+        Ok(())
+    }
+
     /// Records a group a scan filled (`key` one of its blocks, `id` its buffer) and evicts
     /// the scan's groups past the window that no second read touched.
     fn scanned(&self, key: Key, id: usize, bytes: u64) {
@@ -689,17 +779,73 @@ impl Shared {
             }
         }
         for (key, id, _) in old {
-            let is = |c: &Cached| matches!(&c.data, Data::Bytes { block, .. } if Arc::as_ptr(block) as usize == id);
-            let gone = self
+            let r = self
                 .shard_of(key)
                 .write()
                 .unwrap_or_else(PoisonError::into_inner)
-                .evict_unreferenced(key, is);
-            if let Some((n, _)) = gone {
+                .retire_scanned(key, id, |members| self.rehome(members));
+            if let Retired::Evicted(n, _) = r {
                 self.counters.scan_evictions.add(n);
                 self.counters.evictions.add(n);
             }
         }
+    }
+
+    /// Copies a kept scan group's entries (`members`, in block order, sharing one buffer)
+    /// into a buffer of their own: their new data and group. Entries without bytes (none in
+    /// a scan's group, which is all data) are kept as they are.
+    fn rehome(&self, members: &[(u64, &Cached)]) -> (Vec<Cached>, Group) {
+        let (first, last) = (
+            members.first().map_or(0, |m| m.0),
+            members.last().map_or(0, |m| m.0),
+        );
+        let spans = members.iter().filter_map(|(_, c)| match &c.data {
+            Data::Bytes {
+                block, start, len, ..
+            } => Some((block, *start as usize, (*start + *len) as usize)),
+            Data::Zero => None,
+        });
+        let (mut src, mut lo, mut hi) = (None, usize::MAX, 0);
+        for (block, s, e) in spans {
+            src.get_or_insert(block);
+            (lo, hi) = (lo.min(s), hi.max(e));
+        }
+        let Some(src) = src else {
+            let group = members.iter().find_map(|m| m.1.group);
+            let group = group.unwrap_or(Group {
+                id: 0,
+                first,
+                blocks: last + 1 - first,
+            });
+            return (members.iter().map(|m| m.1.clone()).collect(), group);
+        };
+        let copy = Block::copy_of(&src.bytes[lo..hi], &self.counters);
+        let group = Group {
+            id: copy.bytes.as_ptr() as usize,
+            first,
+            blocks: last + 1 - first,
+        };
+        let copy = Arc::new(copy);
+        let data = members
+            .iter()
+            .map(|(_, c)| Cached {
+                data: match &c.data {
+                    Data::Bytes {
+                        lo: l, start, len, ..
+                    } => Data::Bytes {
+                        block: Arc::clone(&copy),
+                        lo: *l,
+                        start: (*start as usize - lo) as u32,
+                        len: *len,
+                    },
+                    Data::Zero => Data::Zero,
+                },
+                valid: c.valid,
+                group: Some(group),
+            })
+            .collect();
+        self.counters.scan_copies.add(1);
+        (data, group)
     }
 
     /// Fails every claim of a run whose store read of `[lo, hi)` failed; returns the error.
@@ -1133,8 +1279,13 @@ impl BlockCache {
         let scan_window_bytes = config.scan_window_bytes.min(config.budget_bytes / 16);
         let scan_fill_blocks =
             (SCAN_FILL_BYTES / block_bytes).clamp(1, u64::from(crate::RUN_BLOCKS_LIMIT));
+        let scan_pool = (group_blocks > 1 && scan_window_bytes > 0).then(|| {
+            let len = (scan_fill_blocks * block_bytes).next_multiple_of(HUGE_PAGE_BYTES as u64);
+            BufPool::new_huge(len as usize, SCAN_POOL_BUFFERS_MAX)
+        });
         let shared = Arc::new(Shared {
             pool,
+            scan_pool,
             scan_window_bytes,
             scan_fill_blocks,
             scans: Mutex::default(),
@@ -1257,6 +1408,7 @@ impl BlockCache {
             completions: c.completions.get(),
             scan_evictions: c.scan_evictions.get(),
             buffers_reused: c.buffers_reused.get(),
+            scan_copies: c.scan_copies.get(),
             cached_bytes,
             cached_blocks,
             resident_bytes: c.resident_bytes.get(),

@@ -69,12 +69,24 @@ enum Entry<P> {
     Refilling(usize, P),
 }
 
+/// What [`Shard::retire_scanned`] did with a scan's group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retired {
+    /// Evicted: (entries, charged bytes).
+    Evicted(u64, u64),
+    /// Read again, so kept, with its data rehomed.
+    Kept,
+    /// Not there under that id any more (evicted, replaced, or being refilled).
+    Gone,
+}
+
 /// Entries that share one buffer (consecutive blocks of one chain, read by one store read)
 /// and therefore leave the cache together: evicting one alone would free no memory while
 /// its charge was released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Group {
-    /// Identifies the shared buffer while it lives.
+    /// Identifies the group while it lives: the address of its first byte in its buffer
+    /// (groups never share bytes, so no two live groups have the same id).
     pub id: usize,
     /// The first block of the group.
     pub first: u64,
@@ -319,20 +331,54 @@ impl<D: Clone, P: Clone> Shard<D, P> {
         None
     }
 
-    /// Evicts the ready entry of `key` (with the rest of its group) if `is` accepts its data
-    /// and its CLOCK bit is clear: a scan's old block that no second read touched. Returns
-    /// (entries, charged bytes) evicted; `None` when the entry is gone, was replaced,
-    /// is being refilled or was read again.
-    pub fn evict_unreferenced(&mut self, key: Key, is: impl Fn(&D) -> bool) -> Option<(u64, u64)> {
+    /// Retires a scan's group past the window, found by one of its blocks (`key`) and its
+    /// id: evicted with the rest of its group if every member's CLOCK bit is clear (no
+    /// second read touched it); if it was read again it stays, and `rehome` gives its entries new data
+    /// (a copy into a buffer of their own, so the scan's shared buffer can be reused) and a
+    /// new group. `rehome` gets the group's ready entries as (block, data) in block order and
+    /// returns their data in the same order.
+    pub fn retire_scanned(
+        &mut self,
+        key: Key,
+        id: usize,
+        rehome: impl FnOnce(&[(u64, &D)]) -> (Vec<D>, Group),
+    ) -> Retired {
         let Some(Entry::Ready(i)) = self.map.get(&key) else {
-            return None;
+            return Retired::Gone;
         };
         let i = *i;
         let slot = self.slot(i);
-        if !is(&slot.data) || slot.referenced.load(Ordering::Relaxed) {
-            return None;
+        let Some(g) = slot.group.filter(|g| g.id == id) else {
+            return Retired::Gone;
+        };
+        // Members being refilled are left alone: their refill replaces them.
+        let members: Vec<usize> = (g.first..g.first + g.blocks)
+            .filter_map(|block| match self.map.get(&Key { block, ..key }) {
+                Some(Entry::Ready(j)) => Some(*j),
+                _ => None,
+            })
+            .filter(|&j| self.slot(j).group.map(|x| x.id) == Some(id))
+            .collect();
+        if !members
+            .iter()
+            .any(|&j| self.slot(j).referenced.load(Ordering::Relaxed))
+        {
+            let (n, bytes) = self.remove_with_group(i);
+            return Retired::Evicted(n, bytes);
         }
-        Some(self.remove_with_group(i))
+        let views: Vec<(u64, &D)> = members
+            .iter()
+            .map(|&j| (self.slot(j).key.block, &self.slot(j).data))
+            .collect();
+        let (data, group) = rehome(&views);
+        debug_assert_eq!(data.len(), members.len());
+        for (j, d) in members.into_iter().zip(data) {
+            if let Some(s) = self.ring[j].as_mut() {
+                s.data = d;
+                s.group = Some(group);
+            }
+        }
+        Retired::Kept
     }
 
     /// Removes slot `i` and the other entries of its group; returns (entries, charged bytes).
@@ -555,26 +601,48 @@ mod tests {
     }
 
     #[test]
-    fn evict_unreferenced_takes_the_group_unless_read_again_or_replaced() {
+    fn retire_scanned_evicts_the_group_unless_read_again_then_rehomes_it() {
         let mut s: Shard<u64, u32> = Shard::new(100);
         for b in 0..3 {
             s.claim(key(b), 0, |_| true);
             s.publish(key(b), 7, 10, false, group(1, 0, 3));
         }
-        s.claim(key(5), 0, |_| true);
-        s.publish(key(5), 8, 10, false, None);
-        // Other data under the key (the buffer was replaced): left alone.
-        assert_eq!(s.evict_unreferenced(key(1), |d| *d == 9), None);
-        // Read again: left alone.
-        let _ = s.lookup(key(5));
-        assert_eq!(s.evict_unreferenced(key(5), |d| *d == 8), None);
-        // Neither: the whole group goes.
-        assert_eq!(s.evict_unreferenced(key(1), |d| *d == 7), Some((3, 30)));
-        assert_eq!((s.ready_len(), s.charged_bytes()), (1, 10));
-        assert_eq!(s.evict_unreferenced(key(1), |d| *d == 7), None);
-        // Being loaded or refilled: left alone.
-        s.claim(key(5), 0, |_| false);
-        assert_eq!(s.evict_unreferenced(key(5), |_| true), None);
+        for b in 5..7 {
+            s.claim(key(b), 0, |_| true);
+            s.publish(key(b), 8, 10, false, group(2, 5, 2));
+        }
+        let never = |_: &[(u64, &u64)]| -> (Vec<u64>, Group) { panic!("nothing to rehome") };
+        // Another group under the key (the buffer was replaced): left alone.
+        assert_eq!(s.retire_scanned(key(1), 9, never), Retired::Gone);
+        // Neither read again nor replaced: the whole group goes.
+        assert_eq!(s.retire_scanned(key(1), 1, never), Retired::Evicted(3, 30));
+        assert_eq!((s.ready_len(), s.charged_bytes()), (2, 20));
+        assert_eq!(s.retire_scanned(key(1), 1, never), Retired::Gone);
+        // Read again: kept, every member rehomed into the new group, charges unchanged.
+        let _ = s.lookup(key(6));
+        let r = s.retire_scanned(key(5), 2, |members| {
+            assert_eq!(members.iter().map(|m| m.0).collect::<Vec<_>>(), [5, 6]);
+            assert!(members.iter().all(|m| *m.1 == 8));
+            (
+                vec![50, 60],
+                Group {
+                    id: 3,
+                    first: 5,
+                    blocks: 2,
+                },
+            )
+        });
+        assert_eq!(r, Retired::Kept);
+        assert!(matches!(s.lookup(key(5)), Lookup::Ready(50, false)));
+        assert!(matches!(s.lookup(key(6)), Lookup::Ready(60, false)));
+        assert_eq!((s.ready_len(), s.charged_bytes()), (2, 20));
+        // The old id is gone; the new group leaves whole.
+        assert_eq!(s.retire_scanned(key(5), 2, never), Retired::Gone);
+        assert_eq!(s.evict_one(None), Some((2, 20)));
+        assert_eq!(s.ready_len(), 0);
+        // Being loaded: left alone.
+        s.claim(key(8), 0, |_| true);
+        assert_eq!(s.retire_scanned(key(8), 3, never), Retired::Gone);
     }
 
     fn group(id: usize, first: u64, blocks: u64) -> Option<Group> {

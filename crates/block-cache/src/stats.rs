@@ -38,6 +38,7 @@ pub(crate) struct Counters {
     pub completions: Counter,
     pub scan_evictions: Counter,
     pub buffers_reused: Counter,
+    pub scan_copies: Counter,
     /// Bytes of block buffers alive (cached, in flight, or being copied out).
     pub resident_bytes: Counter,
     /// The high-water mark of `resident_bytes`.
@@ -86,6 +87,9 @@ pub struct BlockCacheStats {
     pub scan_evictions: u64,
     /// Group fills that reused a pooled buffer instead of mapping new memory.
     pub buffers_reused: u64,
+    /// Groups a scan filled that were read again before its window passed them, and so were
+    /// copied out of the scan's shared buffer into one of their own to stay cached.
+    pub scan_copies: u64,
     /// Bytes charged to the budget now (data plus per-entry overhead).
     pub cached_bytes: u64,
     /// Entries cached now.

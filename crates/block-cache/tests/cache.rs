@@ -812,7 +812,14 @@ fn a_scan_keeps_its_window_and_reuses_its_buffers() {
         let kept = block_cache::SCAN_AFTER_BYTES + window + block_cache::SCAN_FILL_BYTES;
         assert!(s.cached_bytes <= kept + MIB, "{s:?}");
         assert!(s.scan_evictions * BLOCK >= size - kept - MIB, "{s:?}");
-        assert!(s.buffers_reused * 256 * KIB >= size / 2, "{s:?}");
+        // A scan fill is one store read of SCAN_FILL_BYTES into one reused huge buffer.
+        let fill = block_cache::SCAN_FILL_BYTES;
+        assert!(s.buffers_reused * fill >= size / 2, "{s:?}");
+        let scanned = size - block_cache::SCAN_AFTER_BYTES;
+        assert!(
+            s.store_reads <= (size - scanned) / BLOCK + scanned / fill + 2,
+            "{s:?}"
+        );
         assert!(s.resident_bytes <= kept + 2 * MIB, "{s:?}");
         // The window's blocks are still there: re-reading the last MiB reads nothing.
         let before = dev.bytes_read();
@@ -854,6 +861,61 @@ fn a_reader_close_behind_a_scan_shares_it() {
         s.cached_bytes >= size - MIB,
         "blocks read twice stay: {s:?}"
     );
+    // They were copied out of the scan's shared buffers, which went back to the pool (or were
+    // unmapped): what is resident is what is cached, the window and the pool's idle buffers.
+    assert!(s.scan_copies > 0, "{s:?}");
+    let idle = block_cache::SCAN_POOL_BUFFERS_MAX as u64 * block_cache::SCAN_FILL_BYTES;
+    assert!(
+        s.resident_bytes <= s.cached_bytes + 8 * MIB + idle,
+        "resident {} MiB for {} MiB cached: {s:?}",
+        s.resident_bytes >> 20,
+        s.cached_bytes >> 20
+    );
+}
+
+/// A scan's fill is one huge buffer shared by its groups. When a second reader touches only
+/// one group of each fill (256 KiB of every 2 MiB) before the window passes, those groups
+/// stay, copied into buffers of their own: the fill buffers go back to the pool, so what is
+/// resident stays near what is cached instead of a whole fill buffer per kept group.
+#[test]
+fn a_kept_scan_group_does_not_hold_its_fill_buffer() {
+    const BLOCK: u64 = 64 * KIB;
+    let size = 96 * MIB;
+    let fill = block_cache::SCAN_FILL_BYTES;
+    let bytes = content(24, size as usize);
+    let dev = Counting::new(bytes.clone(), BLOCK);
+    let cfg = CacheConfig {
+        budget_bytes: 256 * MIB,
+        block_bytes: BLOCK as u32,
+        scan_window_bytes: 8 * MIB,
+        ..CacheConfig::default()
+    };
+    let cache = BlockCache::with_config(cfg).unwrap();
+    let a = cache.wrap(key("a"), dev.clone());
+    let b = cache.wrap(key("a"), dev.clone());
+    for off in (0..size).step_by(fill as usize) {
+        stream(&*a, &bytes, off..off + fill, 256 * KIB);
+        // B reads the first 256 KiB of the fill A just made.
+        stream(&*b, &bytes, off..off + 256 * KIB, 256 * KIB);
+    }
+    let s = cache.stats();
+    assert_eq!(s.store_read_bytes, size, "{s:?}");
+    let scan_fills = (size - block_cache::SCAN_AFTER_BYTES) / fill;
+    // Every fill the window has passed left one group copied out.
+    assert!(s.scan_copies + 8 * MIB / fill + 2 >= scan_fills, "{s:?}");
+    let idle = block_cache::SCAN_POOL_BUFFERS_MAX as u64 * fill;
+    assert!(
+        s.resident_bytes <= s.cached_bytes + 8 * MIB + fill + idle,
+        "resident {} MiB for {} MiB cached: {s:?}",
+        s.resident_bytes >> 20,
+        s.cached_bytes >> 20
+    );
+    // The kept groups read right from their copies.
+    let before = dev.bytes_read();
+    for off in (0..size).step_by(fill as usize) {
+        stream(&*b, &bytes, off..off + 256 * KIB, 256 * KIB);
+    }
+    assert_eq!(dev.bytes_read(), before, "{:?}", cache.stats());
 }
 
 /// A chain that fits in a quarter of the budget is never scanned: a whole pass stays cached

@@ -252,7 +252,7 @@ impl Metrics {
 }
 
 fn render_cache(out: &mut String, c: &BlockCacheStats) {
-    let counters: [(&'static str, &str, u64); 14] = [
+    let counters: [(&'static str, &str, u64); 15] = [
         (
             "ferry_cache_hits_total",
             "Block lookups served from the cache.",
@@ -322,6 +322,11 @@ fn render_cache(out: &mut String, c: &BlockCacheStats) {
             "ferry_cache_buffers_reused_total",
             "Group fills into a reused buffer rather than new memory.",
             c.buffers_reused,
+        ),
+        (
+            "ferry_cache_scan_copies_total",
+            "Scan-filled groups read again before the scan window passed them, copied out to stay.",
+            c.scan_copies,
         ),
     ];
     for (name, help, v) in counters {
