@@ -313,6 +313,69 @@ fn metrics_show_requests_and_second_copy_hits_cache() {
     srv.stop();
 }
 
+/// A copy of an export larger than a quarter of the cache is a scan: its fills are one read
+/// each into a shared huge-page buffer, let go past a small window. Two whole copies
+/// (nbdcopy: several connections, many requests in flight) of a vDisk holding data
+/// everywhere still equal its bytes, and memory stays near the budget.
+#[test]
+fn a_scanned_copy_equals_the_data() {
+    if !require("nbdcopy") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("store");
+    std::fs::create_dir(&store).expect("create store");
+    let size = 48 * MIB;
+    let bytes = pattern(size as usize, 9);
+    let vhdx = store.join("full.vhdx");
+    create_vhdx(&vhdx, &dynamic(size, MIB as u32));
+    session(&vhdx, |d| d.write_at(&bytes, 0).unwrap());
+    let raw = dir.path().join("full.raw");
+    std::fs::write(&raw, &bytes).expect("write raw");
+    // 16 MiB of cache: the 48 MiB chain is larger than a quarter of it, so it is scanned.
+    let (nbd_port, metrics_port) = (free_port(), free_port());
+    let mut proc = Proc::spawn(
+        ferry()
+            .args(["server", "--store", path_str(&store)])
+            .arg(format!("--nbd-listen=127.0.0.1:{nbd_port}"))
+            .arg(format!("--metrics-listen=127.0.0.1:{metrics_port}"))
+            .arg("--cache-ram=16M"),
+        dir.path().join("server.log"),
+    );
+    for port in [nbd_port, metrics_port] {
+        proc.wait_until(&format!("port {port} accepting"), || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+    }
+    let srv = Server {
+        proc,
+        nbd_port,
+        metrics_port,
+    };
+    for i in 0..2 {
+        let out = dir.path().join(format!("copy-{i}.raw"));
+        assert_eq!(
+            copy_sha(&srv, "full", &out),
+            sha256_file(&raw),
+            "copy {i} != the vDisk's bytes"
+        );
+    }
+    let text = srv.metrics();
+    assert!(
+        metric_sum(&text, "ferry_cache_scan_evictions_total") > 0.0,
+        "the copies were scans: {text}"
+    );
+    assert!(
+        metric_sum(&text, "ferry_store_read_bytes_total") >= (2 * size - 16 * MIB) as f64,
+        "the second copy read the store again (the first did not stay): {text}"
+    );
+    assert!(
+        metric_sum(&text, "ferry_cache_resident_bytes") <= (16 + 16 + 8) as f64 * MIB as f64,
+        "resident memory stays near the budget (16 MiB) plus the scan pool: {text}"
+    );
+    srv.stop();
+}
+
 fn run_ferry(args: &[&str]) -> Output {
     ferry()
         .args(args)
