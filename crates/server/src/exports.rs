@@ -22,12 +22,20 @@
 //! This is PVS's rule (a private-mode vDisk has one device). The in-process table enforces
 //! it here, `flock` against other processes. When the writer is done, the file's
 //! DataWriteGuid has changed, so readers get a new cache key and never see stale blocks.
+//!
+//! **A busy open waits a little.** A connection's export is released after the connection
+//! ends (in-flight calls finished, the write cache flushed, closed and, for a discard cache,
+//! deleted), which takes a moment. A device that reconnects at once (a reboot, a tool run
+//! right after another) would find its own previous connection's cache still held, so an
+//! open refused as busy is tried again for up to [`BUSY_WAIT_DEFAULT`] before the refusal
+//! stands (counted and logged once).
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
 
 use block_cache::{BlockCache, ChainKey};
 use disk::BlockDevice;
@@ -243,7 +251,14 @@ struct Inner {
     counters: Counters,
     /// Resolves session-scoped export names (device login), when the server runs a farm.
     sessions: Mutex<Option<Arc<dyn SessionResolver>>>,
+    /// How long a busy open keeps trying.
+    busy_wait: Mutex<Duration>,
 }
+
+/// How long an open of a busy export keeps trying by default (see the module docs).
+pub const BUSY_WAIT_DEFAULT: Duration = Duration::from_secs(2);
+/// The pause between two tries of a busy open.
+const BUSY_RETRY: Duration = Duration::from_millis(20);
 
 /// Export names that start with this are session-scoped: granted by device login, and
 /// served only while the [`SessionResolver`] knows them.
@@ -291,8 +306,15 @@ impl Registry {
                 write_caches: Mutex::default(),
                 counters: Counters::default(),
                 sessions: Mutex::default(),
+                busy_wait: Mutex::new(BUSY_WAIT_DEFAULT),
             }),
         })
+    }
+
+    /// How long an open refused as busy keeps trying before the refusal stands (default
+    /// [`BUSY_WAIT_DEFAULT`]; zero refuses at once).
+    pub fn set_busy_wait(&self, wait: Duration) {
+        *lock(&self.inner.busy_wait) = wait;
     }
 
     /// Serves session-scoped export names (`ferry-s-…`) through `resolver`. Without one,
@@ -350,7 +372,16 @@ impl ExportSource for Registry {
     }
 
     fn open(&self, name: &str) -> Result<ExportHandle, OpenError> {
-        let r = self.inner.open(name);
+        let wait = *lock(&self.inner.busy_wait);
+        let start = Instant::now();
+        let r = loop {
+            match self.inner.open(name) {
+                Err(OpenError::Busy(_)) if start.elapsed() < wait => {
+                    std::thread::sleep(BUSY_RETRY);
+                }
+                r => break r,
+            }
+        };
         let c = &self.inner.counters;
         let counter = match &r {
             Ok(_) => &c.opens_total,

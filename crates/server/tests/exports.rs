@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use block_cache::BlockCache;
 use disk::BlockDevice;
@@ -112,7 +113,10 @@ fn registry_at(dir: &Path) -> Registry {
         store_dir: dir.join("store"),
         write_cache_dir: dir.join("wc"),
     };
-    Registry::new(config, BlockCache::new(64 * MIB, 64 << 10).unwrap()).unwrap()
+    let reg = Registry::new(config, BlockCache::new(64 * MIB, 64 << 10).unwrap()).unwrap();
+    // These tests check who is refused; a busy open's wait is tested on its own.
+    reg.set_busy_wait(Duration::ZERO);
+    reg
 }
 
 fn read_all(dev: &dyn BlockDevice) -> Vec<u8> {
@@ -249,6 +253,30 @@ fn server_cache_of_a_version_sits_on_that_version() {
     let mut want = fx.expected[0].clone();
     want[..512].fill(0xEE);
     assert!(read_all(h.device.as_ref()) == want);
+}
+
+/// A device that reconnects while its previous connection's cache is still being released
+/// gets it once the release is done; one still held when the wait runs out is refused, and
+/// counted once.
+#[test]
+fn a_busy_open_waits_for_the_holder_to_let_go() {
+    let fx = Fixture::new();
+    let reg = fx.registry();
+    reg.set_busy_wait(Duration::from_secs(10));
+    let h = open(&reg, "golden+pc1");
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(h);
+    });
+    let start = Instant::now();
+    let again = open(&reg, "golden+pc1");
+    assert!(start.elapsed() >= Duration::from_millis(250), "it waited for the release");
+    releaser.join().unwrap();
+    assert_eq!(reg.stats().busy_total, 0, "a wait that ends in an open is no refusal");
+    reg.set_busy_wait(Duration::from_millis(100));
+    assert!(is_busy(reg.open("golden+pc1")));
+    assert_eq!(reg.stats().busy_total, 1);
+    drop(again);
 }
 
 #[test]
