@@ -270,9 +270,16 @@ fn a_busy_open_waits_for_the_holder_to_let_go() {
     });
     let start = Instant::now();
     let again = open(&reg, "golden+pc1");
-    assert!(start.elapsed() >= Duration::from_millis(250), "it waited for the release");
+    assert!(
+        start.elapsed() >= Duration::from_millis(250),
+        "it waited for the release"
+    );
     releaser.join().unwrap();
-    assert_eq!(reg.stats().busy_total, 0, "a wait that ends in an open is no refusal");
+    assert_eq!(
+        reg.stats().busy_total,
+        0,
+        "a wait that ends in an open is no refusal"
+    );
     reg.set_busy_wait(Duration::from_millis(100));
     assert!(is_busy(reg.open("golden+pc1")));
     assert_eq!(reg.stats().busy_total, 1);
