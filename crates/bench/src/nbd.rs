@@ -486,22 +486,27 @@ pub fn seq_bench(cfg: &Config, ds: &DataSet) -> Result<String> {
     // Ferry's last run's cache figures.
     let mut ferry_usage = Usage::default();
     for run in 0..cfg.runs {
-        cfg.cache.drop_now();
-        let d = disk_seq_secs(ds)?;
-        note(&format!(
-            "nbd-seq run {}: disk (fio O_DIRECT) {:.0} MB/s",
-            run + 1,
-            ds.size as f64 / 1e6 / d
-        ));
-        disk.push(d);
-        cfg.cache.drop_now();
-        let d = disk_seq_secs_buffered(ds)?;
-        note(&format!(
-            "nbd-seq run {}: disk (fio through the page cache) {:.0} MB/s",
-            run + 1,
-            ds.size as f64 / 1e6 / d
-        ));
-        disk_buffered.push(d);
+        for (secs, how, out) in [
+            (
+                disk_seq_secs as fn(&DataSet) -> Result<f64>,
+                "fio O_DIRECT",
+                &mut disk,
+            ),
+            (
+                disk_seq_secs_buffered,
+                "fio through the page cache",
+                &mut disk_buffered,
+            ),
+        ] {
+            cfg.cache.drop_now();
+            let d = secs(ds)?;
+            note(&format!(
+                "nbd-seq run {}: disk ({how}) {:.0} MB/s",
+                run + 1,
+                ds.size as f64 / 1e6 / d
+            ));
+            out.push(d);
+        }
         for row in &mut rows {
             let srv = Server::start(row.kind, ds)?;
             cfg.cache.drop_now();
@@ -638,47 +643,39 @@ pub fn seq_bench(cfg: &Config, ds: &DataSet) -> Result<String> {
 /// Seconds for fio to read the raw twin front to back through the page cache, one 256 KiB
 /// read at a time: the kernel's read-ahead decides the device's requests, as for the peers.
 fn disk_seq_secs_buffered(ds: &DataSet) -> Result<f64> {
-    let out = crate::sys::run(
-        "fio",
+    fio_read_secs(
+        ds,
         &[
             "--name=disk-buffered",
-            &format!("--filename={}", ds.raw.display()),
-            "--readonly",
-            "--rw=read",
-            "--bs=256k",
             "--ioengine=psync",
             "--direct=0",
             "--invalidate=1",
-            &format!("--size={}", ds.size),
-            "--output-format=json",
         ],
-    )?;
-    let v = fio_json(&out)?;
-    let bw = v["jobs"][0]["read"]["bw_bytes"]
-        .as_f64()
-        .filter(|b| *b > 0.0)
-        .ok_or_else(|| anyhow!("no read.bw_bytes in fio's json"))?;
-    Ok(ds.size as f64 / bw)
+    )
 }
 
 /// Seconds for fio to read the raw twin front to back with `O_DIRECT` at queue depth 16:
 /// what the disk itself delivers, with no NBD and no server.
 fn disk_seq_secs(ds: &DataSet) -> Result<f64> {
-    let out = crate::sys::run(
-        "fio",
+    fio_read_secs(
+        ds,
         &[
             "--name=disk",
-            &format!("--filename={}", ds.raw.display()),
-            "--readonly",
-            "--rw=read",
-            "--bs=256k",
             "--iodepth=16",
             "--ioengine=io_uring",
             "--direct=1",
-            &format!("--size={}", ds.size),
-            "--output-format=json",
         ],
-    )?;
+    )
+}
+
+/// Seconds for one fio job with `how` to read the raw twin front to back in 256 KiB reads.
+fn fio_read_secs(ds: &DataSet, how: &[&str]) -> Result<f64> {
+    let file = format!("--filename={}", ds.raw.display());
+    let size = format!("--size={}", ds.size);
+    let mut args = how.to_vec();
+    args.extend([file.as_str(), "--readonly", "--rw=read", "--bs=256k"]);
+    args.extend([size.as_str(), "--output-format=json"]);
+    let out = crate::sys::run("fio", &args)?;
     let v = fio_json(&out)?;
     let bw = v["jobs"][0]["read"]["bw_bytes"]
         .as_f64()

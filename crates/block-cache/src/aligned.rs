@@ -73,47 +73,20 @@ impl AlignedBuf {
 
     /// `len` zero bytes in a new anonymous mapping (page-aligned, so `DIRECT_ALIGN`-aligned).
     fn map(len: usize) -> AlignedBuf {
-        use rustix::mm::{MapFlags, ProtFlags, mmap_anonymous};
-        // SAFETY: a new private anonymous mapping of `len` (> 0) bytes at an address the
-        // kernel chooses aliases no existing memory; its bytes read as zero.
-        let p = unsafe {
-            mmap_anonymous(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::PRIVATE,
-            )
-        };
-        match p {
-            Ok(p) => AlignedBuf {
-                ptr: NonNull::new(p.cast::<u8>())
-                    .unwrap_or_else(|| handle_alloc_error(AlignedBuf::layout(len))),
-                len,
-                pool: None,
-            },
-            Err(_) => handle_alloc_error(AlignedBuf::layout(len)),
+        AlignedBuf {
+            ptr: map_anonymous(len).cast::<u8>(),
+            len,
+            pool: None,
         }
     }
 
     /// `len` zero bytes (a multiple of [`HUGE_PAGE_BYTES`]) in a new anonymous mapping
     /// aligned to [`HUGE_PAGE_BYTES`] and advised `MADV_HUGEPAGE` (see the module notes).
     pub fn map_huge(len: usize) -> AlignedBuf {
-        use rustix::mm::{Advice, MapFlags, ProtFlags, madvise, mmap_anonymous, munmap};
+        use rustix::mm::{Advice, madvise, munmap};
         debug_assert!(len > 0 && len.is_multiple_of(HUGE_PAGE_BYTES));
         let span = len + HUGE_PAGE_BYTES;
-        // SAFETY: a new private anonymous mapping of `span` (> 0) bytes at an address the
-        // kernel chooses aliases no existing memory; its bytes read as zero.
-        let p = unsafe {
-            mmap_anonymous(
-                std::ptr::null_mut(),
-                span,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::PRIVATE,
-            )
-        };
-        let Ok(p) = p else {
-            handle_alloc_error(AlignedBuf::layout(len))
-        };
+        let p = map_anonymous(span).as_ptr();
         let base = p as usize;
         let start = base.next_multiple_of(HUGE_PAGE_BYTES);
         let (head, tail) = (start - base, base + span - (start + len));
@@ -157,6 +130,26 @@ impl AlignedBuf {
             len: src.len(),
             pool: None,
         }
+    }
+}
+
+/// A new private anonymous read-write mapping of `len` (> 0) bytes, which read as zero;
+/// aborts like a failed allocation when the kernel refuses.
+fn map_anonymous(len: usize) -> NonNull<std::ffi::c_void> {
+    use rustix::mm::{MapFlags, ProtFlags, mmap_anonymous};
+    // SAFETY: a new private anonymous mapping at an address the kernel chooses aliases no
+    // existing memory.
+    let p = unsafe {
+        mmap_anonymous(
+            std::ptr::null_mut(),
+            len,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::PRIVATE,
+        )
+    };
+    match p.ok().and_then(NonNull::new) {
+        Some(p) => p,
+        None => handle_alloc_error(AlignedBuf::layout(len)),
     }
 }
 

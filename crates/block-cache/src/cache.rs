@@ -652,28 +652,8 @@ impl Shared {
                 first,
                 blocks: stop - first,
             });
-            for c in part {
-                let b = c.key.block;
-                // Below GROUP_BYTES: fits a u32.
-                let (start, len) = ((b - first) * bs, self.block_len(chain, b));
-                let data = if zero {
-                    Data::Zero
-                } else {
-                    Data::Bytes {
-                        block: Arc::clone(&buf),
-                        lo: 0,
-                        start: start as u32,
-                        len: len as u32,
-                    }
-                };
-                let entry = Cached {
-                    data,
-                    valid: self.block_mask(chain, b),
-                    group,
-                };
-                each(b, &entry);
-                self.publish(c, entry, b >= prefetched_from);
-            }
+            let src = (!zero).then_some((&buf, first));
+            self.publish_group(chain, part, src, group, prefetched_from, each);
             if scan && !zero {
                 let key = Key {
                     chain: chain.id,
@@ -683,6 +663,40 @@ impl Shared {
             }
         }
         Ok(())
+    }
+
+    /// Publishes a fill's claimed whole blocks `part` with `group` and hands each to `each`:
+    /// as entries sharing `src`'s buffer, whose bytes start with block `src.1`'s, or as `Zero`
+    /// entries when `src` is `None` (the part read all zeros).
+    fn publish_group(
+        &self,
+        chain: &ChainHandle,
+        part: Vec<Claimed<'_>>,
+        src: Option<(&Arc<Block>, u64)>,
+        group: Option<Group>,
+        prefetched_from: u64,
+        each: &mut impl FnMut(u64, &Cached),
+    ) {
+        for c in part {
+            let b = c.key.block;
+            let data = match src {
+                None => Data::Zero,
+                // Within a buffer of a few MiB: fits a u32.
+                Some((buf, base)) => Data::Bytes {
+                    block: Arc::clone(buf),
+                    lo: 0,
+                    start: ((b - base) * self.block_bytes) as u32,
+                    len: self.block_len(chain, b) as u32,
+                },
+            };
+            let entry = Cached {
+                data,
+                valid: self.block_mask(chain, b),
+                group,
+            };
+            each(b, &entry);
+            self.publish(c, entry, b >= prefetched_from);
+        }
     }
 
     /// Fills a scan's run of whole new blocks (at most [`SCAN_FILL_BYTES`]) with one store
@@ -732,26 +746,8 @@ impl Shared {
                 first,
                 blocks: stop - first,
             });
-            for c in part {
-                let b = c.key.block;
-                let data = if zero {
-                    Data::Zero
-                } else {
-                    Data::Bytes {
-                        block: Arc::clone(&buf),
-                        lo: 0,
-                        start: ((b - start) * bs) as u32,
-                        len: self.block_len(chain, b) as u32,
-                    }
-                };
-                let entry = Cached {
-                    data,
-                    valid: self.block_mask(chain, b),
-                    group,
-                };
-                each(b, &entry);
-                self.publish(c, entry, b >= prefetched_from);
-            }
+            let src = (!zero).then_some((&buf, start));
+            self.publish_group(chain, part, src, group, prefetched_from, each);
             if !zero {
                 let key = Key {
                     chain: chain.id,

@@ -828,23 +828,38 @@ fn a_scan_keeps_its_window_and_reuses_its_buffers() {
     }
 }
 
+/// Two wrappers of one chain holding `bytes` (64 KiB blocks) through a cache of `budget`
+/// with a scan window of `window`: two connections reading the same vDisk.
+fn two_readers(
+    bytes: &[u8],
+    budget: u64,
+    window: u64,
+) -> (
+    Arc<Counting>,
+    BlockCache,
+    Arc<dyn BlockDevice>,
+    Arc<dyn BlockDevice>,
+) {
+    let dev = Counting::new(bytes.to_vec(), 64 * KIB);
+    let cfg = CacheConfig {
+        budget_bytes: budget,
+        block_bytes: 64 << 10,
+        scan_window_bytes: window,
+        ..CacheConfig::default()
+    };
+    let cache = BlockCache::with_config(cfg).unwrap();
+    let a: Arc<dyn BlockDevice> = cache.wrap(key("a"), dev.clone());
+    let b: Arc<dyn BlockDevice> = cache.wrap(key("a"), dev.clone());
+    (dev, cache, a, b)
+}
+
 /// A second reader close behind a scan (a second target copying the same vDisk) hits what
 /// the first filled: the store is read once, and the blocks read twice survive the window.
 #[test]
 fn a_reader_close_behind_a_scan_shares_it() {
-    const BLOCK: u64 = 64 * KIB;
     let size = 48 * MIB;
     let bytes = content(22, size as usize);
-    let dev = Counting::new(bytes.clone(), BLOCK);
-    let cfg = CacheConfig {
-        budget_bytes: 128 * MIB,
-        block_bytes: BLOCK as u32,
-        scan_window_bytes: 8 * MIB,
-        ..CacheConfig::default()
-    };
-    let cache = BlockCache::with_config(cfg).unwrap();
-    let a = cache.wrap(key("a"), dev.clone());
-    let b = cache.wrap(key("a"), dev.clone());
+    let (dev, cache, a, b) = two_readers(&bytes, 128 * MIB, 8 * MIB);
     // B follows A 1 MiB behind.
     let step = MIB;
     for off in (0..size + step).step_by(step as usize) {
@@ -857,6 +872,7 @@ fn a_reader_close_behind_a_scan_shares_it() {
     }
     let s = cache.stats();
     assert_eq!(s.store_read_bytes, size, "{s:?}");
+    assert_eq!(dev.bytes_read(), size, "each byte came from the store once");
     assert!(
         s.cached_bytes >= size - MIB,
         "blocks read twice stay: {s:?}"
@@ -879,20 +895,10 @@ fn a_reader_close_behind_a_scan_shares_it() {
 /// resident stays near what is cached instead of a whole fill buffer per kept group.
 #[test]
 fn a_kept_scan_group_does_not_hold_its_fill_buffer() {
-    const BLOCK: u64 = 64 * KIB;
     let size = 96 * MIB;
     let fill = block_cache::SCAN_FILL_BYTES;
     let bytes = content(24, size as usize);
-    let dev = Counting::new(bytes.clone(), BLOCK);
-    let cfg = CacheConfig {
-        budget_bytes: 256 * MIB,
-        block_bytes: BLOCK as u32,
-        scan_window_bytes: 8 * MIB,
-        ..CacheConfig::default()
-    };
-    let cache = BlockCache::with_config(cfg).unwrap();
-    let a = cache.wrap(key("a"), dev.clone());
-    let b = cache.wrap(key("a"), dev.clone());
+    let (dev, cache, a, b) = two_readers(&bytes, 256 * MIB, 8 * MIB);
     for off in (0..size).step_by(fill as usize) {
         stream(&*a, &bytes, off..off + fill, 256 * KIB);
         // B reads the first 256 KiB of the fill A just made.
