@@ -613,7 +613,7 @@ impl Shared {
         if let Some(pool) = self
             .scan_pool
             .as_ref()
-            .filter(|p| scan && end * bs - start * bs <= p.buf_len() as u64)
+            .filter(|p| scan && (end - start) * bs <= p.buf_len() as u64)
         {
             return self.fill_scan(chain, run, prefetched_from, pool, each);
         }
@@ -760,8 +760,9 @@ impl Shared {
         Ok(())
     }
 
-    /// Records a group a scan filled (`key` one of its blocks, `id` its buffer) and evicts
-    /// the scan's groups past the window that no second read touched.
+    /// Records a group a scan filled (`key` one of its blocks, `id` the group's id) and
+    /// retires the scan's groups past the window: evicted if no second read touched them,
+    /// else copied out of the scan's shared buffer (`rehome`).
     fn scanned(&self, key: Key, id: usize, bytes: u64) {
         let mut old = Vec::new();
         {
@@ -788,13 +789,9 @@ impl Shared {
     }
 
     /// Copies a kept scan group's entries (`members`, in block order, sharing one buffer)
-    /// into a buffer of their own: their new data and group. Entries without bytes (none in
-    /// a scan's group, which is all data) are kept as they are.
-    fn rehome(&self, members: &[(u64, &Cached)]) -> (Vec<Cached>, Group) {
-        let (first, last) = (
-            members.first().map_or(0, |m| m.0),
-            members.last().map_or(0, |m| m.0),
-        );
+    /// into a buffer of their own: their new data and group. `None` (nothing to copy) when
+    /// no member holds bytes, which a scan's group, all data, never is.
+    fn rehome(&self, members: &[(u64, &Cached)]) -> Option<(Vec<Cached>, Group)> {
         let spans = members.iter().filter_map(|(_, c)| match &c.data {
             Data::Bytes {
                 block, start, len, ..
@@ -806,20 +803,12 @@ impl Shared {
             src.get_or_insert(block);
             (lo, hi) = (lo.min(s), hi.max(e));
         }
-        let Some(src) = src else {
-            let group = members.iter().find_map(|m| m.1.group);
-            let group = group.unwrap_or(Group {
-                id: 0,
-                first,
-                blocks: last + 1 - first,
-            });
-            return (members.iter().map(|m| m.1.clone()).collect(), group);
-        };
-        let copy = Block::copy_of(&src.bytes[lo..hi], &self.counters);
+        let copy = Block::copy_of(&src?.bytes[lo..hi], &self.counters);
+        let first = members.first()?.0;
         let group = Group {
             id: copy.bytes.as_ptr() as usize,
             first,
-            blocks: last + 1 - first,
+            blocks: members.last()?.0 + 1 - first,
         };
         let copy = Arc::new(copy);
         let data = members
@@ -841,7 +830,7 @@ impl Shared {
             })
             .collect();
         self.counters.scan_copies.add(1);
-        (data, group)
+        Some((data, group))
     }
 
     /// Fails every claim of a run whose store read of `[lo, hi)` failed; returns the error.

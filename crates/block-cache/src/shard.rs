@@ -333,15 +333,16 @@ impl<D: Clone, P: Clone> Shard<D, P> {
 
     /// Retires a scan's group past the window, found by one of its blocks (`key`) and its
     /// id: evicted with the rest of its group if every member's CLOCK bit is clear (no
-    /// second read touched it); if it was read again it stays, and `rehome` gives its entries new data
-    /// (a copy into a buffer of their own, so the scan's shared buffer can be reused) and a
-    /// new group. `rehome` gets the group's ready entries as (block, data) in block order and
-    /// returns their data in the same order.
+    /// second read touched it). If it was read again it stays, and `rehome` may give its
+    /// entries new data (a copy into a buffer of their own, so the scan's shared buffer can
+    /// be reused) and a new group: it gets the group's ready entries as (block, data) in
+    /// block order and returns their data in the same order, or `None` to leave them as
+    /// they are.
     pub fn retire_scanned(
         &mut self,
         key: Key,
         id: usize,
-        rehome: impl FnOnce(&[(u64, &D)]) -> (Vec<D>, Group),
+        rehome: impl FnOnce(&[(u64, &D)]) -> Option<(Vec<D>, Group)>,
     ) -> Retired {
         let Some(Entry::Ready(i)) = self.map.get(&key) else {
             return Retired::Gone;
@@ -370,7 +371,9 @@ impl<D: Clone, P: Clone> Shard<D, P> {
             .iter()
             .map(|&j| (self.slot(j).key.block, &self.slot(j).data))
             .collect();
-        let (data, group) = rehome(&views);
+        let Some((data, group)) = rehome(&views) else {
+            return Retired::Kept;
+        };
         debug_assert_eq!(data.len(), members.len());
         for (j, d) in members.into_iter().zip(data) {
             if let Some(s) = self.ring[j].as_mut() {
@@ -611,7 +614,8 @@ mod tests {
             s.claim(key(b), 0, |_| true);
             s.publish(key(b), 8, 10, false, group(2, 5, 2));
         }
-        let never = |_: &[(u64, &u64)]| -> (Vec<u64>, Group) { panic!("nothing to rehome") };
+        let never =
+            |_: &[(u64, &u64)]| -> Option<(Vec<u64>, Group)> { panic!("nothing to rehome") };
         // Another group under the key (the buffer was replaced): left alone.
         assert_eq!(s.retire_scanned(key(1), 9, never), Retired::Gone);
         // Neither read again nor replaced: the whole group goes.
@@ -623,14 +627,14 @@ mod tests {
         let r = s.retire_scanned(key(5), 2, |members| {
             assert_eq!(members.iter().map(|m| m.0).collect::<Vec<_>>(), [5, 6]);
             assert!(members.iter().all(|m| *m.1 == 8));
-            (
+            Some((
                 vec![50, 60],
                 Group {
                     id: 3,
                     first: 5,
                     blocks: 2,
                 },
-            )
+            ))
         });
         assert_eq!(r, Retired::Kept);
         assert!(matches!(s.lookup(key(5)), Lookup::Ready(50, false)));
