@@ -637,6 +637,9 @@ mod tests {
             ))
         });
         assert_eq!(r, Retired::Kept);
+        // Nothing to copy: kept as it was (and still under its id).
+        let none = |_: &[(u64, &u64)]| -> Option<(Vec<u64>, Group)> { None };
+        assert_eq!(s.retire_scanned(key(5), 3, none), Retired::Kept);
         assert!(matches!(s.lookup(key(5)), Lookup::Ready(50, false)));
         assert!(matches!(s.lookup(key(6)), Lookup::Ready(60, false)));
         assert_eq!((s.ready_len(), s.charged_bytes()), (2, 20));

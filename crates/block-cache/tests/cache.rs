@@ -598,6 +598,37 @@ fn failed_group_read_is_returned_and_not_cached() {
     assert_eq!(cache.stats().store_read_bytes, MIB);
 }
 
+/// A scan's fill that fails is returned to the reader and caches nothing; its huge buffer
+/// goes back to the pool, and the same stream read again gets the bytes.
+#[test]
+fn a_failed_scan_fill_is_returned_and_not_cached() {
+    let size = 32 * MIB;
+    let bytes = content(14, size as usize);
+    let (dev, cache, a, _) = two_readers(&bytes, 64 * MIB, 4 * MIB);
+    // Past SCAN_AFTER_BYTES the stream is a scan; its next miss is a scan fill.
+    let scan_from = block_cache::SCAN_AFTER_BYTES + MIB;
+    stream(&*a, &bytes, 0..scan_from, 256 * KIB);
+    let before = cache.stats();
+    let mut buf = vec![0u8; (256 * KIB) as usize];
+    dev.fail.store(true, Ordering::SeqCst);
+    // Reads the last fill already holds succeed from the cache; the first miss fails.
+    let mut at = scan_from;
+    let err = loop {
+        assert!(at < scan_from + 4 * MIB, "no scan fill within 4 MiB");
+        match a.read_at(&mut buf, at) {
+            Ok(()) => at += 256 * KIB,
+            Err(e) => break e,
+        }
+    };
+    dev.fail.store(false, Ordering::SeqCst);
+    assert_eq!(err.kind(), ErrorKind::Io);
+    let after = cache.stats();
+    assert_eq!(after.cached_bytes, before.cached_bytes, "{after:?}");
+    assert_eq!(after.store_read_bytes, before.store_read_bytes, "{after:?}");
+    stream(&*a, &bytes, at..size, 256 * KIB);
+    assert!(cache.stats().scan_evictions > 0, "{:?}", cache.stats());
+}
+
 #[test]
 fn writes_trims_and_zeroes_are_refused() {
     let dev = Counting::new(vec![0u8; 1 << 20], 4096);
