@@ -414,6 +414,10 @@ struct ChainHandle {
     /// Long streams through this chain are scans: it is larger than a quarter of the
     /// budget (and scans are on).
     scanned: bool,
+    /// The block this wrapper's scan has filled up to (0: none yet). Read-ahead queued
+    /// before the stream became a scan can run after the scan went past it and its window
+    /// let the blocks go; it skips the blocks below this instead of reading them again.
+    scan_end: AtomicU64,
 }
 
 impl Shared {
@@ -610,6 +614,9 @@ impl Shared {
         let (bs, g) = (self.block_bytes, self.group_blocks);
         let start = run[0].key.block;
         let end = start + run.len() as u64;
+        if scan {
+            chain.scan_end.fetch_max(end, Ordering::Relaxed);
+        }
         if let Some(pool) = self
             .scan_pool
             .as_ref()
@@ -1100,7 +1107,7 @@ impl Shared {
     /// Prefetches the absent blocks of `blocks` (a read-ahead job). Errors are counted and
     /// dropped: the demand read that needs the block retries and reports.
     fn prefetch(&self, chain: &ChainHandle, blocks: Range<u64>) {
-        let mut b = blocks.start;
+        let mut b = blocks.start.max(chain.scan_end.load(Ordering::Relaxed));
         while b < blocks.end {
             let key = Key {
                 chain: chain.id,
@@ -1328,6 +1335,7 @@ impl BlockCache {
             score: token,
             scanned: self.shared.scan_window_bytes > 0
                 && geometry.size > self.shared.config.budget_bytes / SCAN_CHAIN_BUDGET_DIVISOR,
+            scan_end: AtomicU64::new(0),
         };
         Arc::new(CachedDevice {
             chain: Arc::new(chain),
