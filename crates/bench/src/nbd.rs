@@ -364,11 +364,11 @@ pub fn serve_internal(args: &[String]) -> Result<()> {
     let reg = registry.clone();
     let m = Arc::clone(&metrics);
     rt.block_on(async move {
-        let cfg = server::nbd::ServerConfig {
+        let cfg = nbd_server::ServerConfig {
             nbd_listen: Some(SocketAddr::from(([127, 0, 0, 1], port))),
-            ..server::nbd::ServerConfig::default()
+            ..nbd_server::ServerConfig::default()
         };
-        let listener = server::nbd::Listener::bind(cfg).await?;
+        let listener = nbd_server::Listener::bind(cfg).await?;
         let port = listener.local_addr().map_or(0, |a| a.port());
         {
             let mut out = std::io::stdout().lock();

@@ -352,7 +352,7 @@ impl Report {
         out.push_str(
             "## NBD serving: machine and conditions\n\n\
              Ferry's NBD server runs in a child process of the harness (`ferry-bench \
-             serve-internal --store DIR --port 0`: `server::nbd::Listener` over \
+             serve-internal --store DIR --port 0`: `nbd_server::Listener` over \
              `server::exports::Registry` and a `block_cache::BlockCache`, on a multi-threaded \
              tokio runtime), so its CPU time and storage reads are read from `/proc/PID/stat` \
              and `/proc/PID/io` like the peers'. Everything runs on this one machine: the \

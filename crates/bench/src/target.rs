@@ -20,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use target::{AgentConfig, CacheMode};
+use agent::{AgentConfig, CacheMode};
 
 use crate::nbd::{DataSet, Kind, Server};
 use crate::{Config, note};
@@ -134,7 +134,7 @@ impl Agent {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(target::run(ac, rx))?;
+            rt.block_on(agent::run(ac, rx))?;
             anyhow::Ok(())
         });
         let agent = Agent {

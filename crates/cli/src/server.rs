@@ -18,7 +18,7 @@ use clap::Args as ClapArgs;
 use server::config::{FerryConfig, Resolved};
 use server::exports::Registry;
 use server::metrics::Metrics;
-use server::nbd::{ExportSource, Listener, NbdMetrics};
+use nbd_server::{ExportSource, Listener, NbdMetrics};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use ::target::login::{self, LoginError, LoginGrant};
-use ::target::{AgentConfig, CacheMode, Status};
+use ::agent::login::{self, LoginError, LoginGrant};
+use ::agent::{AgentConfig, CacheMode, Status};
 use anyhow::{Context, anyhow, bail};
 use clap::{Args as ClapArgs, Subcommand};
 use tokio::signal::unix::{SignalKind, signal};
@@ -151,7 +151,7 @@ fn socket_path(export: &str) -> anyhow::Result<PathBuf> {
 fn control_path(export: &str, control: Option<&Path>) -> anyhow::Result<PathBuf> {
     match control {
         Some(c) => Ok(c.to_path_buf()),
-        None => Ok(::target::agent::control_path_for(&socket_path(export)?)),
+        None => Ok(::agent::daemon::control_path_for(&socket_path(export)?)),
     }
 }
 
@@ -180,7 +180,7 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
         }
         Some(Command::MarkBooted { export, control }) => {
             let path = control_path(export, control.as_deref())?;
-            let v = ::target::control::request(&path, "mark-booted")?;
+            let v = ::agent::control::request(&path, "mark-booted")?;
             let t = v["boot_time_s"]
                 .as_f64()
                 .context("agent did not report a boot time")?;
@@ -249,7 +249,7 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
             }
             tracing::info!("shutting down: finishing open connections");
         };
-        ::target::run(cfg, stop).await.map_err(anyhow::Error::from)
+        ::agent::run(cfg, stop).await.map_err(anyhow::Error::from)
     });
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     result?;
@@ -293,7 +293,7 @@ fn start_reporter(api: &str, export_name: String, control: PathBuf) {
             let mut failures = 0u64;
             loop {
                 std::thread::sleep(REPORT_EVERY);
-                let Ok(v) = ::target::control::request(&control, "status") else {
+                let Ok(v) = ::agent::control::request(&control, "status") else {
                     continue;
                 };
                 let n = |k: &str| v[k].as_u64().unwrap_or(0);
@@ -384,7 +384,7 @@ fn status(
     prometheus: bool,
     _global: Global,
 ) -> anyhow::Result<ExitCode> {
-    let v = ::target::control::request(control, "status")?;
+    let v = ::agent::control::request(control, "status")?;
     let s: Status = serde_json::from_value(v).context("status reply")?;
     if json {
         crate::print_json(&s)?;

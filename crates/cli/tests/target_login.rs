@@ -239,11 +239,11 @@ impl Target {
 #[test]
 fn the_targets_proof_is_the_farms() {
     let key_hex = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
-    let key = ::target::login::parse_farm_key(key_hex).unwrap();
+    let key = ::agent::login::parse_farm_key(key_hex).unwrap();
     for mac in ["aa:bb:cc:00:00:01", "AA-BB-CC-00-00-01", "aabbcc000001"] {
         for nonce in ["nonce", "9f86d081884c7d659a2feaa0c55ad015"] {
             assert_eq!(
-                ::target::login::proof(&key, nonce, mac).unwrap(),
+                ::agent::login::proof(&key, nonce, mac).unwrap(),
                 farm::login::proof(key_hex, nonce, mac).unwrap(),
                 "{mac} {nonce}"
             );

@@ -33,7 +33,7 @@ use block_cache::{BlockCache, CacheConfig};
 use serde::Deserialize;
 
 use crate::exports::RegistryConfig;
-use crate::nbd::ServerConfig;
+use nbd_server::ServerConfig;
 
 /// The default NBD TCP address (10809 is NBD's IANA port).
 pub const DEFAULT_NBD_LISTEN: &str = "0.0.0.0:10809";

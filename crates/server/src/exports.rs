@@ -42,7 +42,7 @@ use disk::BlockDevice;
 use disk::error::chain_to_string;
 use disk::vhdx::VhdxImage;
 
-use crate::nbd::{ExportHandle, ExportInfo, ExportSource, OpenError};
+use nbd_server::{ExportHandle, ExportInfo, ExportSource, OpenError};
 use crate::store::{Resolved, Store, StoreError, check_vdisk_name, split_version};
 use crate::writecache::{
     self, CacheMode, Counted, FileLock, WriteCache, WriteCacheError, WriteCacheTarget,

@@ -1,7 +1,7 @@
 //! Ferry's streaming server library.
 //!
 //! ```text
-//!   TCP / unix listeners ──► nbd::Handler (one task per connection)
+//!   TCP / unix listeners ──► nbd_server (one task per connection)
 //!                                  │  requests decoded by the pure `nbd-proto` codec
 //!                                  ▼
 //!                         ExportSource::open(name) ──► Arc<dyn disk::BlockDevice>
@@ -10,13 +10,12 @@
 //!                         replies ──► one writer task per connection
 //! ```
 //!
-//! The NBD transport ([`nbd`]) knows nothing about stores or caches: it asks an
-//! [`nbd::ExportSource`] for a device by export name and reports to an [`nbd::NbdMetrics`].
+//! The NBD transport (the `nbd-server` crate) knows nothing about stores or caches: it asks an
+//! [`nbd_server::ExportSource`] for a device by export name and reports to an [`nbd_server::NbdMetrics`].
 
 pub mod config;
 pub mod exports;
 pub mod http;
 pub mod metrics;
-pub mod nbd;
 pub mod store;
 pub mod writecache;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use block_cache::BlockCacheStats;
 
 use crate::exports::{MODE_LABELS, RegistryStats};
-use crate::nbd::NbdMetrics;
+use nbd_server::NbdMetrics;
 
 /// The request types with their own series; the last one takes every other kind.
 pub const REQUEST_TYPES: [&str; 8] = [

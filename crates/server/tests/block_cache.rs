@@ -13,7 +13,7 @@ use disk::vhdx::CreateOptions;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use server::exports::{Registry, RegistryConfig};
-use server::nbd::ExportSource;
+use nbd_server::ExportSource;
 
 const MIB: u64 = 1 << 20;
 /// The vDisk's virtual size (a multiple of every granule here; block-cache's own tests cover

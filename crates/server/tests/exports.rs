@@ -15,7 +15,7 @@ use block_cache::BlockCache;
 use disk::BlockDevice;
 use disk::vhdx::CreateOptions;
 use server::exports::{Registry, RegistryConfig};
-use server::nbd::{ExportHandle, ExportSource, OpenError};
+use nbd_server::{ExportHandle, ExportSource, OpenError};
 use sha2::{Digest, Sha256};
 
 const MIB: u64 = 1 << 20;

@@ -11,7 +11,7 @@ use common::{Chain, SIZE, Server, read, tool};
 use disk::ExtentKind;
 use interop::{MIB, open_ro, pattern, require, require_all, run_ok};
 use nbd_proto::{NBD_STATE_HOLE, NBD_STATE_ZERO};
-use server::nbd::ServerConfig;
+use nbd_server::ServerConfig;
 
 fn json(out: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("not json ({e}): {out}"))

@@ -18,7 +18,7 @@ use nbd_proto::{
     NBD_EOVERFLOW, NBD_EPERM, NBD_OPT_GO, NBD_REP_ERR_INVALID, NBD_REP_ERR_TOO_BIG,
     NBD_REP_ERR_UNKNOWN, NBD_REP_ERR_UNSUP, NBD_STATE_ZERO, OptionHeader, Request,
 };
-use server::nbd::ServerConfig;
+use nbd_server::ServerConfig;
 
 fn error_chunk(r: &Reply) -> Option<u32> {
     match r {

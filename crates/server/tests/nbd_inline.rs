@@ -15,7 +15,7 @@ use common::{Chain, Raw, SIZE, Server, req};
 use interop::{MIB, pattern};
 use nbd_proto::reply::{CHUNK_HEADER_LEN, Chunk, ChunkPayload, SimpleReply};
 use nbd_proto::{Command, NBD_EINVAL, NBD_ENOSPC, NBD_SIMPLE_REPLY_MAGIC};
-use server::nbd::{ExportHandle, ExportInfo, ExportSource, OpenError, ServerConfig};
+use nbd_server::{ExportHandle, ExportInfo, ExportSource, OpenError, ServerConfig};
 use write_cache::{Config, Mode, WriteCache};
 
 /// RAM budget of the cache: 64 blocks of 4 KiB.

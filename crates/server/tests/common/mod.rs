@@ -21,7 +21,7 @@ use nbd_proto::{
     ClientFlags, ClientOption, InfoRequest, MetaQuery, NBD_SIMPLE_REPLY_MAGIC,
     NBD_STRUCTURED_REPLY_MAGIC, Request, ServerGreeting,
 };
-use server::nbd::{
+use nbd_server::{
     ExportHandle, ExportInfo, ExportSource, Listener, NbdMetrics, OpenError, ServerConfig,
 };
 

@@ -19,7 +19,7 @@ use nbd_proto::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::{
+use crate::{
     ExportHandle, ExportSource, MAX_OPTIONS_PER_HANDSHAKE, MAX_PAYLOAD, MIN_BLOCK_SIZE, OpenError,
     PREFERRED_BLOCK_SIZE,
 };

@@ -1,5 +1,5 @@
 //! The agent: builds the stack (remote vDisk, write cache, counters), serves it on the
-//! export socket with `server::nbd`, answers the control socket, and stops on `shutdown`.
+//! export socket with `nbd_server`, answers the control socket, and stops on `shutdown`.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use disk::BlockDevice;
-use server::nbd::{ExportHandle, ExportInfo, ExportSource, NoMetrics, OpenError, ServerConfig};
+use nbd_server::{ExportHandle, ExportInfo, ExportSource, NoMetrics, OpenError, ServerConfig};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use write_cache::{FileStore, OverflowStore, WriteCache};
@@ -335,7 +335,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future) -> Result<(), AgentErr
     });
     tracing::info!(export = %agent.cfg.export_socket.display(), mode = agent.cfg.mode.name(),
         server = %agent.remote.server(), "serving the vDisk");
-    let r = server::nbd::run(config, source, Arc::new(NoMetrics), shutdown).await;
+    let r = nbd_server::run(config, source, Arc::new(NoMetrics), shutdown).await;
     control_task.abort();
     sampler_task.abort();
     let _ = std::fs::remove_file(&control_path);

@@ -62,9 +62,9 @@ use tokio::io::{
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::listener::{ConnCtx, Shutdown};
-use super::negotiate::{Negotiated, release_blocking};
-use super::{MAX_BLOCK_STATUS_EXTENTS, MAX_BLOCK_STATUS_QUERY, MAX_PAYLOAD, to_nbd_errno};
+use crate::listener::{ConnCtx, Shutdown};
+use crate::negotiate::{Negotiated, release_blocking};
+use crate::{MAX_BLOCK_STATUS_EXTENTS, MAX_BLOCK_STATUS_QUERY, MAX_PAYLOAD, to_nbd_errno};
 
 /// Bytes of the writer's buffer.
 const WRITE_BUFFER_BYTES: usize = 256 << 10;

@@ -13,8 +13,8 @@ use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
 
-use super::negotiate::{NegotiateError, negotiate};
-use super::{ExportSource, NbdMetrics, ServerConfig, transmission};
+use crate::negotiate::{NegotiateError, negotiate};
+use crate::{ExportSource, NbdMetrics, ServerConfig, transmission};
 
 /// Bytes of a connection's read buffer.
 const READ_BUFFER_BYTES: usize = 64 << 10;

@@ -9,11 +9,11 @@ use std::time::Duration;
 use disk::device::{Geometry, check_bounds};
 use disk::{BlockDevice, ErrorKind};
 use parking_lot::Mutex;
-use server::nbd::{
+use nbd_server::{
     ExportHandle, ExportInfo, ExportSource, Listener, NoMetrics, OpenError, ServerConfig,
 };
-use target::client::Connection;
-use target::remote::{Remote, RemoteConfig, Replay};
+use agent::client::Connection;
+use agent::remote::{Remote, RemoteConfig, Replay};
 
 /// Size of the test disk.
 const SIZE: u64 = 8 << 20;

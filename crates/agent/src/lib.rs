@@ -5,7 +5,7 @@
 //! # Layout
 //!
 //! ```text
-//!   guest / qemu / fio ──NBD/unix──► server::nbd (the same server code as `ferry server`)
+//!   guest / qemu / fio ──NBD/unix──► nbd_server (the same server code as `ferry server`)
 //!                                        │ TargetSource: one export
 //!                                        ▼
 //!                                  stats::Counted        bytes, IOPS, boot time
@@ -22,19 +22,19 @@
 //! In the server modes there is no local cache: the export is the server's write cache
 //! (`NAME+DEV`, `NAME+DEV+persistent`) or the vDisk itself (`NAME+private`).
 //!
-//! `agent.rs` runs it all with a control socket (`control.rs`) that answers `status` and
+//! `daemon.rs` runs it all with a control socket (`control.rs`) that answers `status` and
 //! `mark-booted`.
 
 #![warn(missing_docs)]
 
-pub mod agent;
+pub mod daemon;
 pub mod client;
 pub mod control;
 pub mod login;
 pub mod remote;
 pub mod stats;
 
-pub use agent::{AgentConfig, AgentError, run};
+pub use daemon::{AgentConfig, AgentError, run};
 pub use stats::Status;
 
 /// A write-cache mode (DESIGN.md, "Write-cache modes").
