@@ -478,6 +478,37 @@ impl BlockDevice for Remote {
         self.flags & NBD_FLAG_READ_ONLY == 0
     }
 
+    fn fast_path(&self) -> Option<&dyn disk::FastPath> {
+        Some(self)
+    }
+}
+
+/// Reads and writes of one request each are submitted on the active connection; the rest takes the blocking path, where failover lives.
+impl disk::FastPath for Remote {
+    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
+        disk::device::read_each(self, bufs, offset)
+    }
+
+    fn try_read_at(&self, _buf: &mut [u8], _offset: u64) -> Option<Result<()>> {
+        None
+    }
+
+    fn try_read_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<disk::device::Piece>>> {
+        None
+    }
+
+    fn shares_reads(&self) -> bool {
+        false
+    }
+
+    fn read_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<disk::device::Piece>>> {
+        None
+    }
+
+    fn try_write_at(&self, _buf: &[u8], _offset: u64) -> Option<Result<()>> {
+        None
+    }
+
     /// One request on the active connection, its reply delivered by the connection's
     /// reader: no thread of the caller's waits. A lost connection resolves to
     /// `None` and the blocking call fails over.

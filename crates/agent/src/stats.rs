@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use disk::device::{Geometry, LayerRun, Submitted};
-use disk::{BlockDevice, Result};
+use disk::device::{Geometry, LayerRun, Piece, Submitted};
+use disk::{BlockDevice, FastPath, Result};
 use parking_lot::Mutex;
 
 /// I/O counters of the exported disk.
@@ -136,14 +136,6 @@ impl BlockDevice for Counted {
         let r = self.inner.write_at(buf, offset);
         self.tally.counted_write(r, buf.len())
     }
-    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {
-        let r = self.inner.try_read_at(buf, offset)?;
-        Some(self.tally.counted_read(r, buf.len()))
-    }
-    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<Result<()>> {
-        let r = self.inner.try_write_at(buf, offset)?;
-        Some(self.tally.counted_write(r, buf.len()))
-    }
     fn flush(&self) -> Result<()> {
         let r = self.inner.flush();
         self.tally.count(r)
@@ -168,6 +160,44 @@ impl BlockDevice for Counted {
     fn parent(&self) -> Option<Arc<dyn BlockDevice>> {
         self.inner.parent()
     }
+
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+/// Every fast path of the inner device is passed on, and what completes on one is counted.
+impl FastPath for Counted {
+    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
+        let len = bufs.iter().map(|b| b.len()).sum();
+        let r = self.inner.read_vectored_at(bufs, offset);
+        self.tally.counted_read(r, len)
+    }
+
+    fn try_read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {
+        let r = self.inner.try_read_shared(offset, len)?;
+        Some(self.tally.counted_read(r, len as usize))
+    }
+
+    fn shares_reads(&self) -> bool {
+        self.inner.shares_reads()
+    }
+
+    fn read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {
+        let r = self.inner.read_shared(offset, len)?;
+        Some(self.tally.counted_read(r, len as usize))
+    }
+
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {
+        let r = self.inner.try_read_at(buf, offset)?;
+        Some(self.tally.counted_read(r, buf.len()))
+    }
+
+    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<Result<()>> {
+        let r = self.inner.try_write_at(buf, offset)?;
+        Some(self.tally.counted_write(r, buf.len()))
+    }
+
     fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
         let call = self.inner.submit_read(offset, len)?;
         let tally = self.tally.clone();
@@ -176,6 +206,7 @@ impl BlockDevice for Counted {
             Some(tally.counted_read(r, len))
         }))
     }
+
     fn submit_write(&self, buf: &[u8], offset: u64) -> Option<Submitted<()>> {
         let call = self.inner.submit_write(buf, offset)?;
         let (tally, n) = (self.tally.clone(), buf.len());

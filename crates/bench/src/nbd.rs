@@ -1340,6 +1340,10 @@ struct PatternDevice {
 }
 
 impl disk::BlockDevice for PatternDevice {
+    fn fast_path(&self) -> Option<&dyn disk::FastPath> {
+        None
+    }
+
     fn geometry(&self) -> disk::device::Geometry {
         disk::device::Geometry {
             size: self.size,

@@ -1517,64 +1517,6 @@ impl BlockDevice for CachedDevice {
         self.chain.shared.read(&self.chain, buf, offset, scan)
     }
 
-    fn try_read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {
-        if let Err(e) = check_bounds(self.geometry.size, offset, len) {
-            return Some(Err(e));
-        }
-        if len == 0 {
-            return Some(Ok(Vec::new()));
-        }
-        let pieces = self
-            .chain
-            .shared
-            .try_read_shared(&self.chain, offset, len)?;
-        let _scan = self.read_ahead(offset, len);
-        Some(Ok(pieces))
-    }
-
-    fn shares_reads(&self) -> bool {
-        true
-    }
-
-    fn read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {
-        if let Err(e) = check_bounds(self.geometry.size, offset, len) {
-            return Some(Err(e));
-        }
-        if len == 0 {
-            return Some(Ok(Vec::new()));
-        }
-        let scan = self.read_ahead(offset, len);
-        Some(
-            self.chain
-                .shared
-                .read_shared(&self.chain, offset, offset + len, scan),
-        )
-    }
-
-    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {
-        if let Err(e) = check_bounds(self.geometry.size, offset, buf.len() as u64) {
-            return Some(Err(e));
-        }
-        if buf.is_empty() {
-            return Some(Ok(()));
-        }
-        // The shared pieces, copied: one lookup path for both.
-        let pieces = match self.try_read_shared(offset, buf.len() as u64)? {
-            Ok(p) => p,
-            Err(e) => return Some(Err(e)),
-        };
-        let mut at = 0;
-        for p in &pieces {
-            let dst = &mut buf[at..at + p.len()];
-            match p.bytes() {
-                Some(b) => dst.copy_from_slice(b),
-                None => dst.fill(0),
-            }
-            at += p.len();
-        }
-        Some(Ok(()))
-    }
-
     fn write_at(&self, _buf: &[u8], _offset: u64) -> Result<()> {
         Err(read_only())
     }
@@ -1613,6 +1555,87 @@ impl BlockDevice for CachedDevice {
 
     fn warnings(&self) -> Vec<String> {
         self.chain.inner.warnings()
+    }
+
+    fn fast_path(&self) -> Option<&dyn disk::FastPath> {
+        Some(self)
+    }
+}
+
+/// Hits are served from the cache's buffers, shared or copied.
+impl disk::FastPath for CachedDevice {
+    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
+        disk::device::read_each(self, bufs, offset)
+    }
+
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {
+        if let Err(e) = check_bounds(self.geometry.size, offset, buf.len() as u64) {
+            return Some(Err(e));
+        }
+        if buf.is_empty() {
+            return Some(Ok(()));
+        }
+        // The shared pieces, copied: one lookup path for both.
+        let pieces = match self.try_read_shared(offset, buf.len() as u64)? {
+            Ok(p) => p,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut at = 0;
+        for p in &pieces {
+            let dst = &mut buf[at..at + p.len()];
+            match p.bytes() {
+                Some(b) => dst.copy_from_slice(b),
+                None => dst.fill(0),
+            }
+            at += p.len();
+        }
+        Some(Ok(()))
+    }
+
+    fn try_read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {
+        if let Err(e) = check_bounds(self.geometry.size, offset, len) {
+            return Some(Err(e));
+        }
+        if len == 0 {
+            return Some(Ok(Vec::new()));
+        }
+        let pieces = self
+            .chain
+            .shared
+            .try_read_shared(&self.chain, offset, len)?;
+        let _scan = self.read_ahead(offset, len);
+        Some(Ok(pieces))
+    }
+
+    fn shares_reads(&self) -> bool {
+        true
+    }
+
+    fn read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {
+        if let Err(e) = check_bounds(self.geometry.size, offset, len) {
+            return Some(Err(e));
+        }
+        if len == 0 {
+            return Some(Ok(Vec::new()));
+        }
+        let scan = self.read_ahead(offset, len);
+        Some(
+            self.chain
+                .shared
+                .read_shared(&self.chain, offset, offset + len, scan),
+        )
+    }
+
+    fn try_write_at(&self, _buf: &[u8], _offset: u64) -> Option<Result<()>> {
+        None
+    }
+
+    fn submit_read(&self, _offset: u64, _len: usize) -> Option<disk::device::Submitted<Vec<u8>>> {
+        None
+    }
+
+    fn submit_write(&self, _buf: &[u8], _offset: u64) -> Option<disk::device::Submitted<()>> {
+        None
     }
 }
 

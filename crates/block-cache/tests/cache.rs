@@ -56,6 +56,10 @@ impl Counting {
 }
 
 impl BlockDevice for Counting {
+    fn fast_path(&self) -> Option<&dyn disk::FastPath> {
+        None
+    }
+
     fn geometry(&self) -> Geometry {
         self.inner.geometry()
     }

@@ -91,21 +91,6 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// `OutOfBounds` past the end; `Io`; `ChainBroken` when a parent is needed and missing.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
 
-    /// Reads `bufs` one after the other from `offset` on, as [`BlockDevice::read_at`] of
-    /// their concatenation would. The default reads them one by one; an image whose range
-    /// lies in one stretch of its file reads it with one vectored store read.
-    ///
-    /// # Errors
-    /// As [`BlockDevice::read_at`].
-    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
-        let mut at = offset;
-        for b in bufs.iter_mut() {
-            self.read_at(b, at)?;
-            at += b.len() as u64;
-        }
-        Ok(())
-    }
-
     /// Writes `buf` at `offset`.
     ///
     /// # Errors
@@ -177,58 +162,145 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
         Vec::new()
     }
 
+    /// This device's fast paths: `Some(self)` for a device that implements [`FastPath`],
+    /// `None` when every call takes the ordinary path. It has no default, so that a new
+    /// device, and above all a decorator, has to decide: a decorator that wraps another
+    /// device implements [`FastPath`] by passing each method on to `inner.fast_path()` (or
+    /// answering it itself), and then adding a method to [`FastPath`] does not compile
+    /// until every decorator says what it does with it.
+    fn fast_path(&self) -> Option<&dyn FastPath>;
+}
+
+/// The optional fast paths of a [`BlockDevice`]: ways to complete a call without a blocking
+/// thread (from memory, or by a future another task completes) or with fewer system calls.
+/// Each method may decline (`None`), and then nothing was done and the caller makes the
+/// ordinary call. None of the methods has a default, on purpose (see
+/// [`BlockDevice::fast_path`]); callers go through the methods of the same names on
+/// `dyn BlockDevice`, which answer `None` for a device without fast paths.
+pub trait FastPath: Send + Sync {
+    /// Reads `bufs` one after the other from `offset` on, as [`BlockDevice::read_at`] of
+    /// their concatenation would; an image whose range lies in one stretch of its file
+    /// reads it with one vectored store read. [`read_each`] is the plain way, for a device
+    /// with nothing better to do.
+    ///
+    /// # Errors
+    /// As [`BlockDevice::read_at`].
+    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()>;
+
     /// [`BlockDevice::read_at`] if it can complete from memory without waiting on I/O or
     /// on another thread's fill (a block-cache hit); `None` otherwise, and then nothing was
     /// done: the caller makes the ordinary, possibly blocking call. Servers use it to answer
     /// hits on the reactor thread instead of handing them to a blocking pool.
-    fn try_read_at(&self, _buf: &mut [u8], _offset: u64) -> Option<Result<()>> {
-        None
-    }
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>>;
 
     /// The bytes `[offset, offset+len)` as pieces of buffers the device already holds in
     /// memory (a block cache's entries), without copying them, if every byte is there; `None`
     /// otherwise (nothing was done). A server writes the pieces straight to its socket.
-    fn try_read_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<Piece>>> {
-        None
-    }
+    fn try_read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>>;
 
-    /// True when [`BlockDevice::try_read_shared`] answers every read the device can serve
-    /// from memory, so a caller need not try [`BlockDevice::try_read_at`] (and fill a buffer
-    /// for it) after it declined. False by default.
-    fn shares_reads(&self) -> bool {
-        false
-    }
+    /// True when [`FastPath::try_read_shared`] answers every read the device can serve
+    /// from memory, so a caller need not try [`FastPath::try_read_at`] (and fill a buffer
+    /// for it) after it declined.
+    fn shares_reads(&self) -> bool;
 
     /// The bytes `[offset, offset+len)` as pieces of buffers the device keeps (a block
     /// cache's entries), reading what is missing first, like [`BlockDevice::read_at`] but
     /// without copying the bytes out; may block. `None` when the device keeps no buffers to
-    /// share (the default): the caller reads with [`BlockDevice::read_at`].
-    fn read_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<Piece>>> {
-        None
-    }
+    /// share: the caller reads with [`BlockDevice::read_at`].
+    fn read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>>;
 
     /// [`BlockDevice::write_at`] if it can complete in memory without blocking (a RAM write
     /// cache with room); `None` otherwise, and then nothing was written.
-    fn try_write_at(&self, _buf: &[u8], _offset: u64) -> Option<Result<()>> {
-        None
-    }
+    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<Result<()>>;
 
     /// Starts [`BlockDevice::read_at`] of `len` bytes at `offset` and returns its completion
     /// as a future, if the device completes reads without a thread of the caller's waiting
     /// on them (a device that forwards requests over a connection whose replies its own
     /// reader delivers); `None` otherwise (nothing was started). See [`Submitted`].
-    fn submit_read(&self, _offset: u64, _len: usize) -> Option<Submitted<Vec<u8>>> {
-        None
-    }
+    fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>>;
 
     /// Starts [`BlockDevice::write_at`] of `buf` at `offset` like
-    /// [`BlockDevice::submit_read`]; `None` when it was not started.
-    fn submit_write(&self, _buf: &[u8], _offset: u64) -> Option<Submitted<()>> {
-        None
+    /// [`FastPath::submit_read`]; `None` when it was not started.
+    fn submit_write(&self, buf: &[u8], offset: u64) -> Option<Submitted<()>>;
+}
+
+/// The fast paths of any device, declining (`None`, `false`) where it has none. Decorators
+/// and servers call these; they are not meant to be implemented (see [`FastPath`]).
+impl<'a> dyn BlockDevice + 'a {
+    /// [`FastPath::read_vectored_at`], or [`read_each`] for a device without fast paths.
+    ///
+    /// # Errors
+    /// As [`BlockDevice::read_at`].
+    #[inline]
+    pub fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
+        match self.fast_path() {
+            Some(f) => f.read_vectored_at(bufs, offset),
+            None => read_each(self, bufs, offset),
+        }
+    }
+
+    /// [`FastPath::try_read_at`]; `None` for a device without fast paths.
+    #[inline]
+    pub fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {
+        self.fast_path()?.try_read_at(buf, offset)
+    }
+
+    /// [`FastPath::try_read_shared`]; `None` for a device without fast paths.
+    #[inline]
+    pub fn try_read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {
+        self.fast_path()?.try_read_shared(offset, len)
+    }
+
+    /// [`FastPath::shares_reads`]; false for a device without fast paths.
+    #[inline]
+    pub fn shares_reads(&self) -> bool {
+        self.fast_path().is_some_and(|f| f.shares_reads())
+    }
+
+    /// [`FastPath::read_shared`]; `None` for a device without fast paths.
+    #[inline]
+    pub fn read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {
+        self.fast_path()?.read_shared(offset, len)
+    }
+
+    /// [`FastPath::try_write_at`]; `None` for a device without fast paths.
+    #[inline]
+    pub fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<Result<()>> {
+        self.fast_path()?.try_write_at(buf, offset)
+    }
+
+    /// [`FastPath::submit_read`]; `None` for a device without fast paths.
+    #[inline]
+    pub fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
+        self.fast_path()?.submit_read(offset, len)
+    }
+
+    /// [`FastPath::submit_write`]; `None` for a device without fast paths.
+    #[inline]
+    pub fn submit_write(&self, buf: &[u8], offset: u64) -> Option<Submitted<()>> {
+        self.fast_path()?.submit_write(buf, offset)
     }
 }
 
-/// A disk call started by [`BlockDevice::submit_read`] or [`BlockDevice::submit_write`].
+/// Reads `bufs` one after the other from `offset` on with [`BlockDevice::read_at`]: the
+/// plain [`FastPath::read_vectored_at`].
+///
+/// # Errors
+/// As [`BlockDevice::read_at`].
+pub fn read_each(
+    dev: &(impl BlockDevice + ?Sized),
+    bufs: &mut [&mut [u8]],
+    offset: u64,
+) -> Result<()> {
+    let mut at = offset;
+    for b in bufs.iter_mut() {
+        dev.read_at(b, at)?;
+        at += b.len() as u64;
+    }
+    Ok(())
+}
+
+/// A disk call started by [`FastPath::submit_read`] or [`FastPath::submit_write`].
 /// It resolves to `Some(result)`, or to `None` when the device could not finish the call
 /// this way (its connection was lost, say): the caller then makes the ordinary blocking
 /// call, which may recover (fail over, retry) where a future must not block. A write that
@@ -239,7 +311,7 @@ pub type Submitted<T> =
 /// An immutable buffer shared between a cache and the readers of its bytes.
 pub type SharedBuf = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
-/// A part of a [`BlockDevice::try_read_shared`] or [`BlockDevice::read_shared`] answer.
+/// A part of a [`FastPath::try_read_shared`] or [`FastPath::read_shared`] answer.
 #[derive(Clone)]
 pub enum Piece {
     /// `len` bytes of `buf` from `start`.

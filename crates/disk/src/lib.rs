@@ -27,6 +27,6 @@ pub mod vhd;
 pub mod vhdx;
 pub use overlay::OverlayStorage;
 
-pub use device::{BlockDevice, Extent, ExtentKind};
+pub use device::{BlockDevice, Extent, ExtentKind, FastPath};
 pub use error::{Error, ErrorKind, Result};
 pub use storage::{DIRECT_ALIGN, FileStorage, Storage};

@@ -29,6 +29,10 @@ impl RawDisk {
 }
 
 impl BlockDevice for RawDisk {
+    fn fast_path(&self) -> Option<&dyn crate::FastPath> {
+        None
+    }
+
     fn geometry(&self) -> Geometry {
         Geometry {
             size: self.size,

@@ -440,6 +440,10 @@ impl VhdImage {
 }
 
 impl BlockDevice for VhdImage {
+    fn fast_path(&self) -> Option<&dyn crate::FastPath> {
+        None
+    }
+
     fn geometry(&self) -> Geometry {
         let block_size = match &self.layout {
             Layout::Fixed => FIXED_BLOCK_SIZE,

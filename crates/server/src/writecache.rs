@@ -35,9 +35,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use disk::device::{Geometry, LayerRun, ParentRef};
+use disk::device::{Geometry, LayerRun, ParentRef, Piece, Submitted};
 use disk::vhdx::{CreateOptions, ParentSpec, VhdxImage};
-use disk::{BlockDevice, FileStorage, Storage};
+use disk::{BlockDevice, FastPath, FileStorage, Storage};
 use rustix::fs::{FlockOperation, flock};
 use vhdx::Guid;
 
@@ -421,6 +421,10 @@ impl Counted {
 }
 
 impl BlockDevice for Counted {
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+
     fn geometry(&self) -> Geometry {
         self.inner.geometry()
     }
@@ -437,14 +441,6 @@ impl BlockDevice for Counted {
         self.inner.write_at(buf, offset)?;
         self.count(buf.len());
         Ok(())
-    }
-
-    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<disk::Result<()>> {
-        let r = self.inner.try_write_at(buf, offset)?;
-        if r.is_ok() {
-            self.count(buf.len());
-        }
-        Some(r)
     }
 
     fn flush(&self) -> disk::Result<()> {
@@ -485,6 +481,54 @@ impl BlockDevice for Counted {
 
     fn warnings(&self) -> Vec<String> {
         self.inner.warnings()
+    }
+}
+
+/// Every fast path of the inner device is passed on; writes that complete on one are counted.
+impl FastPath for Counted {
+    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> disk::Result<()> {
+        self.inner.read_vectored_at(bufs, offset)
+    }
+
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<disk::Result<()>> {
+        self.inner.try_read_at(buf, offset)
+    }
+
+    fn try_read_shared(&self, offset: u64, len: u64) -> Option<disk::Result<Vec<Piece>>> {
+        self.inner.try_read_shared(offset, len)
+    }
+
+    fn shares_reads(&self) -> bool {
+        self.inner.shares_reads()
+    }
+
+    fn read_shared(&self, offset: u64, len: u64) -> Option<disk::Result<Vec<Piece>>> {
+        self.inner.read_shared(offset, len)
+    }
+
+    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<disk::Result<()>> {
+        let r = self.inner.try_write_at(buf, offset)?;
+        if r.is_ok() {
+            self.count(buf.len());
+        }
+        Some(r)
+    }
+
+    fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
+        self.inner.submit_read(offset, len)
+    }
+
+    fn submit_write(&self, buf: &[u8], offset: u64) -> Option<Submitted<()>> {
+        let call = self.inner.submit_write(buf, offset)?;
+        let (counters, len) = (Arc::clone(&self.counters), buf.len() as u64);
+        Some(Box::pin(async move {
+            let r = call.await?;
+            if r.is_ok() {
+                counters.writes.fetch_add(1, Ordering::Relaxed);
+                counters.bytes.fetch_add(len, Ordering::Relaxed);
+            }
+            Some(r)
+        }))
     }
 }
 

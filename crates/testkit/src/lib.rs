@@ -6,6 +6,8 @@
 //! * [`SimDisk`]: a [`disk::Storage`] with separate live and durable images. It can crash
 //!   (keeping a random subset of unflushed writes, the last one possibly torn at a 512-byte
 //!   sector boundary), fail the Nth mutating op with `ErrorKind::Io`, or cut the power at op N.
+//! * [`FastProbe`]: a device whose every [`disk::FastPath`] answers and is counted, for tests
+//!   that a decorator passes the fast paths of the device below it on.
 //! * [`seed_from_env`] and [`sim_rng`]: every simulation test draws its randomness from one
 //!   printed seed, so `SIM_SEED=n cargo test ...` replays a failure.
 //!
@@ -24,8 +26,10 @@
 //! ```
 
 mod image;
+mod probe;
 mod sim_disk;
 
+pub use probe::{Fast, FastProbe, block_on};
 pub use sim_disk::{CrashModel, LEN_MAX, SECTOR_BYTES, SimDisk};
 
 /// The environment variable that fixes the seed of a simulation test.

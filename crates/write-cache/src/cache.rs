@@ -45,7 +45,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use disk::device::{Geometry, LayerRun, Source, Submitted, check_bounds};
-use disk::{BlockDevice, Error, ErrorKind, Result};
+use disk::{BlockDevice, Error, ErrorKind, FastPath, Result};
 use parking_lot::{Mutex, RwLock, RwLockUpgradableReadGuard};
 
 use crate::arena::{Arena, FREE};
@@ -843,6 +843,74 @@ impl BlockDevice for WriteCache {
         })
     }
 
+    fn flush(&self) -> Result<()> {
+        self.check(0, 0)?;
+        if self.mode != Mode::Disk {
+            // RAM and RAM-with-overflow caches are discarded at restart: nothing to make
+            // durable.
+            return Ok(());
+        }
+        self.store().flush().map_err(|e| {
+            self.poisoned.store(true, Ordering::Release);
+            tracing::error!(error = %e, "overflow flush failed: write cache poisoned");
+            Error::io("flush overflow file", e)
+        })
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.clear(offset, len, false)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.clear(offset, len, true)
+    }
+
+    fn can_write(&self) -> bool {
+        true
+    }
+
+    fn map_layer(&self, offset: u64, len: u64) -> Result<Vec<LayerRun>> {
+        check_bounds(self.size, offset, len)?;
+        let mut runs: Vec<LayerRun> = Vec::new();
+        let end = offset + len;
+        let mut at = offset;
+        while at < end {
+            let b = at >> self.shift;
+            let n = ((b + 1) << self.shift).min(end) - at;
+            let source = match self.index.get(b).map(|e| e.place) {
+                None => Source::Parent,
+                Some(Place::Zero) => Source::Zero,
+                Some(_) => Source::Data,
+            };
+            match runs.last_mut() {
+                Some(last) if last.source == source => last.len += n,
+                _ => runs.push(LayerRun { len: n, source }),
+            }
+            at += n;
+        }
+        Ok(runs)
+    }
+
+    fn parent(&self) -> Option<Arc<dyn BlockDevice>> {
+        Some(Arc::clone(&self.next))
+    }
+
+    fn allocated_bytes(&self) -> Result<u64> {
+        let u = self.usage();
+        Ok(u.ram_bytes + u.overflow_bytes)
+    }
+
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+}
+
+/// Reads and writes of blocks held in RAM complete in place; reads of blocks the cache does not hold are submitted below.
+impl FastPath for WriteCache {
+    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
+        disk::device::read_each(self, bufs, offset)
+    }
+
     fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Result<()>> {
         if let Err(e) = self.check(offset, buf.len() as u64) {
             return Some(Err(e));
@@ -869,16 +937,16 @@ impl BlockDevice for WriteCache {
         Some(Ok(()))
     }
 
-    /// A read of blocks none of which the cache holds goes to the device below as it is,
-    /// so a device below that submits reads (the target's remote vDisk) answers it without
-    /// a blocking thread. A block written meanwhile is a concurrent write: either answer is
-    /// right.
-    fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
-        self.check(offset, len as u64).ok()?;
-        if self.holds(offset, len) != Holds::None {
-            return None;
-        }
-        self.next.submit_read(offset, len)
+    fn try_read_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<disk::device::Piece>>> {
+        None
+    }
+
+    fn shares_reads(&self) -> bool {
+        false
+    }
+
+    fn read_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<disk::device::Piece>>> {
+        None
     }
 
     fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<Result<()>> {
@@ -960,61 +1028,20 @@ impl BlockDevice for WriteCache {
         }
     }
 
-    fn flush(&self) -> Result<()> {
-        self.check(0, 0)?;
-        if self.mode != Mode::Disk {
-            // RAM and RAM-with-overflow caches are discarded at restart: nothing to make
-            // durable.
-            return Ok(());
+    /// A read of blocks none of which the cache holds goes to the device below as it is,
+    /// so a device below that submits reads (the target's remote vDisk) answers it without
+    /// a blocking thread. A block written meanwhile is a concurrent write: either answer is
+    /// right.
+    fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
+        self.check(offset, len as u64).ok()?;
+        if self.holds(offset, len) != Holds::None {
+            return None;
         }
-        self.store().flush().map_err(|e| {
-            self.poisoned.store(true, Ordering::Release);
-            tracing::error!(error = %e, "overflow flush failed: write cache poisoned");
-            Error::io("flush overflow file", e)
-        })
+        self.next.submit_read(offset, len)
     }
 
-    fn trim(&self, offset: u64, len: u64) -> Result<()> {
-        self.clear(offset, len, false)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        self.clear(offset, len, true)
-    }
-
-    fn can_write(&self) -> bool {
-        true
-    }
-
-    fn map_layer(&self, offset: u64, len: u64) -> Result<Vec<LayerRun>> {
-        check_bounds(self.size, offset, len)?;
-        let mut runs: Vec<LayerRun> = Vec::new();
-        let end = offset + len;
-        let mut at = offset;
-        while at < end {
-            let b = at >> self.shift;
-            let n = ((b + 1) << self.shift).min(end) - at;
-            let source = match self.index.get(b).map(|e| e.place) {
-                None => Source::Parent,
-                Some(Place::Zero) => Source::Zero,
-                Some(_) => Source::Data,
-            };
-            match runs.last_mut() {
-                Some(last) if last.source == source => last.len += n,
-                _ => runs.push(LayerRun { len: n, source }),
-            }
-            at += n;
-        }
-        Ok(runs)
-    }
-
-    fn parent(&self) -> Option<Arc<dyn BlockDevice>> {
-        Some(Arc::clone(&self.next))
-    }
-
-    fn allocated_bytes(&self) -> Result<u64> {
-        let u = self.usage();
-        Ok(u.ram_bytes + u.overflow_bytes)
+    fn submit_write(&self, _buf: &[u8], _offset: u64) -> Option<disk::device::Submitted<()>> {
+        None
     }
 }
 
@@ -1046,10 +1073,49 @@ mod tests {
             }
             Ok(())
         }
+
+        fn fast_path(&self) -> Option<&dyn FastPath> {
+            Some(self)
+        }
+    }
+
+    impl FastPath for Golden {
+        fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
+            disk::device::read_each(self, bufs, offset)
+        }
+
+        fn try_read_at(&self, _buf: &mut [u8], _offset: u64) -> Option<Result<()>> {
+            None
+        }
+
+        fn try_read_shared(
+            &self,
+            _offset: u64,
+            _len: u64,
+        ) -> Option<Result<Vec<disk::device::Piece>>> {
+            None
+        }
+
+        fn shares_reads(&self) -> bool {
+            false
+        }
+
+        fn read_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<disk::device::Piece>>> {
+            None
+        }
+
+        fn try_write_at(&self, _buf: &[u8], _offset: u64) -> Option<Result<()>> {
+            None
+        }
+
         fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
             let mut data = vec![0u8; len];
             let r = self.read_at(&mut data, offset).map(|()| data);
             Some(Box::pin(std::future::ready(Some(r))))
+        }
+
+        fn submit_write(&self, _buf: &[u8], _offset: u64) -> Option<disk::device::Submitted<()>> {
+            None
         }
     }
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use disk::device::{Geometry, Submitted, check_bounds};
-use disk::{BlockDevice, ErrorKind};
+use disk::{BlockDevice, ErrorKind, FastPath};
 use proptest::prelude::*;
 use write_cache::{Config, MemStore, Mode, OverflowStore, Usage, WriteCache};
 
@@ -37,10 +37,53 @@ impl BlockDevice for Golden {
         }
         Ok(())
     }
+
+    fn fast_path(&self) -> Option<&dyn disk::FastPath> {
+        Some(self)
+    }
+}
+
+impl disk::FastPath for Golden {
+    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> disk::Result<()> {
+        disk::device::read_each(self, bufs, offset)
+    }
+
+    fn try_read_at(&self, _buf: &mut [u8], _offset: u64) -> Option<disk::Result<()>> {
+        None
+    }
+
+    fn try_read_shared(
+        &self,
+        _offset: u64,
+        _len: u64,
+    ) -> Option<disk::Result<Vec<disk::device::Piece>>> {
+        None
+    }
+
+    fn shares_reads(&self) -> bool {
+        false
+    }
+
+    fn read_shared(
+        &self,
+        _offset: u64,
+        _len: u64,
+    ) -> Option<disk::Result<Vec<disk::device::Piece>>> {
+        None
+    }
+
+    fn try_write_at(&self, _buf: &[u8], _offset: u64) -> Option<disk::Result<()>> {
+        None
+    }
+
     fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
         let mut data = vec![0u8; len];
         let r = self.read_at(&mut data, offset).map(|()| data);
         Some(Box::pin(std::future::ready(Some(r))))
+    }
+
+    fn submit_write(&self, _buf: &[u8], _offset: u64) -> Option<disk::device::Submitted<()>> {
+        None
     }
 }
 

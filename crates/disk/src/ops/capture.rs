@@ -268,6 +268,10 @@ impl Verifier {
 }
 
 impl BlockDevice for Verifier {
+    fn fast_path(&self) -> Option<&dyn crate::FastPath> {
+        None
+    }
+
     fn geometry(&self) -> Geometry {
         self.out.geometry()
     }

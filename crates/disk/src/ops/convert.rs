@@ -690,6 +690,10 @@ impl VhdWriter {
 }
 
 impl BlockDevice for VhdWriter {
+    fn fast_path(&self) -> Option<&dyn crate::FastPath> {
+        None
+    }
+
     fn geometry(&self) -> device::Geometry {
         device::Geometry {
             size: self.size,

@@ -48,7 +48,7 @@ use vhdx::parent::ParentLocator;
 use vhdx::region::RegionTable;
 use vhdx::{Guid, bat};
 
-use crate::device::{BlockDevice, Geometry, LayerRun, ParentRef};
+use crate::device::{BlockDevice, FastPath, Geometry, LayerRun, ParentRef, Piece, Submitted};
 use crate::{Error, ErrorKind, Result, Storage};
 
 /// How to open an image.
@@ -331,6 +331,10 @@ impl VhdxImage {
 }
 
 impl BlockDevice for VhdxImage {
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+
     fn geometry(&self) -> Geometry {
         Geometry {
             size: self.meta.virtual_size,
@@ -348,16 +352,8 @@ impl BlockDevice for VhdxImage {
         self.read_impl(buf, offset)
     }
 
-    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
-        self.read_vectored_impl(bufs, offset)
-    }
-
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.write_impl(buf, offset)
-    }
-
-    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<Result<()>> {
-        self.try_write_impl(buf, offset)
     }
 
     fn flush(&self) -> Result<()> {
@@ -436,6 +432,42 @@ impl BlockDevice for VhdxImage {
 
     fn warnings(&self) -> Vec<String> {
         self.warnings.clone()
+    }
+}
+
+/// A VHDX image reads a range that lies in one stretch of its file with one vectored store
+/// read, and overwrites sectors it already holds without blocking on allocation.
+impl FastPath for VhdxImage {
+    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
+        self.read_vectored_impl(bufs, offset)
+    }
+
+    fn try_read_at(&self, _buf: &mut [u8], _offset: u64) -> Option<Result<()>> {
+        None
+    }
+
+    fn try_read_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<Piece>>> {
+        None
+    }
+
+    fn shares_reads(&self) -> bool {
+        false
+    }
+
+    fn read_shared(&self, _offset: u64, _len: u64) -> Option<Result<Vec<Piece>>> {
+        None
+    }
+
+    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<Result<()>> {
+        self.try_write_impl(buf, offset)
+    }
+
+    fn submit_read(&self, _offset: u64, _len: usize) -> Option<Submitted<Vec<u8>>> {
+        None
+    }
+
+    fn submit_write(&self, _buf: &[u8], _offset: u64) -> Option<Submitted<()>> {
+        None
     }
 }
 
