@@ -12,7 +12,9 @@
 #      and schemathesis (pinned) in a venv for the API fuzz run;
 #   2c. playwright-core (pinned by web/e2e/package-lock.json) by `npm ci` into
 #      web/e2e/node_modules for the console's Chromium test, when the lock file changed;
-#   3. cargo fmt --check, cargo clippy -D warnings, cargo test for the whole workspace;
+#   3. cargo fmt --check, scripts/layout-check.py (no file over 800 lines without a reason, no
+#      import cycle between the files of a crate, docs that name the tree as it is), cargo
+#      clippy -D warnings, cargo test for the whole workspace;
 #   4. scripts/fuzz-smoke.sh, a time-boxed run of every fuzz target (when present).
 #
 # Under CI=true (as .ci/run is run) a test whose external tool is missing fails instead of
@@ -147,6 +149,8 @@ install_schemathesis
 
 say "cargo fmt --all --check"
 cargo fmt --all --check
+say "scripts/layout-check.py (file lengths, import cycles, docs naming the tree)"
+python3 scripts/layout-check.py
 say "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 say "cargo test --workspace${CI:+ (CI=$CI: missing tools fail)}"
