@@ -17,15 +17,20 @@ fn reads_of_blocks_not_held_are_submitted_to_the_device_below() {
         ram_bytes_max: 1 << 20,
         overflow_bytes_max: 0,
     };
-    let dev: Arc<dyn BlockDevice> =
-        Arc::new(WriteCache::new(probe.clone(), config, None).unwrap());
-    let got = block_on(dev.submit_read(8192, 4096).expect("not held: submitted below"));
+    let dev: Arc<dyn BlockDevice> = Arc::new(WriteCache::new(probe.clone(), config, None).unwrap());
+    let got = block_on(
+        dev.submit_read(8192, 4096)
+            .expect("not held: submitted below"),
+    );
     assert_eq!(got.unwrap().unwrap(), vec![9; 4096]);
     assert_eq!(probe.calls(Fast::SubmitRead), 1);
 
     // A block written into RAM is the cache's own: its fast paths answer without the device.
     dev.write_at(&[1; 4096], 0).unwrap();
-    assert!(dev.submit_read(0, 4096).is_none(), "held: not submitted below");
+    assert!(
+        dev.submit_read(0, 4096).is_none(),
+        "held: not submitted below"
+    );
     let mut buf = [0u8; 4096];
     assert!(dev.try_read_at(&mut buf, 0).unwrap().is_ok());
     assert_eq!(buf, [1; 4096]);
