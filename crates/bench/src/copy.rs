@@ -13,7 +13,7 @@ use disk::ops::NoProgress;
 use disk::ops::capture::{CaptureOptions, capture};
 use disk::ops::merge::merge_base;
 
-use crate::data::{self, DeltaSummary};
+use crate::data::{self, DeltaSummary, MergeSetup};
 use crate::report::{CopyRun, CopyTable};
 use crate::sys;
 use crate::{Config, note};
@@ -145,17 +145,6 @@ fn ferry_capture(raw: &Path, out: &Path) -> Result<()> {
     };
     capture(raw, out, &opts, &NoProgress).context("ferry capture")?;
     Ok(())
-}
-
-/// What the merge benchmark's set-up made.
-#[derive(Debug, Clone, Copy)]
-pub struct MergeSetup {
-    /// The delta written into the version.
-    pub delta: DeltaSummary,
-    /// Data bytes of the flattened raw given to qemu-img.
-    pub flat_data_bytes: u64,
-    /// Bytes of the file `cp` copies (the size of Ferry's merge output).
-    pub cp_source_bytes: u64,
 }
 
 /// Creates `version` (a differencing child of `base`) holding a random delta over

@@ -196,6 +196,17 @@ fn is_zero(buf: &[u8]) -> bool {
     words_zero && words.remainder().iter().all(|&b| b == 0)
 }
 
+/// What the merge benchmark's set-up made.
+#[derive(Debug, Clone, Copy)]
+pub struct MergeSetup {
+    /// The delta written into the version.
+    pub delta: DeltaSummary,
+    /// Data bytes of the flattened raw given to qemu-img.
+    pub flat_data_bytes: u64,
+    /// Bytes of the file `cp` copies (the size of Ferry's merge output).
+    pub cp_source_bytes: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

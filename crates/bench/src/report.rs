@@ -3,8 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::copy::MergeSetup;
-use crate::data::RawSummary;
+use crate::data::{MergeSetup, RawSummary};
 use crate::sys::{CacheDrop, Machine};
 
 /// Goals from the issue: ferry ÷ qemu-img at least 1.0 (aim 1.2), ferry ÷ cp at least 0.8.
