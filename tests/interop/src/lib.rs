@@ -5,6 +5,8 @@
 //! a developer's machine, and FAILS it under CI (`CI=true`), where `.ci/run` installs them all.
 //! Every test therefore starts with `if !require("qemu-img") { return; }`.
 
+#![warn(missing_docs)]
+
 use std::fs::File;
 use std::io::Write as _;
 use std::os::unix::fs::FileExt;
