@@ -116,10 +116,9 @@ impl FileStorage {
     /// private images): writes are made in pieces of at most [`SMALL_FOLIO_WRITE_BYTES`].
     ///
     /// The page cache sizes a folio by the write that creates it, and an overwrite of 4 KiB
-    /// inside a large folio costs the file system work for every block of the folio. On
-    /// ext4 (kernel 6.18), a 4 KiB overwrite took 1.9 µs after 4 KiB or 64 KiB writes, 7.9 µs
-    /// after 1 MiB writes and 16.8 µs after 2 MiB writes; a server-side write cache behind a
-    /// target went from 21,000 to 33,000 VDI IOPS (docs/target.md). A 64 KiB piece keeps
+    /// inside a large folio costs the file system work for every block of the folio, so it
+    /// grows with the size of the write that made the folio (the figures measured on ext4,
+    /// with their date, are in docs/target.md, "Large folios"). A 64 KiB piece keeps
     /// sequential writes at one system call per 64 KiB.
     #[must_use]
     pub fn with_small_folios(mut self) -> FileStorage {
