@@ -10,9 +10,10 @@ use super::{State, VhdxImage};
 use crate::device::{LayerRun, Source, check_bounds};
 use crate::{Error, ErrorKind, Result};
 
-/// Where one piece of a block's range lives.
+/// Where the bytes of one run of a block's range are: the result of a BAT (and sector bitmap)
+/// lookup. (Unrelated to [`crate::device::Piece`], a part of a shared read's answer.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Piece {
+enum Location {
     /// At this file offset.
     File(u64),
     /// Zeros decided by this layer.
@@ -40,16 +41,16 @@ impl VhdxImage {
         block: u64,
         off: u64,
         len: u64,
-    ) -> std::result::Result<Vec<(u64, Piece)>, NeedBitmap> {
+    ) -> std::result::Result<Vec<(u64, Location)>, NeedBitmap> {
         let e = st.bat[self.layout.payload_index(block) as usize];
         let absent = if self.meta.has_parent {
-            Piece::Parent
+            Location::Parent
         } else {
-            Piece::Zero
+            Location::Zero
         };
         let whole = |p| Ok(vec![(len, p)]);
         match e.state() {
-            bat::PAYLOAD_BLOCK_FULLY_PRESENT => whole(Piece::File(e.file_offset() + off)),
+            bat::PAYLOAD_BLOCK_FULLY_PRESENT => whole(Location::File(e.file_offset() + off)),
             bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT => {
                 let chunk = block / self.layout.chunk_ratio();
                 let bm = st.bitmaps.get(&chunk).ok_or(NeedBitmap(chunk))?;
@@ -62,9 +63,9 @@ impl VhdxImage {
                     let run_end = ((pos / ss) + n) * ss;
                     let run_end = run_end.min(off + len);
                     let p = if bit {
-                        Piece::File(e.file_offset() + pos)
+                        Location::File(e.file_offset() + pos)
                     } else {
-                        Piece::Parent
+                        Location::Parent
                     };
                     out.push((run_end - pos, p));
                     pos = run_end;
@@ -72,7 +73,7 @@ impl VhdxImage {
                 Ok(out)
             }
             bat::PAYLOAD_BLOCK_NOT_PRESENT | bat::PAYLOAD_BLOCK_UNDEFINED => whole(absent),
-            _ => whole(Piece::Zero),
+            _ => whole(Location::Zero),
         }
     }
 
@@ -94,7 +95,7 @@ impl VhdxImage {
     }
 
     /// Maps a range inside one block, loading bitmaps as needed.
-    fn map_block_loading(&self, block: u64, off: u64, len: u64) -> Result<Vec<(u64, Piece)>> {
+    fn map_block_loading(&self, block: u64, off: u64, len: u64) -> Result<Vec<(u64, Location)>> {
         loop {
             let r = self.map_block(&self.read_state(), block, off, len);
             match r {
@@ -125,13 +126,13 @@ impl VhdxImage {
         check_bounds(self.meta.virtual_size, offset, buf.len() as u64)?;
         let mut done = 0usize;
         for (block, in_block, n) in self.split(offset, buf.len() as u64) {
-            for (len, piece) in self.map_block_loading(block, in_block, n)? {
+            for (len, loc) in self.map_block_loading(block, in_block, n)? {
                 let dst = &mut buf[done..done + len as usize];
                 let virt = offset + done as u64;
-                match piece {
-                    Piece::File(at) => self.storage.read_at(dst, at)?,
-                    Piece::Zero => dst.fill(0),
-                    Piece::Parent => self.read_parent(dst, virt)?,
+                match loc {
+                    Location::File(at) => self.storage.read_at(dst, at)?,
+                    Location::Zero => dst.fill(0),
+                    Location::Parent => self.read_parent(dst, virt)?,
                 }
                 done += len as usize;
             }
@@ -149,8 +150,8 @@ impl VhdxImage {
         check_bounds(self.meta.virtual_size, offset, total)?;
         let bs = self.block_size();
         if total > 0 && offset / bs == (offset + total - 1) / bs {
-            let pieces = self.map_block_loading(offset / bs, offset % bs, total)?;
-            if let [(len, Piece::File(at))] = pieces[..]
+            let runs = self.map_block_loading(offset / bs, offset % bs, total)?;
+            if let [(len, Location::File(at))] = runs[..]
                 && len == total
             {
                 return self.storage.read_vectored_at(bufs, at);
@@ -185,11 +186,11 @@ impl VhdxImage {
         check_bounds(self.meta.virtual_size, offset, len)?;
         let mut out: Vec<LayerRun> = Vec::new();
         for (block, in_block, n) in self.split(offset, len) {
-            for (len, piece) in self.map_block_loading(block, in_block, n)? {
-                let source = match piece {
-                    Piece::File(_) => Source::Data,
-                    Piece::Zero => Source::Zero,
-                    Piece::Parent => Source::Parent,
+            for (len, loc) in self.map_block_loading(block, in_block, n)? {
+                let source = match loc {
+                    Location::File(_) => Source::Data,
+                    Location::Zero => Source::Zero,
+                    Location::Parent => Source::Parent,
                 };
                 match out.last_mut() {
                     Some(last) if last.source == source => last.len += len,
@@ -299,8 +300,8 @@ impl VhdxImage {
             // The common case needs no map: the whole block is in this file.
             bat::PAYLOAD_BLOCK_FULLY_PRESENT => Ok(Some(e.file_offset() + off)),
             bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT => {
-                let pieces = self.map_block(st, block, off, len)?;
-                let all_here = pieces.len() == 1 && matches!(pieces[0].1, Piece::File(_));
+                let runs = self.map_block(st, block, off, len)?;
+                let all_here = runs.len() == 1 && matches!(runs[0].1, Location::File(_));
                 Ok(all_here.then(|| e.file_offset() + off))
             }
             _ => Ok(None),
