@@ -8,6 +8,10 @@
 //! * **Metadata last.** The BAT lives in memory and is written with the dynamic header and
 //!   both footers by [`VhdWriter::finish`]. VHD has no journal, so nothing would make an
 //!   earlier copy crash-safe, and an output whose copy fails is removed anyway.
+//! * **Invariants** (checked by `debug_assert!`s, free in release builds): a block's BAT entry
+//!   decodes, through the codec, to the data offset the writer used; blocks lie past the BAT,
+//!   do not overlap and start on a sector; the footer, the dynamic header and the BAT decode to
+//!   what was encoded, and describe the size and the blocks written.
 
 use std::sync::Arc;
 
@@ -101,11 +105,37 @@ impl VhdWriter {
                 "vhd file offset past 2 TiB of sectors",
             )
         })?;
+        // A sector of BAT_ENTRY_UNALLOCATED would make the block read as unallocated; the size
+        // limit keeps every block start below it.
+        debug_assert_ne!(
+            sector,
+            vhdx::vhd::bat::BAT_ENTRY_UNALLOCATED,
+            "block {block}"
+        );
+        debug_assert_eq!(
+            u64::from(sector) * 512,
+            at,
+            "block {block} starts on a sector"
+        );
+        debug_assert!(
+            at >= VHD_BAT_OFFSET + Self::bat_len(st.0.len() as u64),
+            "block {block} at {at:#x} overlaps the bat"
+        );
         self.storage
             .write_at(&vec![0xff; Self::bitmap_len() as usize], at)?;
         st.0[block as usize] = sector;
         st.1 = Self::block_start(at + Self::bitmap_len() + u64::from(VHD_BLOCK_SIZE));
-        Ok(Some(at + Self::bitmap_len()))
+        // Paired with the checks above: the entry decodes, the way a reader decodes it, to the
+        // data offset returned, 4 KiB aligned, and the next block starts past this one.
+        let data = at + Self::bitmap_len();
+        debug_assert_eq!(
+            vhdx::vhd::bat::block_data_offset(st.0[block as usize], VHD_BLOCK_SIZE),
+            data,
+            "bat entry of block {block}"
+        );
+        debug_assert_eq!(data % 4096, 0, "data of block {block} is 4 KiB aligned");
+        debug_assert!(st.1 >= data + u64::from(VHD_BLOCK_SIZE), "block {block}");
+        Ok(Some(data))
     }
 
     /// Calls `f(block data offset if any, offset in buf, offset in block, len)` per block.
@@ -175,6 +205,14 @@ impl VhdWriter {
         let bat = Bat::from_entries(entries);
         let (bat_bytes, header_bytes, footer_bytes) =
             (bat.to_bytes(), header.to_bytes(), footer.to_bytes());
+        if cfg!(debug_assertions) {
+            self.assert_metadata(
+                (&footer, &footer_bytes),
+                (&header, &header_bytes),
+                (&bat, &bat_bytes),
+                end,
+            );
+        }
         self.storage.write_at(&bat_bytes, VHD_BAT_OFFSET)?;
         self.storage.write_at(&header_bytes, 512)?;
         self.storage.write_at(&footer_bytes, 0)?;
@@ -182,6 +220,65 @@ impl VhdWriter {
         self.storage.write_at(&footer_bytes, end)?;
         self.storage.set_len(end + 512)?;
         self.storage.flush()
+    }
+
+    /// Debug builds only: the metadata `finish` is about to write decodes to what was encoded
+    /// and agrees with itself and with the blocks written (a reader would take the size from
+    /// the footer and find every block through the header's BAT, inside the file).
+    fn assert_metadata(
+        &self,
+        (footer, footer_bytes): (&vhdx::vhd::Footer, &[u8]),
+        (header, header_bytes): (&vhdx::vhd::DynamicHeader, &[u8]),
+        (bat, bat_bytes): (&vhdx::vhd::Bat, &[u8]),
+        end: u64,
+    ) {
+        let f = vhdx::vhd::Footer::parse(footer_bytes).expect("the footer written parses");
+        assert!(f.checksum.is_ok(), "footer checksum");
+        assert_eq!(&f.value, footer, "footer round trip");
+        assert_eq!(
+            vhdx::vhd::virtual_size(&f.value),
+            self.size,
+            "size read back"
+        );
+        assert_eq!(
+            f.value.data_offset, 512,
+            "the dynamic header is written at 512"
+        );
+        let h = vhdx::vhd::DynamicHeader::parse(header_bytes).expect("the header written parses");
+        assert!(h.checksum.is_ok(), "dynamic header checksum");
+        assert_eq!(&h.value, header, "dynamic header round trip");
+        assert_eq!(
+            h.value.table_offset, VHD_BAT_OFFSET,
+            "the bat is written there"
+        );
+        let count = h
+            .value
+            .entries_for_size(self.size)
+            .expect("the bat covers the size");
+        let decoded = vhdx::vhd::Bat::parse(bat_bytes, count).expect("the bat written parses");
+        assert_eq!(&decoded, bat, "bat round trip");
+        let first = Self::block_start(VHD_BAT_OFFSET + Self::bat_len(u64::from(count)));
+        let block_len = Self::bitmap_len() + u64::from(h.value.block_size);
+        let mut starts: Vec<u64> = (0..u64::from(count))
+            .filter_map(|index| decoded.block_sector(index))
+            .map(|sector| u64::from(sector) * 512)
+            .collect();
+        starts.sort_unstable();
+        for w in starts.windows(2) {
+            assert!(
+                w[0] + block_len <= w[1],
+                "blocks at {:#x} and {:#x} overlap",
+                w[0],
+                w[1]
+            );
+        }
+        if let (Some(&lo), Some(&hi)) = (starts.first(), starts.last()) {
+            assert!(lo >= first, "a block at {lo:#x} lies over the bat");
+            assert!(
+                hi + block_len <= end,
+                "a block at {hi:#x} ends past the footer at {end:#x}"
+            );
+        }
     }
 }
 

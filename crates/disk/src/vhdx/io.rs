@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use vhdx::bat::{self, Entry};
-use vhdx::bitmap;
+use vhdx::{MIB, bitmap};
 
 use super::{State, VhdxImage};
 use crate::device::{LayerRun, Source, check_bounds};
@@ -348,22 +348,29 @@ impl VhdxImage {
                     pi as u64,
                     Entry::new(bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT, at),
                 );
+                self.debug_assert_allocated(pi as u64, bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT, at);
                 self.set_bits(block, off, len)
             }
             _ => {
                 let at = self.reserve(self.block_size())?;
                 self.storage.write_at(data, at + off)?;
                 self.set_entry(pi as u64, Entry::new(bat::PAYLOAD_BLOCK_FULLY_PRESENT, at));
+                self.debug_assert_allocated(pi as u64, bat::PAYLOAD_BLOCK_FULLY_PRESENT, at);
                 Ok(())
             }
         }
     }
 
-    /// Reserves `len` bytes (a multiple of 1 MiB) at the end of the file.
+    /// Reserves `len` bytes (a multiple of 1 MiB) at the end of the file. Caller holds `alloc`.
     fn reserve(&self, len: u64) -> Result<u64> {
         let at = {
             let mut st = self.write_state();
             let at = st.file_end;
+            // Paired with `debug_assert_allocated`: blocks go at 1 MiB-aligned offsets.
+            debug_assert!(
+                at.is_multiple_of(MIB) && len.is_multiple_of(MIB),
+                "reserve {len:#x} bytes at {at:#x}: both must be 1 MiB multiples"
+            );
             st.file_end += len;
             at
         };
@@ -390,7 +397,60 @@ impl VhdxImage {
         // The new block reads as zeros, like the in-memory bitmap of an absent block; only
         // pages whose bits get set are logged.
         self.set_entry(si, Entry::new(bat::SB_BLOCK_PRESENT, at));
+        self.debug_assert_allocated(si, bat::SB_BLOCK_PRESENT, at);
         Ok(())
+    }
+
+    /// Debug builds only: after an allocation, BAT entry `index` decodes to `state` at `at`,
+    /// what was allocated, and satisfies what the open-time checks (`bat::parse`,
+    /// `validate_placement`) require of it in the file: 1 MiB aligned, inside the file length
+    /// `reserve` set, clear of the headers, the regions and the log; a PARTIALLY_PRESENT block
+    /// or a sector bitmap block only in a differencing image, and a PARTIALLY_PRESENT block's
+    /// chunk with its sector bitmap block present (MS-VHDX 2.5.1). Caller holds `alloc`.
+    fn debug_assert_allocated(&self, index: u64, state: u8, at: u64) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let st = self.read_state();
+        let e = st.bat[index as usize];
+        assert_eq!(
+            (e.state(), e.file_offset()),
+            (state, at),
+            "bat entry {index}"
+        );
+        assert!(at.is_multiple_of(MIB), "bat entry {index} at {at:#x}");
+        let is_bitmap = bat::is_bitmap_index(&self.layout, index);
+        let len = if is_bitmap {
+            bat::SECTOR_BITMAP_BLOCK_LEN
+        } else {
+            self.block_size()
+        };
+        assert!(
+            at + len <= st.file_end,
+            "bat entry {index}: {at:#x}+{len:#x} ends past the file length {:#x}",
+            st.file_end
+        );
+        for (start, end, what) in super::fixed_structures(&self.regions, &st.header) {
+            assert!(
+                at + len <= start || end <= at,
+                "bat entry {index} at {at:#x} overlaps the {what}"
+            );
+        }
+        if is_bitmap || state == bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT {
+            assert!(
+                self.meta.has_parent,
+                "bat entry {index}: state {state} needs a parent"
+            );
+        }
+        if !is_bitmap && state == bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT {
+            let chunk = index / (self.layout.chunk_ratio() + 1);
+            let sb = st.bat[self.layout.bitmap_index(chunk) as usize];
+            assert_eq!(
+                sb.state(),
+                bat::SB_BLOCK_PRESENT,
+                "bat entry {index}: the sector bitmap block of chunk {chunk}"
+            );
+        }
     }
 
     /// Sets the sector bits of `[off, off+len)` of `block`. Caller holds `alloc`.
