@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 
+use disk::bytes::is_zero;
 use disk::device::{Geometry, LayerRun, ParentRef, Piece, check_bounds};
-use disk::ops::convert::is_zero;
 use disk::{BlockDevice, Error, ErrorKind, Result};
 use vhdx::Guid;
 

@@ -14,6 +14,9 @@
 //! Images open through [`open::open`] (by magic, with the parent chain resolved), and the
 //! operations (`convert`, `capture`, `merge`, `check`, `compact`) are built on [`BlockDevice`].
 
+#![warn(missing_docs)]
+
+pub mod bytes;
 pub mod device;
 pub mod error;
 pub mod inline;

@@ -25,6 +25,8 @@
 //! assert!(bytes.ends_with(b"ed"), "the flushed tail of the sector survives either way");
 //! ```
 
+#![warn(missing_docs)]
+
 mod image;
 mod probe;
 mod sim_disk;

@@ -2,7 +2,7 @@
 //!
 //! Only allocated extents are read (SEEK_DATA/SEEK_HOLE through [`RawDisk::map_layer`]; a block
 //! device reports all data), and blocks that read as zeros stay unallocated in the output. The
-//! copy runs through the shared pipeline of [`super::convert`]. With `verify`, both sides are
+//! copy runs through the shared pipeline of [`super::copy`]. With `verify`, both sides are
 //! read again and compared through the same pipeline: the "writer" is a `Verifier` that
 //! compares what it is given with the output instead of writing it.
 
@@ -10,8 +10,9 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use super::convert::{self, Fill, Job, Outputs, PlanRun, ZeroPolicy};
+use super::copy::{self, Fill, Job, Outputs, PlanRun, ZeroPolicy};
 use super::{CopyStats, Progress};
+use crate::bytes::is_zero;
 use crate::device::{self, BlockDevice, ExtentKind, Geometry};
 use crate::open::{self, Format, OpenOptions};
 use crate::raw::RawDisk;
@@ -67,7 +68,7 @@ pub fn capture(
     }
     progress.phase("capturing");
     progress.set_total(src.size());
-    let plan = |offset: u64, len: u64| convert::resolved_plan(&src, offset, len, false);
+    let plan = |offset: u64, len: u64| copy::resolved_plan(&src, offset, len, false);
     let job = Job {
         src: &src,
         plan: &plan,
@@ -75,7 +76,7 @@ pub fn capture(
         len: src.size(),
     };
     let mut outputs = Outputs::default();
-    let (stats, _) = convert::copy_to_new(&job, dst, format, &create, &mut outputs, progress)?;
+    let (stats, _) = copy::copy_to_new(&job, dst, format, &create, &mut outputs, progress)?;
     if opts.verify {
         progress.phase("verifying");
         progress.set_total(src.size());
@@ -191,9 +192,9 @@ pub(crate) fn verify(
         policy: ZeroPolicy::Shadow,
         len: src.size().min(out.size()),
     };
-    let unit = u64::from(out.geometry().block_size)
-        .clamp(convert::RAW_UNIT_BYTES, convert::UNIT_BYTES_MAX);
-    convert::run(&job, &checker, None, unit, progress)?;
+    let unit =
+        u64::from(out.geometry().block_size).clamp(copy::RAW_UNIT_BYTES, copy::UNIT_BYTES_MAX);
+    copy::run(&job, &checker, None, unit, progress)?;
     Ok(())
 }
 
@@ -251,7 +252,7 @@ impl Verifier {
         let first = match want {
             Some(w) if got == w => None,
             Some(w) => got.iter().zip(w).position(|(x, y)| x != y),
-            None if convert::is_zero(got) => None,
+            None if is_zero(got) => None,
             None => got.iter().position(|&x| x != 0),
         };
         match first {

@@ -24,7 +24,7 @@ use vhdx::bat::{self, Entry, Layout};
 use vhdx::parent::ParentLocator;
 
 use super::Progress;
-use super::convert::{self, Fill, Job, Outputs, PlanRun, Sink, SinkImage, ZeroPolicy};
+use super::copy::{self, Fill, Job, Outputs, PlanRun, Sink, SinkImage, ZeroPolicy};
 use crate::device::BlockDevice;
 use crate::open::{self, Format, Image, OpenOptions};
 use crate::vhdx::{CreateOptions, ParentSpec, VhdxImage};
@@ -80,7 +80,7 @@ pub fn compact(path: &Path, progress: &dyn Progress) -> Result<CompactStats> {
         data_write_guid: Some(old_guid),
         ..CreateOptions::default()
     };
-    let before = convert::file_len(path)?;
+    let before = copy::file_len(path)?;
     let tmp = tmp_path(path);
     if tmp.exists() {
         std::fs::remove_file(&tmp)
@@ -97,10 +97,10 @@ pub fn compact(path: &Path, progress: &dyn Progress) -> Result<CompactStats> {
         )
     })?;
     outputs.keep();
-    convert::sync_parent_dir(path)?;
+    copy::sync_parent_dir(path)?;
     Ok(CompactStats {
         file_size_before: before,
-        file_size_after: convert::file_len(path)?,
+        file_size_after: copy::file_len(path)?,
         blocks_dropped: allocated_blocks(img.layout(), &img.bat()).saturating_sub(allocated_after),
     })
 }
@@ -127,8 +127,8 @@ fn copy_blocks(
     let SinkImage::Vhdx(new) = &sink.image else {
         unreachable!("Sink::create made a vhdx sink for Format::Vhdx");
     };
-    let unit = u64::from(create.block_size).min(convert::UNIT_BYTES_MAX);
-    convert::run(&job, new.as_ref(), Some(&sink.file), unit, progress)?;
+    let unit = u64::from(create.block_size).min(copy::UNIT_BYTES_MAX);
+    copy::run(&job, new.as_ref(), Some(&sink.file), unit, progress)?;
     let guid = create
         .data_write_guid
         .expect("compaction keeps the DataWriteGuid");
@@ -169,7 +169,7 @@ fn compact_plan(
             | bat::PAYLOAD_BLOCK_UNMAPPED
             | bat::PAYLOAD_BLOCK_UNMAPPED_V095 => Fill::Zero,
             bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT => {
-                convert::layer_plan(img, pos, n, true)?
+                copy::layer_plan(img, pos, n, true)?
                     .into_iter()
                     .for_each(&mut push);
                 pos += n;

@@ -13,12 +13,12 @@
 //! `map_layer`: the first version holding data supplies the bytes (read from TOP, which returns
 //! exactly those), a version that zeroes the range makes the output zero it too, and a range
 //! that falls through every version to the base stays NOT_PRESENT in the output. Both copies
-//! run through the pipeline of [`super::convert`].
+//! run through the pipeline of [`super::copy`].
 
 use std::path::Path;
 use std::sync::Arc;
 
-use super::convert::{self, Fill, Job, Outputs, PlanRun, ZeroPolicy};
+use super::copy::{self, Fill, Job, Outputs, PlanRun, ZeroPolicy};
 use super::{CopyStats, Progress};
 use crate::device::{BlockDevice, Source};
 use crate::open::{self, Format, OpenOptions};
@@ -38,11 +38,11 @@ pub fn merge_base(top: &Path, out: &Path, progress: &dyn Progress) -> Result<Cop
     chain.advise_random_below_top()?;
     let dev = chain.top();
     progress.phase("merging");
-    convert::copy_device(
+    copy::copy_device(
         dev.as_ref(),
         out,
         Format::Vhdx,
-        convert::create_options(dev.as_ref(), None),
+        copy::create_options(dev.as_ref(), None),
         progress,
     )
 }
@@ -79,12 +79,12 @@ pub fn merge_updates(top: &Path, out: &Path, progress: &dyn Progress) -> Result<
     let spec = ParentSpec {
         linkage,
         relative_path: relative_path(out, &base.path),
-        absolute_path: convert::absolute(&base.path).display().to_string(),
+        absolute_path: copy::absolute(&base.path).display().to_string(),
     };
     let dev = chain.top();
     let create = CreateOptions {
         parent: Some(spec),
-        ..convert::create_options(dev.as_ref(), None)
+        ..copy::create_options(dev.as_ref(), None)
     };
     let versions: Vec<Arc<dyn BlockDevice>> = versions.iter().map(|l| l.image.device()).collect();
     let plan = |offset: u64, len: u64| updates_plan(&versions, offset, len);
@@ -97,8 +97,7 @@ pub fn merge_updates(top: &Path, out: &Path, progress: &dyn Progress) -> Result<
     progress.phase("merging");
     progress.set_total(dev.size());
     let mut outputs = Outputs::default();
-    let (stats, _) =
-        convert::copy_to_new(&job, out, Format::Vhdx, &create, &mut outputs, progress)?;
+    let (stats, _) = copy::copy_to_new(&job, out, Format::Vhdx, &create, &mut outputs, progress)?;
     outputs.keep();
     Ok(stats)
 }

@@ -6,6 +6,7 @@ pub mod capture;
 pub mod check;
 pub mod compact;
 pub mod convert;
+pub mod copy;
 pub mod info;
 pub mod merge;
 

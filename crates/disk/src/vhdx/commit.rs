@@ -1,7 +1,7 @@
 //! Making metadata durable: header updates, log entries, flush and close.
 
-use vhdx::header::Header;
-use vhdx::log::{NewEntry, SECTOR};
+use vhdx::header::{self, Header, Slot};
+use vhdx::log::{self, NewEntry, SECTOR};
 
 use super::VhdxImage;
 use super::create::random_guid;
@@ -30,11 +30,14 @@ impl VhdxImage {
             sequence_number: seq + 1,
             ..new
         };
+        let (first_bytes, second_bytes) = (first.to_bytes(), second.to_bytes());
+        if cfg!(debug_assertions) {
+            assert_header_update(&st.header, st.slot, &first_bytes, &second_bytes, &second);
+        }
         let r = (|| {
-            self.storage.write_at(&first.to_bytes(), other.offset())?;
+            self.storage.write_at(&first_bytes, other.offset())?;
             self.storage.flush()?;
-            self.storage
-                .write_at(&second.to_bytes(), st.slot.offset())?;
+            self.storage.write_at(&second_bytes, st.slot.offset())?;
             self.storage.flush()
         })();
         self.durable(r)?;
@@ -78,6 +81,11 @@ impl VhdxImage {
         let mut pages = Vec::with_capacity(st.dirty_bat.len() + st.dirty_bitmap.len());
         for &(chunk, p) in &st.dirty_bitmap {
             let sb = st.bat[self.layout.bitmap_index(chunk) as usize];
+            // Without its bitmap block, the page would be committed over the file identifier.
+            debug_assert!(
+                sb.state() == vhdx::bat::SB_BLOCK_PRESENT && sb.file_offset() >= vhdx::MIB,
+                "dirty sector bitmap page {p} of chunk {chunk} has no bitmap block"
+            );
             let bm = &st.bitmaps[&chunk];
             let at = (p as usize) * SECTOR;
             pages.push((
@@ -91,6 +99,10 @@ impl VhdxImage {
             for (i, e) in st.bat.iter().skip(first).take(SECTOR / 8).enumerate() {
                 page[i * 8..i * 8 + 8].copy_from_slice(&e.0.to_le_bytes());
             }
+            debug_assert!(
+                (p + 1) * SECTOR as u64 <= u64::from(self.regions.bat.length),
+                "dirty bat page {p} lies past the bat region"
+            );
             pages.push((self.regions.bat.offset + p * SECTOR as u64, page));
         }
         pages
@@ -117,7 +129,8 @@ impl VhdxImage {
                 // entry may overwrite the previous one at log offset 0.
                 self.storage.flush()?;
                 let file_len = self.storage.len()?;
-                let seq = self.read_state().log_seq + 1;
+                let prev_seq = self.read_state().log_seq;
+                let seq = prev_seq + 1;
                 let data: Vec<(u64, &[u8])> =
                     chunk.iter().map(|(o, p)| (*o, p.as_slice())).collect();
                 let entry = NewEntry {
@@ -130,6 +143,10 @@ impl VhdxImage {
                     zeros: &[],
                 }
                 .encode();
+                if cfg!(debug_assertions) {
+                    let current_guid = self.read_state().header.log_guid;
+                    assert_log_entry(&entry, (log_len, current_guid), prev_seq, seq, &data);
+                }
                 self.storage.write_at(&entry, log_offset)?;
                 self.storage.flush()?;
                 for (at, page) in chunk {
@@ -195,6 +212,81 @@ impl VhdxImage {
         })?;
         self.write_state().session_started = false;
         Ok(())
+    }
+}
+
+/// Debug builds only: the two header copies `update_header` is about to write (`first` into
+/// the slot other than `slot`, then `second` into `slot`) both decode, `second` to `want`, and
+/// an open after both writes would choose `second` in `slot`, with a sequence number above the
+/// `old` current header's.
+fn assert_header_update(old: &Header, slot: Slot, first: &[u8], second: &[u8], want: &Header) {
+    let parsed = Header::parse(second).expect("the new current header decodes");
+    assert_eq!(&parsed, want, "header round trip");
+    assert!(
+        Header::parse(first).is_ok(),
+        "the first header copy decodes"
+    );
+    let (at_64k, at_128k) = match slot {
+        Slot::First => (second, first),
+        Slot::Second => (first, second),
+    };
+    let chosen = header::choose(at_64k, at_128k).expect("both header copies are valid");
+    assert_eq!(chosen.slot, slot, "the current header stays in its slot");
+    assert_eq!(&chosen.header, want, "an open would choose the new header");
+    assert!(
+        chosen.header.sequence_number > old.sequence_number,
+        "header sequence {} after {}",
+        chosen.header.sequence_number,
+        old.sequence_number
+    );
+}
+
+/// Debug builds only: the encoded log `entry` fits the `log_len`-byte log, and replay would
+/// accept it under the header's current LogGuid `log_guid` (non-zero: a session is open) with
+/// sequence number `seq`, above the previous entry's `prev_seq`, carrying exactly `data`, all
+/// of it inside the file length the entry records.
+fn assert_log_entry(
+    entry: &[u8],
+    (log_len, log_guid): (u64, vhdx::Guid),
+    prev_seq: u64,
+    seq: u64,
+    data: &[(u64, &[u8])],
+) {
+    assert!(
+        !log_guid.is_zero(),
+        "log entry {seq} written outside a session"
+    );
+    assert!(
+        entry.len() as u64 <= log_len,
+        "log entry of {} bytes in a {log_len}-byte log",
+        entry.len()
+    );
+    let parsed = log::parse_entry(entry, 0, log_guid).expect("the log entry decodes");
+    assert_eq!(parsed.sequence_number, seq, "log entry sequence number");
+    assert!(seq > prev_seq, "log sequence {seq} after {prev_seq}");
+    assert_eq!(
+        parsed.writes.len(),
+        data.len(),
+        "log entry {seq} descriptors"
+    );
+    for (w, &(at, page)) in parsed.writes.iter().zip(data) {
+        let log::Write::Data {
+            file_offset,
+            sector,
+        } = w
+        else {
+            panic!("log entry {seq}: a zero descriptor where a page was written");
+        };
+        assert_eq!(
+            (*file_offset, &sector[..]),
+            (at, page),
+            "log entry {seq} page"
+        );
+        assert!(
+            at + SECTOR as u64 <= parsed.flushed_file_offset,
+            "log entry {seq} writes {at:#x}, past the file's {:#x} bytes",
+            parsed.flushed_file_offset
+        );
     }
 }
 

@@ -197,10 +197,71 @@ pub fn create(storage: &Arc<dyn Storage>, opts: &CreateOptions) -> Result<()> {
             file_end += bat::SECTOR_BITMAP_BLOCK_LEN;
         }
     }
+    if cfg!(debug_assertions) {
+        assert_created(&layout, &head, &batbuf, (data_start, file_end), opts.fixed);
+    }
     storage.write_at(&batbuf, bat_region.offset)?;
     storage.set_len(file_end)?;
     if opts.fixed {
         storage.allocate(data_start, file_end - data_start)?;
     }
     storage.flush()
+}
+
+/// Debug builds only: the headers and the BAT `create` is about to write decode the way `open`
+/// decodes them: the second header (sequence 2) is current and carries no log; the BAT parses,
+/// and its present blocks (every payload block of a fixed image, every sector bitmap block of
+/// a differencing one, nothing else) lie in `[data_start, file_end)`, 1 MiB aligned, one after
+/// the other without overlap.
+fn assert_created(
+    layout: &Layout,
+    head: &[u8],
+    batbuf: &[u8],
+    (data_start, file_end): (u64, u64),
+    fixed: bool,
+) {
+    let current = vhdx::header::choose(
+        &head[vhdx::HEADER1_OFFSET as usize..],
+        &head[vhdx::HEADER2_OFFSET as usize..],
+    )
+    .expect("the new headers decode");
+    assert_eq!(
+        current.header.sequence_number, 2,
+        "the second header is current"
+    );
+    assert!(
+        current.header.log_guid.is_zero(),
+        "a new image has no log to replay"
+    );
+    let entries = bat::parse(layout, batbuf).expect("the new bat decodes");
+    let mut next = data_start;
+    for (i, e) in entries.iter().enumerate() {
+        let is_bitmap = bat::is_bitmap_index(layout, i as u64);
+        let present = if is_bitmap {
+            e.state() == bat::SB_BLOCK_PRESENT
+        } else {
+            e.state() == bat::PAYLOAD_BLOCK_FULLY_PRESENT
+        };
+        let want = if is_bitmap { layout.has_parent } else { fixed };
+        assert_eq!(present, want, "bat entry {i} state {}", e.state());
+        if !present {
+            assert_eq!(e.0, 0, "bat entry {i} of a new image");
+            continue;
+        }
+        let len = if is_bitmap {
+            bat::SECTOR_BITMAP_BLOCK_LEN
+        } else {
+            u64::from(layout.block_size)
+        };
+        assert!(
+            e.file_offset() >= next && e.file_offset().is_multiple_of(MIB),
+            "bat entry {i} at {:#x}",
+            e.file_offset()
+        );
+        next = e.file_offset() + len;
+    }
+    assert!(
+        next <= file_end,
+        "blocks end at {next:#x}, past the file's {file_end:#x}"
+    );
 }

@@ -4,15 +4,16 @@
 use std::sync::atomic::Ordering;
 
 use vhdx::bat::{self, Entry};
-use vhdx::bitmap;
+use vhdx::{MIB, bitmap};
 
 use super::{State, VhdxImage};
 use crate::device::{LayerRun, Source, check_bounds};
 use crate::{Error, ErrorKind, Result};
 
-/// Where one piece of a block's range lives.
+/// Where the bytes of one run of a block's range are: the result of a BAT (and sector bitmap)
+/// lookup. (Unrelated to [`crate::device::Piece`], a part of a shared read's answer.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Piece {
+enum Location {
     /// At this file offset.
     File(u64),
     /// Zeros decided by this layer.
@@ -40,16 +41,16 @@ impl VhdxImage {
         block: u64,
         off: u64,
         len: u64,
-    ) -> std::result::Result<Vec<(u64, Piece)>, NeedBitmap> {
+    ) -> std::result::Result<Vec<(u64, Location)>, NeedBitmap> {
         let e = st.bat[self.layout.payload_index(block) as usize];
         let absent = if self.meta.has_parent {
-            Piece::Parent
+            Location::Parent
         } else {
-            Piece::Zero
+            Location::Zero
         };
         let whole = |p| Ok(vec![(len, p)]);
         match e.state() {
-            bat::PAYLOAD_BLOCK_FULLY_PRESENT => whole(Piece::File(e.file_offset() + off)),
+            bat::PAYLOAD_BLOCK_FULLY_PRESENT => whole(Location::File(e.file_offset() + off)),
             bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT => {
                 let chunk = block / self.layout.chunk_ratio();
                 let bm = st.bitmaps.get(&chunk).ok_or(NeedBitmap(chunk))?;
@@ -62,9 +63,9 @@ impl VhdxImage {
                     let run_end = ((pos / ss) + n) * ss;
                     let run_end = run_end.min(off + len);
                     let p = if bit {
-                        Piece::File(e.file_offset() + pos)
+                        Location::File(e.file_offset() + pos)
                     } else {
-                        Piece::Parent
+                        Location::Parent
                     };
                     out.push((run_end - pos, p));
                     pos = run_end;
@@ -72,7 +73,7 @@ impl VhdxImage {
                 Ok(out)
             }
             bat::PAYLOAD_BLOCK_NOT_PRESENT | bat::PAYLOAD_BLOCK_UNDEFINED => whole(absent),
-            _ => whole(Piece::Zero),
+            _ => whole(Location::Zero),
         }
     }
 
@@ -94,7 +95,7 @@ impl VhdxImage {
     }
 
     /// Maps a range inside one block, loading bitmaps as needed.
-    fn map_block_loading(&self, block: u64, off: u64, len: u64) -> Result<Vec<(u64, Piece)>> {
+    fn map_block_loading(&self, block: u64, off: u64, len: u64) -> Result<Vec<(u64, Location)>> {
         loop {
             let r = self.map_block(&self.read_state(), block, off, len);
             match r {
@@ -125,13 +126,13 @@ impl VhdxImage {
         check_bounds(self.meta.virtual_size, offset, buf.len() as u64)?;
         let mut done = 0usize;
         for (block, in_block, n) in self.split(offset, buf.len() as u64) {
-            for (len, piece) in self.map_block_loading(block, in_block, n)? {
+            for (len, loc) in self.map_block_loading(block, in_block, n)? {
                 let dst = &mut buf[done..done + len as usize];
                 let virt = offset + done as u64;
-                match piece {
-                    Piece::File(at) => self.storage.read_at(dst, at)?,
-                    Piece::Zero => dst.fill(0),
-                    Piece::Parent => self.read_parent(dst, virt)?,
+                match loc {
+                    Location::File(at) => self.storage.read_at(dst, at)?,
+                    Location::Zero => dst.fill(0),
+                    Location::Parent => self.read_parent(dst, virt)?,
                 }
                 done += len as usize;
             }
@@ -149,8 +150,8 @@ impl VhdxImage {
         check_bounds(self.meta.virtual_size, offset, total)?;
         let bs = self.block_size();
         if total > 0 && offset / bs == (offset + total - 1) / bs {
-            let pieces = self.map_block_loading(offset / bs, offset % bs, total)?;
-            if let [(len, Piece::File(at))] = pieces[..]
+            let runs = self.map_block_loading(offset / bs, offset % bs, total)?;
+            if let [(len, Location::File(at))] = runs[..]
                 && len == total
             {
                 return self.storage.read_vectored_at(bufs, at);
@@ -185,11 +186,11 @@ impl VhdxImage {
         check_bounds(self.meta.virtual_size, offset, len)?;
         let mut out: Vec<LayerRun> = Vec::new();
         for (block, in_block, n) in self.split(offset, len) {
-            for (len, piece) in self.map_block_loading(block, in_block, n)? {
-                let source = match piece {
-                    Piece::File(_) => Source::Data,
-                    Piece::Zero => Source::Zero,
-                    Piece::Parent => Source::Parent,
+            for (len, loc) in self.map_block_loading(block, in_block, n)? {
+                let source = match loc {
+                    Location::File(_) => Source::Data,
+                    Location::Zero => Source::Zero,
+                    Location::Parent => Source::Parent,
                 };
                 match out.last_mut() {
                     Some(last) if last.source == source => last.len += len,
@@ -299,8 +300,8 @@ impl VhdxImage {
             // The common case needs no map: the whole block is in this file.
             bat::PAYLOAD_BLOCK_FULLY_PRESENT => Ok(Some(e.file_offset() + off)),
             bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT => {
-                let pieces = self.map_block(st, block, off, len)?;
-                let all_here = pieces.len() == 1 && matches!(pieces[0].1, Piece::File(_));
+                let runs = self.map_block(st, block, off, len)?;
+                let all_here = runs.len() == 1 && matches!(runs[0].1, Location::File(_));
                 Ok(all_here.then(|| e.file_offset() + off))
             }
             _ => Ok(None),
@@ -347,22 +348,29 @@ impl VhdxImage {
                     pi as u64,
                     Entry::new(bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT, at),
                 );
+                self.debug_assert_allocated(pi as u64, bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT, at);
                 self.set_bits(block, off, len)
             }
             _ => {
                 let at = self.reserve(self.block_size())?;
                 self.storage.write_at(data, at + off)?;
                 self.set_entry(pi as u64, Entry::new(bat::PAYLOAD_BLOCK_FULLY_PRESENT, at));
+                self.debug_assert_allocated(pi as u64, bat::PAYLOAD_BLOCK_FULLY_PRESENT, at);
                 Ok(())
             }
         }
     }
 
-    /// Reserves `len` bytes (a multiple of 1 MiB) at the end of the file.
+    /// Reserves `len` bytes (a multiple of 1 MiB) at the end of the file. Caller holds `alloc`.
     fn reserve(&self, len: u64) -> Result<u64> {
         let at = {
             let mut st = self.write_state();
             let at = st.file_end;
+            // Paired with `debug_assert_allocated`: blocks go at 1 MiB-aligned offsets.
+            debug_assert!(
+                at.is_multiple_of(MIB) && len.is_multiple_of(MIB),
+                "reserve {len:#x} bytes at {at:#x}: both must be 1 MiB multiples"
+            );
             st.file_end += len;
             at
         };
@@ -389,7 +397,60 @@ impl VhdxImage {
         // The new block reads as zeros, like the in-memory bitmap of an absent block; only
         // pages whose bits get set are logged.
         self.set_entry(si, Entry::new(bat::SB_BLOCK_PRESENT, at));
+        self.debug_assert_allocated(si, bat::SB_BLOCK_PRESENT, at);
         Ok(())
+    }
+
+    /// Debug builds only: after an allocation, BAT entry `index` decodes to `state` at `at`,
+    /// what was allocated, and satisfies what the open-time checks (`bat::parse`,
+    /// `validate_placement`) require of it in the file: 1 MiB aligned, inside the file length
+    /// `reserve` set, clear of the headers, the regions and the log; a PARTIALLY_PRESENT block
+    /// or a sector bitmap block only in a differencing image, and a PARTIALLY_PRESENT block's
+    /// chunk with its sector bitmap block present (MS-VHDX 2.5.1). Caller holds `alloc`.
+    fn debug_assert_allocated(&self, index: u64, state: u8, at: u64) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let st = self.read_state();
+        let e = st.bat[index as usize];
+        assert_eq!(
+            (e.state(), e.file_offset()),
+            (state, at),
+            "bat entry {index}"
+        );
+        assert!(at.is_multiple_of(MIB), "bat entry {index} at {at:#x}");
+        let is_bitmap = bat::is_bitmap_index(&self.layout, index);
+        let len = if is_bitmap {
+            bat::SECTOR_BITMAP_BLOCK_LEN
+        } else {
+            self.block_size()
+        };
+        assert!(
+            at + len <= st.file_end,
+            "bat entry {index}: {at:#x}+{len:#x} ends past the file length {:#x}",
+            st.file_end
+        );
+        for (start, end, what) in super::fixed_structures(&self.regions, &st.header) {
+            assert!(
+                at + len <= start || end <= at,
+                "bat entry {index} at {at:#x} overlaps the {what}"
+            );
+        }
+        if is_bitmap || state == bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT {
+            assert!(
+                self.meta.has_parent,
+                "bat entry {index}: state {state} needs a parent"
+            );
+        }
+        if !is_bitmap && state == bat::PAYLOAD_BLOCK_PARTIALLY_PRESENT {
+            let chunk = index / (self.layout.chunk_ratio() + 1);
+            let sb = st.bat[self.layout.bitmap_index(chunk) as usize];
+            assert_eq!(
+                sb.state(),
+                bat::SB_BLOCK_PRESENT,
+                "bat entry {index}: the sector bitmap block of chunk {chunk}"
+            );
+        }
     }
 
     /// Sets the sector bits of `[off, off+len)` of `block`. Caller holds `alloc`.

@@ -27,6 +27,13 @@
 //!   sets its sector bits; other sectors keep reading from the parent.
 //! * **Fail-stop.** A failed write or fsync of metadata poisons the image; every later
 //!   operation returns `Poisoned`.
+//! * **Paired assertions** (`debug_assert!`s and `if cfg!(debug_assertions)` checks, free in
+//!   release builds; the crash tests run them): an allocated BAT entry decodes to the state
+//!   and 1 MiB-aligned offset allocated, inside the file and clear of the fixed structures,
+//!   as `open` will require (`io`); a header update's two copies decode and an open would
+//!   choose the new one, with a higher sequence number; a log entry decodes under the
+//!   header's LogGuid with the next sequence number and exactly the pages committed
+//!   (`commit`); `create`'s headers and BAT decode as written (`create`).
 
 mod commit;
 mod create;

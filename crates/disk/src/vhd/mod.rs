@@ -1,4 +1,6 @@
-//! Legacy VHD images (read-only): fixed, dynamic and differencing.
+//! Legacy VHD images: reading fixed, dynamic and differencing files ([`VhdImage`], this
+//! module), and writing new dynamic ones (`VhdWriter`, in `writer`, used by the copy
+//! operations for VHD output).
 //!
 //! [`VhdImage`] performs the I/O that the pure codecs in [`vhdx::vhd`] describe. Everything
 //! that is read at open is bounded and checked against the file length; block data is read on
@@ -33,6 +35,8 @@
 //!   opener) looks at [`BlockDevice::parent_ref`], opens the parent and calls
 //!   [`VhdImage::attach_parent`], which checks the UniqueId before the first read.
 
+mod writer;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -43,6 +47,9 @@ use vhdx::vhd::bat::{bitmap_runs, bitmap_size, block_data_offset};
 use vhdx::vhd::dynamic::{self, DYNAMIC_HEADER_LEN};
 use vhdx::vhd::footer::{self, FOOTER_LEN, FOOTER_LEN_OLD};
 use vhdx::vhd::{Bat, DiskType, DynamicHeader, Footer, Parsed, PlatformCode, SizeRule};
+
+pub(crate) use writer::VhdWriter;
+pub use writer::{VHD_BLOCK_SIZE, VHD_SIZE_MAX};
 
 use crate::device::{BlockDevice, Geometry, LayerRun, ParentRef, Source, check_bounds};
 use crate::{Error, ErrorKind, Result, Storage};
