@@ -16,7 +16,11 @@
 //! request    28-byte request header, check() for stream framing
 //! reply      simple reply, structured reply chunks
 //! client     the client's framing: option reply and reply headers, chunk payloads
+//! wire       (private) bounds-checked big-endian reader, protocol strings
 //! ```
+//!
+//! Modules use `consts` and `wire` (which uses only `consts`); beyond those, `option` uses
+//! `meta`, and `client` uses `option` and `reply`. No two modules use each other.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, clippy::cast_possible_truncation)]
 

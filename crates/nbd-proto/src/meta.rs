@@ -5,8 +5,7 @@
 //! u32 export name length | name | u32 query count | count × (u32 length | query)
 //! ```
 
-use crate::option::parse_string;
-use crate::wire::{Reader, put_str32};
+use crate::wire::{Reader, parse_string, put_str32};
 
 /// The `base:allocation` context name.
 pub const BASE_ALLOCATION: &str = "base:allocation";

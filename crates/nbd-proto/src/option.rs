@@ -9,14 +9,14 @@
 //! buffer; [`ClientOption::parse`] then decodes the payload of the options this server knows.
 
 use crate::consts::{
-    IHAVEOPT, MAX_STRING_LEN, NBD_INFO_BLOCK_SIZE, NBD_INFO_DESCRIPTION, NBD_INFO_EXPORT,
-    NBD_INFO_NAME, NBD_OPT_ABORT, NBD_OPT_EXPORT_NAME, NBD_OPT_GO, NBD_OPT_INFO, NBD_OPT_LIST,
+    IHAVEOPT, NBD_INFO_BLOCK_SIZE, NBD_INFO_DESCRIPTION, NBD_INFO_EXPORT, NBD_INFO_NAME,
+    NBD_OPT_ABORT, NBD_OPT_EXPORT_NAME, NBD_OPT_GO, NBD_OPT_INFO, NBD_OPT_LIST,
     NBD_OPT_LIST_META_CONTEXT, NBD_OPT_REPLY_MAGIC, NBD_OPT_SET_META_CONTEXT, NBD_OPT_STARTTLS,
     NBD_OPT_STRUCTURED_REPLY, NBD_REP_ACK, NBD_REP_ERR_INVALID, NBD_REP_ERR_TOO_BIG,
     NBD_REP_FLAG_ERROR, NBD_REP_INFO, NBD_REP_META_CONTEXT, NBD_REP_SERVER,
 };
 use crate::meta::{MetaError, MetaQuery};
-use crate::wire::{Reader, put_str32};
+use crate::wire::{Reader, clamp, parse_string, put_str32};
 
 /// Bytes of an option header.
 pub const OPTION_HEADER_LEN: usize = 16;
@@ -189,14 +189,6 @@ pub enum ClientOption {
     Unknown(u32),
 }
 
-/// Checks a protocol string: UTF-8, no NUL, at most 4096 bytes.
-pub(crate) fn parse_string(bytes: &[u8]) -> Option<String> {
-    if bytes.len() > MAX_STRING_LEN || bytes.contains(&0) {
-        return None;
-    }
-    String::from_utf8(bytes.to_vec()).ok()
-}
-
 impl ClientOption {
     /// Decodes `payload`, the data of an option whose header was `header`.
     ///
@@ -359,18 +351,6 @@ pub enum OptionReply {
         /// Message (clamped to 4096 bytes when encoded).
         message: String,
     },
-}
-
-/// `s` cut to at most 4096 bytes at a character boundary.
-pub(crate) fn clamp(s: &str) -> &str {
-    if s.len() <= MAX_STRING_LEN {
-        return s;
-    }
-    let mut end = MAX_STRING_LEN;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 impl OptionReply {

@@ -22,8 +22,7 @@ use crate::consts::{
     NBD_REPLY_TYPE_ERROR_OFFSET, NBD_REPLY_TYPE_NONE, NBD_REPLY_TYPE_OFFSET_DATA,
     NBD_REPLY_TYPE_OFFSET_HOLE, NBD_SIMPLE_REPLY_MAGIC, NBD_STRUCTURED_REPLY_MAGIC,
 };
-use crate::option::clamp;
-use crate::wire::Reader;
+use crate::wire::{Reader, clamp};
 
 /// Bytes of a simple reply header.
 pub const SIMPLE_REPLY_LEN: usize = 16;

@@ -1,4 +1,8 @@
-//! Big-endian field access over a byte slice, with bounds checked on every read.
+//! Big-endian field access over a byte slice, with bounds checked on every read, and the
+//! protocol's strings (UTF-8, no NUL, at most 4096 bytes), shared by options, meta context
+//! queries and replies.
+
+use crate::consts::MAX_STRING_LEN;
 
 /// The slice ended before a field (`need` more bytes at `at`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,4 +68,24 @@ pub(crate) fn put_str32(out: &mut Vec<u8>, s: &str) {
     let len = u32::try_from(s.len()).unwrap_or(u32::MAX);
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(s.as_bytes());
+}
+
+/// Checks a protocol string: UTF-8, no NUL, at most 4096 bytes.
+pub(crate) fn parse_string(bytes: &[u8]) -> Option<String> {
+    if bytes.len() > MAX_STRING_LEN || bytes.contains(&0) {
+        return None;
+    }
+    String::from_utf8(bytes.to_vec()).ok()
+}
+
+/// `s` cut to at most 4096 bytes at a character boundary.
+pub(crate) fn clamp(s: &str) -> &str {
+    if s.len() <= MAX_STRING_LEN {
+        return s;
+    }
+    let mut end = MAX_STRING_LEN;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }

@@ -13,50 +13,33 @@ use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
 
+use crate::config::ServerConfig;
+use crate::conn::{ConnCtx, Shutdown};
+use crate::metrics::NbdMetrics;
 use crate::negotiate::{NegotiateError, negotiate};
-use crate::{ExportSource, NbdMetrics, ServerConfig, transmission};
+use crate::source::ExportSource;
+use crate::transmission;
 
 /// Bytes of a connection's read buffer.
 const READ_BUFFER_BYTES: usize = 64 << 10;
 /// Pause after a failed `accept` (out of file descriptors, ...), so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// What every connection shares.
-pub(crate) struct ConnCtx {
-    /// Where exports come from.
-    pub registry: Arc<dyn ExportSource>,
-    /// Where counters go.
-    pub metrics: Arc<dyn NbdMetrics>,
-    /// Disk calls in flight across all connections (`max_blocking` permits).
-    pub blocking: Arc<Semaphore>,
-    /// Limits.
-    pub config: ServerConfig,
-}
-
-impl std::fmt::Debug for ConnCtx {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConnCtx")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Listens for shutdown: the listener drops the broadcast sender (or sends) to signal.
-#[derive(Debug)]
-pub(crate) struct Shutdown {
-    is_shutdown: bool,
-    notify: broadcast::Receiver<()>,
-}
-
-impl Shutdown {
-    /// Waits for the signal; returns at once once it was seen.
-    pub(crate) async fn recv(&mut self) {
-        if self.is_shutdown {
-            return;
-        }
-        let _ = self.notify.recv().await;
-        self.is_shutdown = true;
-    }
+/// Binds the configured listeners and serves NBD until `shutdown` completes, then stops
+/// accepting, lets every connection finish its in-flight requests, flushes writable devices,
+/// runs each export's `release`, and returns.
+///
+/// # Errors
+/// Binding a listener failed.
+pub async fn run(
+    config: ServerConfig,
+    registry: Arc<dyn ExportSource>,
+    metrics: Arc<dyn NbdMetrics>,
+    shutdown: impl Future,
+) -> std::io::Result<()> {
+    let listener = Listener::bind(config).await?;
+    listener.serve(registry, metrics, shutdown).await;
+    Ok(())
 }
 
 /// Bound NBD listeners, ready to serve.
@@ -197,10 +180,7 @@ impl Accept {
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let ctx = Arc::clone(&self.ctx);
-        let shutdown = Shutdown {
-            is_shutdown: false,
-            notify: self.notify_shutdown.subscribe(),
-        };
+        let shutdown = Shutdown::new(self.notify_shutdown.subscribe());
         let complete = self.complete_tx.clone();
         tokio::spawn(async move {
             ctx.metrics.connection_opened();
@@ -267,5 +247,5 @@ where
         Ok(Ok(None)) => return,
         Ok(Ok(Some(n))) => n,
     };
-    transmission::serve(r, w, neg, ctx, &mut shutdown, peer).await;
+    transmission::serve(r, w, neg, ctx, shutdown, peer).await;
 }

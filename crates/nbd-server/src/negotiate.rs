@@ -19,10 +19,8 @@ use nbd_proto::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::{
-    ExportHandle, ExportSource, MAX_OPTIONS_PER_HANDSHAKE, MAX_PAYLOAD, MIN_BLOCK_SIZE, OpenError,
-    PREFERRED_BLOCK_SIZE,
-};
+use crate::config::{MAX_OPTIONS_PER_HANDSHAKE, MAX_PAYLOAD, MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE};
+use crate::source::{ExportHandle, ExportSource, OpenError};
 
 /// The context id this server gives `base:allocation` in `NBD_OPT_SET_META_CONTEXT`.
 pub(crate) const BASE_ALLOCATION_ID: u32 = 1;

@@ -14,10 +14,6 @@ use crate::version::relative_path;
 use crate::vhdx::{CreateOptions, ParentSpec};
 use crate::{Error, ErrorKind, Result};
 
-// Moved to `crate::bytes::is_zero`; kept until nbd-server imports the new path.
-#[doc(hidden)]
-pub use crate::bytes::is_zero;
-
 /// Options of [`convert`].
 #[derive(Debug, Clone, Default)]
 pub struct ConvertOptions {
