@@ -27,9 +27,9 @@
 
 #![warn(missing_docs)]
 
-pub mod daemon;
 pub mod client;
 pub mod control;
+pub mod daemon;
 pub mod login;
 pub mod remote;
 pub mod stats;
