@@ -138,10 +138,12 @@ impl<D: Clone, P: Clone> Shard<D, P> {
     pub fn lookup(&self, key: Key) -> Lookup<D, P> {
         match self.map.get(&key) {
             Some(Entry::Ready(i)) => {
+                debug_assert_eq!(self.slot(*i).key, key, "a ready entry's slot is its own");
                 let (d, first_use) = self.hit(*i);
                 Lookup::Ready(d, first_use)
             }
             Some(Entry::Refilling(i, p)) => {
+                debug_assert_eq!(self.slot(*i).key, key, "a refilled entry's slot is its own");
                 let (d, first_use) = self.hit(*i);
                 Lookup::Refilling(d, first_use, p.clone())
             }
@@ -169,6 +171,15 @@ impl<D: Clone, P: Clone> Shard<D, P> {
     /// it, and a prefetch must not protect a block from eviction).
     pub fn contains(&self, key: Key) -> bool {
         self.map.contains_key(&key)
+    }
+
+    /// The token of the fill that `key` is pending on (loading, or ready and being
+    /// refilled), if any. For assertions: only the claimant publishes or abandons a key.
+    pub fn pending(&self, key: Key) -> Option<&P> {
+        match self.map.get(&key) {
+            Some(Entry::Loading(p) | Entry::Refilling(_, p)) => Some(p),
+            Some(Entry::Ready(_)) | None => None,
+        }
     }
 
     /// Makes the caller the filler of `key` unless it is loading, or ready with data that
@@ -230,6 +241,7 @@ impl<D: Clone, P: Clone> Shard<D, P> {
             return out;
         }
         let protect = group.map(|g| g.id);
+        let charged_before = self.charged_bytes;
         while self.charged_bytes + charge_bytes > self.budget_bytes {
             let Some((n, bytes)) = self.evict_one(protect).or_else(|| self.evict_one(None)) else {
                 unreachable!("charged bytes exceed the budget with nothing to evict");
@@ -237,6 +249,12 @@ impl<D: Clone, P: Clone> Shard<D, P> {
             out.evicted += n;
             out.evicted_bytes += bytes;
         }
+        // What eviction reports freeing is what left the charge (the callers count it).
+        debug_assert_eq!(
+            charged_before - self.charged_bytes,
+            out.evicted_bytes,
+            "evicted bytes disagree with the charge released"
+        );
         let slot = Slot {
             key,
             data,
@@ -247,6 +265,7 @@ impl<D: Clone, P: Clone> Shard<D, P> {
         };
         let i = match self.free.pop() {
             Some(i) => {
+                debug_assert!(self.ring[i].is_none(), "a free ring position is empty");
                 self.ring[i] = Some(slot);
                 i
             }
@@ -288,7 +307,39 @@ impl<D: Clone, P: Clone> Shard<D, P> {
                 n += 1;
             }
         }
+        // A whole pass over the ring already: check the shard's invariants while here.
+        debug_assert!(self.consistent(), "shard invariants after remove_chain");
         (n, bytes)
+    }
+
+    /// The shard's invariants (see [`Shard`]), checked in full: `charged_bytes` is the sum
+    /// of the ready slots' charges and within the budget, every ready or refilled map entry
+    /// points at an occupied slot holding its key, every occupied slot has such an entry,
+    /// and the free list holds exactly the empty positions. O(entries): for assertions at
+    /// whole-shard operations and in tests.
+    fn consistent(&self) -> bool {
+        let charged: u64 = self.ring.iter().flatten().map(|s| s.charge_bytes).sum();
+        let linked = self.map.iter().all(|(k, e)| match e {
+            Entry::Ready(i) | Entry::Refilling(i, _) => self
+                .ring
+                .get(*i)
+                .and_then(Option::as_ref)
+                .is_some_and(|s| s.key == *k),
+            Entry::Loading(_) => true,
+        });
+        let occupied = self.ring.iter().flatten().all(|s| {
+            matches!(
+                self.map.get(&s.key),
+                Some(Entry::Ready(_) | Entry::Refilling(..))
+            )
+        });
+        let empty = self.ring.iter().filter(|s| s.is_none()).count();
+        charged == self.charged_bytes
+            && charged <= self.budget_bytes
+            && linked
+            && occupied
+            && empty == self.free.len()
+            && self.free.iter().all(|&i| self.ring[i].is_none())
     }
 
     /// Charged bytes of the ready entries.
@@ -375,6 +426,14 @@ impl<D: Clone, P: Clone> Shard<D, P> {
             return Retired::Kept;
         };
         debug_assert_eq!(data.len(), members.len());
+        // The new group must span every member, or evicting it would leave some behind.
+        debug_assert!(
+            members.iter().all(|&j| {
+                let b = self.slot(j).key.block;
+                (group.first..group.first + group.blocks).contains(&b)
+            }),
+            "a rehomed group spans its members"
+        );
         for (j, d) in members.into_iter().zip(data) {
             if let Some(s) = self.ring[j].as_mut() {
                 s.data = d;
@@ -404,6 +463,14 @@ impl<D: Clone, P: Clone> Shard<D, P> {
                     out.1 += self.remove_slot(at);
                 }
             }
+            debug_assert!(
+                (g.first..g.first + g.blocks).all(|block| {
+                    let k = Key { block, ..key };
+                    !matches!(self.map.get(&k), Some(Entry::Ready(j) | Entry::Refilling(j, _))
+                        if self.slot(*j).group.map(|x| x.id) == Some(g.id))
+                }),
+                "a group leaves the shard whole"
+            );
         }
         out
     }
@@ -555,6 +622,7 @@ mod tests {
         assert!(matches!(s.lookup(key(1)), Lookup::Ready(2000, false)));
         assert_eq!(s.charged_bytes(), before);
         assert_eq!(s.ready_len(), 3);
+        assert!(s.consistent());
     }
 
     #[test]
@@ -576,6 +644,7 @@ mod tests {
         s.publish(key(0), 7, 10, false, None);
         assert!(matches!(s.lookup(key(0)), Lookup::Ready(7, false)));
         assert_eq!(s.charged_bytes(), 30);
+        assert!(s.consistent());
     }
 
     #[test]
@@ -675,6 +744,7 @@ mod tests {
             assert!(matches!(s.lookup(key(b)), Lookup::Absent), "block {b}");
         }
         assert_eq!((s.ready_len(), s.charged_bytes()), (3, 30));
+        assert!(s.consistent());
     }
 
     #[test]
@@ -699,5 +769,6 @@ mod tests {
             t.publish(key(b), b, 10, false, group(2, 0, 3));
         }
         assert!(t.charged_bytes() <= 20);
+        assert!(s.consistent() && t.consistent());
     }
 }

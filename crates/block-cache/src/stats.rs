@@ -12,7 +12,10 @@ impl Counter {
     }
 
     pub fn sub(&self, n: u64) {
-        self.0.fetch_sub(n, Ordering::Relaxed);
+        let before = self.0.fetch_sub(n, Ordering::Relaxed);
+        // Only gauges go down, by what they went up by earlier (a buffer's bytes when it
+        // is dropped, added when it was made): never below zero.
+        debug_assert!(before >= n, "gauge below zero: {before} - {n}");
     }
 
     pub fn get(&self) -> u64 {

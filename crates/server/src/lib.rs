@@ -10,8 +10,9 @@
 //!                         replies ──► one writer task per connection
 //! ```
 //!
-//! The NBD transport (the `nbd-server` crate) knows nothing about stores or caches: it asks an
-//! [`nbd_server::ExportSource`] for a device by export name and reports to an [`nbd_server::NbdMetrics`].
+//! The NBD transport (the `nbd-server` crate) knows nothing about stores or caches: it asks
+//! an [`nbd_server::ExportSource`] for a device by export name and reports to an
+//! [`nbd_server::NbdMetrics`].
 
 pub mod config;
 pub mod exports;

@@ -110,10 +110,28 @@ impl Arena {
         Some(r)
     }
 
-    /// Returns slot `r` (its owner already [`FREE`]) to the free list.
+    /// Returns slot `r` (its owner already [`FREE`]) to the free list. The caller holds no
+    /// lock of the slot.
     pub fn release(&self, r: u32) {
-        self.free.lock().push(r);
-        self.used.fetch_sub(1, Ordering::Relaxed);
+        // The pair of "a slot handed out is free" (asserted where a slot is filled): no
+        // free slot has an owner.
+        debug_assert_eq!(
+            self.slot(r).read().owner,
+            FREE,
+            "RAM slot {r} freed while owned"
+        );
+        {
+            let mut free = self.free.lock();
+            free.push(r);
+            // Each free slot is a distinct slot handed out: a slot released twice would
+            // eventually make the list longer than that.
+            debug_assert!(
+                r < self.grown() && free.len() <= self.grown() as usize,
+                "RAM slot {r} released twice or never handed out"
+            );
+        }
+        let before = self.used.fetch_sub(1, Ordering::Relaxed);
+        debug_assert!(before > 0, "RAM slots in use below zero");
     }
 }
 

@@ -17,11 +17,37 @@
 //! # Layout
 //!
 //! ```text
-//! cache.rs   WriteCache: the read, write, trim and eviction paths
-//! index.rs   block → Entry{Ram(slot) | Disk(slot) | Zero, generation}, lock-free table
-//! arena.rs   RAM slots (RwLock + owner each), chunked growth, free list
-//! policy.rs  CLOCK eviction (pure)
-//! store.rs   OverflowStore trait: FileStore (unlinked file), MemStore (tests)
+//! lib.rs        these notes; the public surface (re-exports)
+//! device.rs     impl BlockDevice for WriteCache: the decorator over the paths below
+//! write.rs      writes in place, inserts (RAM or Disk mode, read-modify-write), trim, zeroes
+//! read.rs       which blocks a range holds; reads from RAM, zeros or overflow (and try_)
+//! evict.rs      RAM slots for inserts: free ones, or CLOCK victims moved to overflow
+//! overflow.rs   overflow I/O, slot stripes, ENOSPC vs poison on a failed write
+//! cache.rs      WriteCache's state, new, usage, bounds and poison, block arithmetic;
+//!               the design notes (invariants) of all the paths
+//! config.rs     Mode, Config, ConfigError, block size limits
+//! index.rs      block → Entry{Ram(slot) | Disk(slot) | Zero, generation}, lock-free table
+//! arena.rs      RAM slots (RwLock + owner each), chunked growth, free list
+//! disk_slots.rs overflow slots: growth up to the budget, free list
+//! policy.rs     CLOCK eviction (pure)
+//! store.rs      OverflowStore trait: FileStore (unlinked file), MemStore (tests)
+//! copy.rs       streaming copies into RAM slots
+//! tests.rs      unit tests of the decorator
+//! ```
+//!
+//! Files depend only downward, with no cycle ("uses" includes calling methods another file
+//! adds to `WriteCache`):
+//!
+//! ```text
+//! device ──► write ──► evict ──► overflow ──► cache ──► config ──► index
+//!   └──────► read ─────────────────┘
+//! device   ──► cache, overflow, config, index
+//! write    ──► overflow, cache, arena, copy, config, index
+//! read     ──► cache, index
+//! evict    ──► cache, arena, config, index
+//! overflow ──► index, store
+//! cache    ──► arena, disk_slots, index, policy, store
+//! index, arena, disk_slots, policy, store, copy: no file of the crate
 //! ```
 //!
 //! # Granularity
@@ -35,80 +61,23 @@
 
 mod arena;
 mod cache;
+mod config;
 mod copy;
+mod device;
+mod disk_slots;
+mod evict;
 mod index;
+mod overflow;
 pub mod policy;
+mod read;
 pub mod store;
+#[cfg(test)]
+mod tests;
+mod write;
 
 pub use cache::{Usage, WriteCache};
+pub use config::{
+    BLOCK_BYTES_MAX, BLOCK_BYTES_MIN, Config, ConfigError, DEFAULT_BLOCK_BYTES, Mode,
+};
 pub use index::SLOTS_MAX;
 pub use store::{FileStore, MemStore, OverflowStore};
-
-/// The default cache block in bytes.
-pub const DEFAULT_BLOCK_BYTES: u32 = 4096;
-/// The smallest cache block in bytes (one sector).
-pub const BLOCK_BYTES_MIN: u32 = 512;
-/// The largest cache block in bytes.
-pub const BLOCK_BYTES_MAX: u32 = 1 << 20;
-
-/// Where writes go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// RAM only, a fixed budget.
-    Ram,
-    /// RAM, least recently used blocks moved to the overflow store when full.
-    RamOverflow,
-    /// The overflow store only.
-    Disk,
-}
-
-/// Configuration of a write cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Config {
-    /// Mode.
-    pub mode: Mode,
-    /// Cache block in bytes: a power of two in `BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX`.
-    pub block_bytes: u32,
-    /// RAM budget in bytes (ignored in `Disk` mode). Rounded down to whole blocks.
-    pub ram_bytes_max: u64,
-    /// Overflow budget in bytes (`RamOverflow`, `Disk`); the filesystem may fill first.
-    pub overflow_bytes_max: u64,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            mode: Mode::Ram,
-            block_bytes: DEFAULT_BLOCK_BYTES,
-            ram_bytes_max: 1 << 30,
-            overflow_bytes_max: 1 << 40,
-        }
-    }
-}
-
-/// Why a write cache could not be made.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    /// The block size is not a power of two in range.
-    #[error(
-        "cache block of {bytes} bytes is not a power of two in {BLOCK_BYTES_MIN}..={BLOCK_BYTES_MAX}"
-    )]
-    InvalidBlockSize {
-        /// The value given.
-        bytes: u32,
-    },
-    /// The mode needs an overflow store and none was given.
-    #[error("mode {mode:?} needs an overflow store")]
-    MissingStore {
-        /// The mode.
-        mode: Mode,
-    },
-    /// A budget needs more slots than an entry can address.
-    #[error("{what} budget of {bytes} bytes is over {SLOTS_MAX} blocks")]
-    TooManySlots {
-        /// "RAM" or "overflow".
-        what: &'static str,
-        /// The budget.
-        bytes: u64,
-    },
-}

@@ -71,6 +71,7 @@ impl Clock {
             *hand = slot + 1;
             let r = &self.referenced[slot as usize];
             if r.load(Ordering::Relaxed) == 0 {
+                debug_assert!(slot < limit && *hand <= limit, "CLOCK hand out of bounds");
                 return Some(slot);
             }
             r.store(0, Ordering::Relaxed);
@@ -78,6 +79,7 @@ impl Clock {
         // Every bit was set again by concurrent hits during two turns: take the hand's slot.
         let slot = if *hand >= limit { 0 } else { *hand };
         *hand = slot + 1;
+        debug_assert!(slot < limit && *hand <= limit, "CLOCK hand out of bounds");
         Some(slot)
     }
 }

@@ -292,6 +292,19 @@ fn run(s: Setup, ops: &[Op]) -> Result<(), TestCaseError> {
                 model = Model::new(size, s.block);
             }
         }
+        // With nothing running concurrently the usage counters are exact: within their
+        // budgets, and every RAM or overflow slot in use holds a cached block (a zero
+        // block holds none).
+        let u = cache.usage();
+        prop_assert!(
+            u.ram_bytes <= u.ram_bytes_max && u.overflow_bytes <= u.overflow_bytes_max,
+            "{u:?}"
+        );
+        prop_assert!(
+            (u.ram_bytes + u.overflow_bytes) / s.block <= cache.cached_blocks() as u64,
+            "{u:?} for {} cached blocks",
+            cache.cached_blocks()
+        );
     }
     // Everything the model knows reads back.
     let mut all = vec![0u8; size as usize];
