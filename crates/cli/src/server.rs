@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args as ClapArgs;
+use nbd_server::{ExportSource, Listener, NbdMetrics};
 use server::config::{FerryConfig, Resolved};
 use server::exports::Registry;
 use server::metrics::Metrics;
-use nbd_server::{ExportSource, Listener, NbdMetrics};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;

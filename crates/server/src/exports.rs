@@ -42,12 +42,12 @@ use disk::BlockDevice;
 use disk::error::chain_to_string;
 use disk::vhdx::VhdxImage;
 
-use nbd_server::{ExportHandle, ExportInfo, ExportSource, OpenError};
 use crate::store::{Resolved, Store, StoreError, check_vdisk_name, split_version};
 use crate::writecache::{
     self, CacheMode, Counted, FileLock, WriteCache, WriteCacheError, WriteCacheTarget,
     WriteCounters,
 };
+use nbd_server::{ExportHandle, ExportInfo, ExportSource, OpenError};
 
 /// The most exports `list` returns.
 pub const EXPORTS_LIST_MAX: usize = 10_000;
