@@ -27,9 +27,10 @@
 
 #![warn(missing_docs)]
 
-pub mod daemon;
+pub mod boot;
 pub mod client;
 pub mod control;
+pub mod daemon;
 pub mod login;
 pub mod remote;
 pub mod stats;
