@@ -140,7 +140,8 @@ try {
   const dev = page.locator(`#device-rows tr[data-device="${MAC}"]`);
   await dev.waitFor();
   check((await dev.locator('td.state').innerText()).trim() === 'connected', 'device connected');
-  check((await dev.locator('td.server').innerText()).trim() === SERVER, 'device server');
+  const server = (await dev.locator('td.server').innerText()).trim();
+  check(server === SERVER, `the connected device names its server ${SERVER} (shown: ${server})`);
   check((await dev.locator('td.version').innerText()).includes('0'), 'device boots version 0');
   check((await dev.locator('td.cache').innerText()).trim() === 'ram_overflow',
     'device cache mode');

@@ -18,6 +18,17 @@ let timer = null;
 let last = null; // { t, read, written } of the previous poll, summed over devices.
 const samples = { read: [], written: [] };
 
+/**
+ * The server a device streams from, as its counters name it: the registered server's name,
+ * else the NBD address the device reported (a server the farm does not know by that
+ * address), else '—' (no counters yet).
+ */
+function serverOf(c) {
+  if (c && c.server_name) return c.server_name;
+  if (c && c.server_address) return c.server_address;
+  return '—';
+}
+
 function row(d) {
   const s = d.session;
   const c = d.counters;
@@ -26,7 +37,7 @@ function row(d) {
     h('td', { class: 'mono' }, d.mac),
     h('td', {}, badge(d.device_type)),
     h('td', { class: 'state' }, s ? badge('connected', 'ok') : badge('offline', 'off')),
-    h('td', { class: 'server' }, c && c.server_name ? c.server_name : '—'),
+    h('td', { class: 'server' }, serverOf(c)),
     h('td', {}, d.vdisk_name || '—'),
     h('td', { class: 'version' }, s ? h('span', {}, String(s.version), ' ', badge(s.access)) : '—'),
     h('td', { class: 'cache' }, d.cache_mode),

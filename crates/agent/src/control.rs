@@ -2,7 +2,8 @@
 //!
 //! ```text
 //!   "status\n"       → Status as JSON
-//!   "mark-booted\n"  → {"boot_time_s": 12.5}
+//!   "mark-booted\n"  → {"boot_time_s": 12.5, "boot_ended_by": "marked"}
+//!                     (or the end recorded before: "read_burst_over", "boot_bytes")
 //! ```
 //!
 //! A unix socket next to the export (mode 0600 by the umask of root on a target), so only

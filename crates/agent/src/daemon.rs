@@ -14,6 +14,7 @@ use tokio::net::{UnixListener, UnixStream};
 use write_cache::{FileStore, OverflowStore, WriteCache};
 
 use crate::CacheMode;
+use crate::boot::Booted;
 use crate::client::ClientError;
 use crate::control::REQUEST_BYTES_MAX;
 use crate::remote::{Remote, RemoteConfig, RemoteCounters, Replay};
@@ -55,6 +56,9 @@ pub struct AgentConfig {
     pub control_socket: PathBuf,
     /// Boot ends after this many bytes read, if set (else at `mark-booted`).
     pub boot_bytes: Option<u64>,
+    /// Boot ends at the last read of the first read burst once no read came for this long
+    /// (`None`: only `mark-booted` and `boot_bytes` end it). See [`crate::boot`].
+    pub boot_quiet: Option<Duration>,
     /// Timeout of one connect and handshake.
     pub connect_timeout: Duration,
     /// Timeout of one request.
@@ -83,6 +87,7 @@ impl AgentConfig {
             export_socket,
             control_socket,
             boot_bytes: None,
+            boot_quiet: Some(crate::boot::BOOT_QUIET),
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
             failover_timeout: Duration::from_secs(60),
@@ -182,7 +187,7 @@ impl Agent {
             None => Arc::clone(&remote) as Arc<dyn BlockDevice>,
         };
         let io = Arc::new(IoCounters::default());
-        let boot = Arc::new(Boot::new(cfg.boot_bytes));
+        let boot = Arc::new(Boot::new(cfg.boot_bytes, cfg.boot_quiet));
         let device = Arc::new(Counted::new(top, Arc::clone(&io), Arc::clone(&boot)));
         Ok(Agent {
             sampler: Sampler::new(&io),
@@ -203,6 +208,7 @@ impl Agent {
         let r = self.sampler.rates();
         let io = &self.io;
         let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let booted = self.boot.booted();
         Status {
             server: self.remote.server(),
             servers: self.cfg.servers.clone(),
@@ -229,12 +235,14 @@ impl Agent {
             retries: ld(&self.remote_counters.retries),
             failovers: ld(&self.remote_counters.failovers),
             uptime_s: self.boot.uptime().as_secs_f64(),
-            boot_time_s: self.boot.time().map(|t| t.as_secs_f64()),
+            boot_time_s: booted.map(|b| b.time.as_secs_f64()),
+            boot_ended_by: booted.map(|b| b.by),
         }
     }
 
-    /// Ends the boot clock (`ferry target mark-booted`).
-    pub fn mark_booted(&self) -> Duration {
+    /// Ends the boot clock (`ferry target mark-booted`), unless it already ended; returns
+    /// the end.
+    pub fn mark_booted(&self) -> Booted {
         self.boot.mark()
     }
 }
@@ -319,9 +327,10 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future) -> Result<(), AgentErr
         let mut tick = tokio::time::interval(SAMPLE_PERIOD);
         loop {
             tick.tick().await;
-            sampler_agent
-                .sampler
-                .sample(&sampler_agent.io, Instant::now());
+            let now = Instant::now();
+            sampler_agent.sampler.sample(&sampler_agent.io, now);
+            let reads = sampler_agent.io.reads.load(Ordering::Relaxed);
+            sampler_agent.boot.tick(now, reads);
         }
     });
     let config = ServerConfig {
@@ -369,9 +378,9 @@ async fn answer(stream: UnixStream, agent: Arc<Agent>) {
     let reply = match line.trim() {
         "status" => serde_json::to_value(agent.status()).unwrap_or_default(),
         "mark-booted" => {
-            let t = agent.mark_booted();
-            tracing::info!(boot_time = ?t, "marked booted");
-            serde_json::json!({ "boot_time_s": t.as_secs_f64() })
+            let b = agent.mark_booted();
+            tracing::info!(boot_time = ?b.time, ended_by = ?b.by, "marked booted");
+            serde_json::json!({ "boot_time_s": b.time.as_secs_f64(), "boot_ended_by": b.by })
         }
         other => serde_json::json!({ "error": format!("unknown command {other:?}") }),
     };

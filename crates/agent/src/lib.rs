@@ -27,6 +27,7 @@
 
 #![warn(missing_docs)]
 
+pub mod boot;
 pub mod client;
 pub mod control;
 pub mod daemon;

@@ -2,12 +2,14 @@
 //! top of the stack, boot time, and the [`Status`] report.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use disk::device::{Geometry, LayerRun, Piece, Submitted};
 use disk::{BlockDevice, FastPath, Result};
 use parking_lot::Mutex;
+
+use crate::boot::{BootClock, BootEnd, Booted};
 
 /// I/O counters of the exported disk.
 #[derive(Debug, Default)]
@@ -24,35 +26,45 @@ pub struct IoCounters {
     pub errors: AtomicU64,
 }
 
-/// Boot time: from attach until `mark-booted`, or until `boot_bytes` have been read.
+/// Boot time: from attach until `mark-booted`, `boot_bytes` read, or the end of the first
+/// read burst, whichever comes first ([`BootClock`] decides; this holds it for the threads).
 #[derive(Debug)]
 pub struct Boot {
     attached: Instant,
     boot_bytes: Option<u64>,
-    booted: Mutex<Option<Duration>>,
+    /// Set once the boot ended, so reads past `boot_bytes` skip the lock.
+    ended: AtomicBool,
+    clock: Mutex<BootClock>,
 }
 
 impl Boot {
-    /// Starts the clock now; `boot_bytes` ends it after that many bytes read.
-    pub fn new(boot_bytes: Option<u64>) -> Boot {
+    /// Starts the clock now; `boot_bytes` ends it after that many bytes read, and a read
+    /// burst followed by `quiet` without reads ends it at the burst's last read.
+    pub fn new(boot_bytes: Option<u64>, quiet: Option<Duration>) -> Boot {
+        let attached = Instant::now();
         Boot {
-            attached: Instant::now(),
+            attached,
             boot_bytes,
-            booted: Mutex::new(None),
+            ended: AtomicBool::new(false),
+            clock: Mutex::new(BootClock::new(attached, quiet)),
         }
     }
 
-    /// Ends the boot now, unless it already ended. Returns the boot time.
-    pub fn mark(&self) -> Duration {
-        *self
-            .booted
-            .lock()
-            .get_or_insert_with(|| self.attached.elapsed())
+    /// Ends the boot now, unless it already ended. Returns the end.
+    pub fn mark(&self) -> Booted {
+        let b = self.clock.lock().mark(Instant::now());
+        self.ended.store(true, Ordering::Relaxed);
+        b
+    }
+
+    /// The end of the boot, once booted.
+    pub fn booted(&self) -> Option<Booted> {
+        self.clock.lock().booted()
     }
 
     /// The boot time, once booted.
     pub fn time(&self) -> Option<Duration> {
-        *self.booted.lock()
+        self.booted().map(|b| b.time)
     }
 
     /// Time since attach.
@@ -60,10 +72,29 @@ impl Boot {
         self.attached.elapsed()
     }
 
+    /// The sampler's tick at `now` with `reads` read requests so far: ends the boot when
+    /// the first read burst is over.
+    pub fn tick(&self, now: Instant, reads: u64) {
+        if self.ended.load(Ordering::Relaxed) {
+            return;
+        }
+        let end = self.clock.lock().tick(now, reads);
+        if let Some(b) = end {
+            self.ended.store(true, Ordering::Relaxed);
+            tracing::info!(boot_time = ?b.time, reads, "boot read burst over");
+        }
+    }
+
     fn observe_read(&self, total: u64) {
-        if self.boot_bytes.is_some_and(|b| total >= b) && self.booted.lock().is_none() {
-            let t = self.mark();
-            tracing::info!(boot_time = ?t, bytes = total, "boot byte count reached");
+        if self.boot_bytes.is_some_and(|b| total >= b) && !self.ended.load(Ordering::Relaxed) {
+            let mut clock = self.clock.lock();
+            let first = clock.booted().is_none();
+            let b = clock.bytes_reached(Instant::now());
+            drop(clock);
+            self.ended.store(true, Ordering::Relaxed);
+            if first {
+                tracing::info!(boot_time = ?b.time, bytes = total, "boot byte count reached");
+            }
         }
     }
 }
@@ -335,6 +366,9 @@ pub struct Status {
     pub uptime_s: f64,
     /// Seconds from attach to boot end, once booted.
     pub boot_time_s: Option<f64>,
+    /// What ended the boot, once booted.
+    #[serde(default)]
+    pub boot_ended_by: Option<BootEnd>,
 }
 
 #[cfg(test)]
@@ -343,19 +377,29 @@ mod tests {
 
     #[test]
     fn boot_mark_is_kept_once() {
-        let b = Boot::new(None);
+        let b = Boot::new(None, None);
         let t = b.mark();
         assert_eq!(b.mark(), t);
-        assert_eq!(b.time(), Some(t));
+        assert_eq!(b.time(), Some(t.time));
     }
 
     #[test]
     fn boot_bytes_reached_ends_the_boot() {
-        let b = Boot::new(Some(100));
+        let b = Boot::new(Some(100), None);
         b.observe_read(99);
         assert_eq!(b.time(), None);
         b.observe_read(100);
-        assert!(b.time().is_some());
+        assert_eq!(b.booted().map(|e| e.by), Some(BootEnd::BootBytes));
+    }
+
+    #[test]
+    fn boot_tick_after_a_quiet_burst_ends_the_boot() {
+        let b = Boot::new(None, Some(crate::boot::BOOT_QUIET));
+        let t0 = Instant::now();
+        let reads = crate::boot::BOOT_READS_MIN;
+        b.tick(t0, reads);
+        b.tick(t0 + crate::boot::BOOT_QUIET, reads);
+        assert_eq!(b.booted().map(|e| e.by), Some(BootEnd::ReadBurstOver));
     }
 
     #[test]

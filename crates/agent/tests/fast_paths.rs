@@ -12,7 +12,7 @@ use testkit::{FastProbe, block_on};
 fn counted_reaches_every_fast_path_of_its_device_and_counts_them() {
     let probe = Arc::new(FastProbe::new(1 << 20));
     let io = Arc::new(IoCounters::default());
-    let boot = Arc::new(Boot::new(None));
+    let boot = Arc::new(Boot::new(None, None));
     let dev: Arc<dyn BlockDevice> = Arc::new(Counted::new(probe.clone(), io.clone(), boot));
 
     let mut a = [0u8; 512];

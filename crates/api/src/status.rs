@@ -40,6 +40,9 @@ pub const BOARD_STALE_MS: i64 = 10 * 60 * 1000;
 pub const STATUS_SESSIONS_MAX: usize = farm::sessions::SESSIONS_MAX;
 /// The page size used to read sessions and vDisks for a snapshot.
 const SESSION_PAGE: i64 = 1000;
+/// The longest server address a report may name, in bytes (a DNS name is at most 253, plus
+/// `:port`).
+pub const SERVER_ADDRESS_BYTES_MAX: usize = 260;
 
 /// Counters of one device's session, cumulative since the session began.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
@@ -63,6 +66,12 @@ pub struct Report {
     /// The server the device streams from, when known.
     #[serde(default)]
     pub server_id: Option<i64>,
+    /// The NBD address (`host:port`) the device streams from, as it reached it: what a
+    /// target knows (login gives it the servers' addresses, not their ids). The status
+    /// names the registered server of that address. At most
+    /// [`SERVER_ADDRESS_BYTES_MAX`] bytes.
+    #[serde(default)]
+    pub server_address: Option<String>,
     /// Bytes the device read from its vDisk.
     pub bytes_read: u64,
     /// Bytes the device wrote.
@@ -78,10 +87,14 @@ pub struct Report {
 pub struct Reported {
     /// The session they belong to.
     pub session_id: String,
-    /// The server the device streams from, when reported.
+    /// The server the device streams from: as reported, or the registered server whose
+    /// address was reported.
     pub server_id: Option<i64>,
     /// That server's name.
     pub server_name: Option<String>,
+    /// The NBD address the device reported streaming from (shown when no registered server
+    /// has it).
+    pub server_address: Option<String>,
     /// When they were reported (Unix ms).
     pub reported_at_ms: i64,
     /// The counters.
@@ -167,6 +180,7 @@ pub struct StatusSnapshot {
 struct Entry {
     session_id: String,
     server_id: Option<i64>,
+    server_address: Option<String>,
     reported_at_ms: i64,
     counters: Counters,
 }
@@ -314,9 +328,23 @@ pub async fn report(
             Err(e) => return Err(e.into()),
         }
     }
+    let server_address = r
+        .server_address
+        .map(|a| a.trim().to_string())
+        .filter(|a| !a.is_empty());
+    if server_address
+        .as_ref()
+        .is_some_and(|a| a.len() > SERVER_ADDRESS_BYTES_MAX)
+    {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("server_address is longer than {SERVER_ADDRESS_BYTES_MAX} bytes"),
+        ));
+    }
     let entry = Entry {
         session_id: session.id.clone(),
         server_id: r.server_id,
+        server_address,
         reported_at_ms: s.farm.now_ms(),
         counters: Counters {
             bytes_read: r.bytes_read,
@@ -351,20 +379,17 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     fn device(&self, d: &Device, session: Option<&Session>) -> DeviceStatus {
         let vdisk = d.vdisk_id.and_then(|id| self.vdisks.get(&id));
-        let counters = session
-            .and_then(|x| self.board.get(d.id, &x.id))
-            .map(|e| Reported {
+        let counters = session.and_then(|x| self.board.get(d.id, &x.id)).map(|e| {
+            let server = reported_server(self.servers, e.server_id, e.server_address.as_deref());
+            Reported {
                 session_id: e.session_id,
-                server_id: e.server_id,
-                server_name: e.server_id.and_then(|id| {
-                    self.servers
-                        .iter()
-                        .find(|s| s.id == id)
-                        .map(|s| s.name.clone())
-                }),
+                server_id: e.server_id.or(server.map(|s| s.id)),
+                server_name: server.map(|s| s.name.clone()),
+                server_address: e.server_address,
                 reported_at_ms: e.reported_at_ms,
                 counters: e.counters,
-            });
+            }
+        });
         DeviceStatus {
             id: d.id,
             name: d.name.clone(),
@@ -394,6 +419,20 @@ pub fn effective_cache_mode(t: DeviceType, over: OptCacheMode, vdisk: &VDisk) ->
         (DeviceType::Maintenance, _) => CacheMode::Private,
         (_, CacheMode::Private) => CacheMode::Server,
         (_, m) => m,
+    }
+}
+
+/// The registered server a report names: by id when it gave one, else the one registered at
+/// the address the device streams from (the address as login handed it out).
+fn reported_server<'a>(
+    servers: &'a [Server],
+    id: Option<i64>,
+    address: Option<&str>,
+) -> Option<&'a Server> {
+    match (id, address) {
+        (Some(id), _) => servers.iter().find(|s| s.id == id),
+        (None, Some(a)) => servers.iter().find(|s| s.address.trim() == a),
+        (None, None) => None,
     }
 }
 
@@ -445,12 +484,50 @@ mod tests {
         Entry {
             session_id: session.into(),
             server_id: None,
+            server_address: None,
             reported_at_ms,
             counters: Counters {
                 bytes_read,
                 ..Counters::default()
             },
         }
+    }
+
+    fn server(id: i64, name: &str, address: &str) -> Server {
+        Server {
+            id,
+            site_id: 1,
+            name: name.into(),
+            address: address.into(),
+            registered_at_ms: 0,
+            heartbeat_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn reported_address_names_the_server_registered_there() {
+        let servers = [
+            server(1, "pvs-1", "10.0.0.5:10809"),
+            server(2, "pvs-2", "10.0.0.6:10809"),
+        ];
+        let found = reported_server(&servers, None, Some("10.0.0.6:10809"));
+        assert_eq!(found.map(|s| s.name.as_str()), Some("pvs-2"));
+    }
+
+    #[test]
+    fn reported_id_wins_over_the_address() {
+        let servers = [
+            server(1, "pvs-1", "10.0.0.5:10809"),
+            server(2, "pvs-2", "10.0.0.6:10809"),
+        ];
+        let found = reported_server(&servers, Some(1), Some("10.0.0.6:10809"));
+        assert_eq!(found.map(|s| s.id), Some(1));
+    }
+
+    #[test]
+    fn unregistered_address_names_no_server() {
+        let servers = [server(1, "pvs-1", "10.0.0.5:10809")];
+        assert!(reported_server(&servers, None, Some("10.9.9.9:10809")).is_none());
     }
 
     #[test]

@@ -22,6 +22,9 @@ use serde_json::{Value, json};
 const MAC: &str = "52:54:00:12:34:56";
 const VDISK: &str = "golden";
 const SERVER: &str = "pvs-1";
+/// Where `SERVER` is registered: the NBD address login hands the device, which a target
+/// reports as the server it streams from.
+const SERVER_ADDRESS: &str = "127.0.0.1:10809";
 const SITE: &str = "hq";
 const COLLECTION: &str = "lab";
 /// The name of the token the browser uses: versions it makes name it as their author.
@@ -101,13 +104,13 @@ impl Client {
 }
 
 /// The farm the browser sees: a site with a heartbeating server, a store with the demo
-/// vDisk, a collection with one production device. Returns (vdisk id, server id).
-async fn populate(c: &Client) -> (i64, i64) {
+/// vDisk, a collection with one production device. Returns the vDisk's id.
+async fn populate(c: &Client) -> i64 {
     let site = c.post("/sites", json!({"name": SITE})).await;
     let server = c
         .post(
             "/servers",
-            json!({"site_id": site["id"], "name": SERVER, "address": "127.0.0.1:10809"}),
+            json!({"site_id": site["id"], "name": SERVER, "address": SERVER_ADDRESS}),
         )
         .await;
     c.post(&format!("/servers/{}/heartbeat", server["id"]), json!({}))
@@ -133,10 +136,7 @@ async fn populate(c: &Client) -> (i64, i64) {
                "device_type": "production", "vdisk_id": vdisk["id"]}),
     )
     .await;
-    (
-        vdisk["id"].as_i64().unwrap(),
-        server["id"].as_i64().unwrap(),
-    )
+    vdisk["id"].as_i64().unwrap()
 }
 
 /// Device login through the API: challenge, HMAC proof under the farm key, login. Returns
@@ -152,11 +152,12 @@ async fn device_login(c: &Client, farm_key_hex: &str) -> String {
     grant["export_name"].as_str().unwrap().to_string()
 }
 
-/// Reports growing counters for the session every 500 ms, as a target would.
-fn report_counters(c: Arc<Client>, export_name: String, server_id: i64) {
+/// Reports growing counters for the session every 500 ms, as `ferry target` does: with the
+/// address of the server it streams from, not an id (the page must still name the server).
+fn report_counters(c: Arc<Client>, export_name: String) {
     tokio::spawn(async move {
         for i in 0u64.. {
-            let body = json!({"export_name": export_name, "server_id": server_id,
+            let body = json!({"export_name": export_name, "server_address": SERVER_ADDRESS,
                 "bytes_read": (3 << 20) + i * (1 << 20), "bytes_written": i * (256 << 10),
                 "retries": i / 4, "cache_used_bytes": i * (256 << 10)});
             c.post("/status/report", body).await;
@@ -195,9 +196,9 @@ async fn console_in_chromium_logs_in_promotes_a_new_version_and_shows_a_connecte
     let made = admin
         .post("/tokens", json!({"name": TOKEN_NAME, "role": "operator"}))
         .await;
-    let (vdisk_id, server_id) = populate(&admin).await;
+    let vdisk_id = populate(&admin).await;
     let export_name = device_login(&admin, &secrets.farm_key_hex).await;
-    report_counters(Arc::new(admin), export_name, server_id);
+    report_counters(Arc::new(admin), export_name);
 
     let out = repo_root().join("target/console-e2e");
     let script = repo_root().join("web/e2e/console.e2e.mjs");

@@ -123,6 +123,19 @@ impl Api {
     async fn report(&self, export: &str, server_id: Option<i64>, read: i64) -> (StatusCode, Value) {
         let body = json!({"export_name": export, "server_id": server_id, "bytes_read": read,
                           "bytes_written": 7, "retries": 2, "cache_used_bytes": 4096});
+        self.post_report(body).await
+    }
+
+    /// A report as `ferry target` sends it: the address of the NBD server it streams from,
+    /// no server id (login hands out addresses only).
+    async fn report_from(&self, export: &str, server_address: &str) -> (StatusCode, Value) {
+        let body = json!({"export_name": export, "server_address": server_address,
+                          "bytes_read": 1 << 20, "bytes_written": 0, "retries": 0,
+                          "cache_used_bytes": 0});
+        self.post_report(body).await
+    }
+
+    async fn post_report(&self, body: Value) -> (StatusCode, Value) {
         let (s, _, b) = self
             .raw(Method::POST, "/api/v1/status/report", None, Some(body))
             .await;
@@ -207,6 +220,29 @@ async fn status_shows_session_version_and_reported_counters(t: TestFarm) {
     assert_eq!(a.device_status().await["counters"], Value::Null);
 }
 
+/// Issue 17: a connected device showed no server, because a target reports the address of
+/// its server, never an id. The status names the server registered at that address, and
+/// shows the address itself when no registered server has it.
+async fn connected_device_names_the_server_at_its_reported_address(t: TestFarm) {
+    let a = Api::new(t);
+    let server_id = a.fixture().await;
+    let export = a.login().await;
+
+    let (s, v) = a.report_from(&export, "10.0.0.1:10809").await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{v}");
+    let c = &a.device_status().await["counters"];
+    assert_eq!(c["server_name"], "pvs-1", "{c}");
+    assert_eq!(c["server_id"], server_id, "{c}");
+    assert_eq!(c["server_address"], "10.0.0.1:10809", "{c}");
+
+    // After a failover to a server the farm does not know at that address.
+    let (s, v) = a.report_from(&export, "10.0.0.9:10809").await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{v}");
+    let c = &a.device_status().await["counters"];
+    assert_eq!(c["server_name"], Value::Null, "{c}");
+    assert_eq!(c["server_address"], "10.0.0.9:10809", "{c}");
+}
+
 async fn bad_reports_and_status_calls_are_refused(t: TestFarm) {
     let a = Api::new(t);
     a.fixture().await;
@@ -219,6 +255,12 @@ async fn bad_reports_and_status_calls_are_refused(t: TestFarm) {
     assert_eq!(v["error"], "no server 999");
     let (s, _) = a.report(&export, None, -1).await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    let long = format!(
+        "{}:10809",
+        "h".repeat(api::status::SERVER_ADDRESS_BYTES_MAX)
+    );
+    let (s, v) = a.report_from(&export, &long).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
     let (s, _, _) = a
         .raw(
             Method::POST,
@@ -252,6 +294,7 @@ async fn openapi_document_lists_the_status_routes(t: TestFarm) {
 dual_tests!(
     console_files_are_served_with_their_types,
     status_shows_session_version_and_reported_counters,
+    connected_device_names_the_server_at_its_reported_address,
     bad_reports_and_status_calls_are_refused,
     openapi_document_lists_the_status_routes,
 );

@@ -6,7 +6,7 @@
 //! main.rs        argument parsing, logging, error printing, exit status
 //! vdisk.rs       `ferry vdisk create|info|check|version|read|write` and the dispatcher
 //! copy.rs        `ferry vdisk merge|convert|capture|compact` (long work: bars and summaries)
-//! quickstart.rs  `ferry quickstart`: a demo vDisk with one version, then its info
+//! quickstart.rs  `ferry quickstart`: a whole farm here (server, console, one target)
 //! server.rs      `ferry server`: NBD + metrics over a store, until SIGINT/SIGTERM
 //! server_farm.rs `ferry server --farm`: farm API + console, session exports, heartbeat
 //! target.rs      `ferry target`: the target device agent; `status`, `mark-booted`
@@ -94,8 +94,24 @@ enum Command {
         #[command(subcommand)]
         command: vdisk::Command,
     },
-    /// Create a demo vDisk with one version in a data directory and print its info.
-    #[command(after_help = "Example:\n  ferry quickstart --data-dir /tmp/ferry-demo")]
+    /// Run a whole demo farm on this machine: a server, the web console and one diskless
+    /// target.
+    ///
+    /// In --data-dir (default ferry-data/) it creates a farm (SQLite database farm.db, the
+    /// admin token in admin.token, the farm key in farm.key), a store with the demo vDisk
+    /// (1 GiB, a demo boot sector) and its version 1 in production, a site, and a collection
+    /// with the device 02:00:00:00:00:01. Then it starts `ferry server --farm` (NBD on
+    /// --nbd-listen; the REST API and the web console on --api-listen, by default
+    /// http://127.0.0.1:8080/) and `ferry target` for that device through device login, whose
+    /// disk is exported on the unix socket ferry-data/target.sock. It prints the console's
+    /// URL, the admin token to log in with and what to try next, and runs until Ctrl-C
+    /// (logs in ferry-data/server.log and target.log). Running it again keeps what exists.
+    #[command(after_help = "Examples:\n  \
+        ferry quickstart                 # then open http://127.0.0.1:8080/ and paste the token\n  \
+        nbdinfo 'nbd+unix:///?socket=ferry-data/target.sock'   # the target's disk\n  \
+        ferry quickstart --data-dir /tmp/ferry-demo --api-listen 127.0.0.1:8081 \\\n      \
+        --nbd-listen 127.0.0.1:10810\n  \
+        ferry quickstart --check --json  # start, check the console and target, stop")]
     Quickstart(quickstart::Args),
     /// Serve the vDisks of a store over NBD (with a shared block cache, per-device write
     /// caches and Prometheus metrics) until SIGINT or SIGTERM.

@@ -7,10 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use ::agent::boot::{BOOT_QUIET, BootEnd};
 use ::agent::login::{self, LoginError, LoginGrant};
 use ::agent::{AgentConfig, CacheMode, Status};
 use anyhow::{Context, anyhow, bail};
 use clap::{Args as ClapArgs, Subcommand};
+use disk::ops::info::human_size;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::Global;
@@ -57,7 +59,8 @@ pub enum Command {
         #[arg(long)]
         prometheus: bool,
     },
-    /// Tell the running agent the machine has booted (stops the boot clock).
+    /// Tell the running agent the machine has booted (stops the boot clock, unless the
+    /// end of the boot's read burst or --boot-bytes stopped it first).
     #[command(
         after_help = "Example:\n  ferry target mark-booted   # e.g. from a systemd unit \
                             after multi-user.target"
@@ -119,9 +122,14 @@ pub struct RunArgs {
     /// Cache block size (a power of two, 512..1M).
     #[arg(long, value_name = "SIZE", default_value = "4K", value_parser = parse_block_size)]
     pub cache_block: u32,
-    /// The boot ends after this many bytes were read (else at `ferry target mark-booted`).
+    /// The boot ends after this many bytes were read (or earlier: see --boot-quiet and
+    /// `ferry target mark-booted`).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub boot_bytes: Option<u64>,
+    /// The boot ends at the last read of its first read burst (256 reads or more) once no
+    /// read came for this many seconds; 0: only mark-booted and --boot-bytes end it.
+    #[arg(long, value_name = "SECONDS", default_value_t = BOOT_QUIET.as_secs())]
+    pub boot_quiet: u64,
     /// Seconds a server may take to answer one request before the target fails over.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub timeout: u64,
@@ -184,7 +192,8 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
             let t = v["boot_time_s"]
                 .as_f64()
                 .context("agent did not report a boot time")?;
-            outln!("booted after {t:.1} s");
+            let by = serde_json::from_value::<BootEnd>(v["boot_ended_by"].clone()).ok();
+            outln!("{}", booted_line(t, by));
             Ok(ExitCode::SUCCESS)
         }
         None => agent(&a.run),
@@ -222,6 +231,7 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
     cfg.overflow_bytes_max = a.overflow_max;
     cfg.block_bytes = a.cache_block;
     cfg.boot_bytes = a.boot_bytes;
+    cfg.boot_quiet = (a.boot_quiet > 0).then(|| Duration::from_secs(a.boot_quiet));
     cfg.request_timeout = Duration::from_secs(a.timeout.max(1));
     cfg.failover_timeout = Duration::from_secs(a.failover_timeout.max(1));
     cfg.replay_bytes_max = a.replay_max;
@@ -262,7 +272,7 @@ const REPORT_EVERY: Duration = Duration::from_secs(2);
 /// Reports this device's counters to the farm API every [`REPORT_EVERY`] for the console's
 /// live status: bytes read and written, retries and the write cache's use, read from the
 /// agent's own control socket and posted to `/api/v1/status/report` with the session export
-/// as the credential. Failures are logged, never fatal: status is not the data path.
+/// as the credential, with the address of the server in use (the console's Server column). Failures are logged, never fatal: status is not the data path.
 fn start_reporter(api: &str, export_name: String, control: PathBuf) {
     let url = match login::parse_api_url(api).and_then(|u| {
         u.join("api/v1/status/report")
@@ -296,14 +306,7 @@ fn start_reporter(api: &str, export_name: String, control: PathBuf) {
                 let Ok(v) = ::agent::control::request(&control, "status") else {
                     continue;
                 };
-                let n = |k: &str| v[k].as_u64().unwrap_or(0);
-                let body = serde_json::json!({
-                    "export_name": export_name,
-                    "bytes_read": n("bytes_read"),
-                    "bytes_written": n("bytes_written"),
-                    "retries": n("retries"),
-                    "cache_used_bytes": n("ram_bytes") + n("overflow_bytes"),
-                });
+                let body = report_body(&export_name, &v);
                 let ok = client
                     .post(url.clone())
                     .json(&body)
@@ -320,6 +323,21 @@ fn start_reporter(api: &str, export_name: String, control: PathBuf) {
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "no status reports to the farm");
     }
+}
+
+/// The body of a status report (`POST /api/v1/status/report`) from the agent's status `v`:
+/// the counters, and the NBD server it streams from now (its address, as login gave it;
+/// the farm names the server registered there).
+fn report_body(export_name: &str, v: &serde_json::Value) -> serde_json::Value {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    serde_json::json!({
+        "export_name": export_name,
+        "server_address": v["server"].as_str(),
+        "bytes_read": n("bytes_read"),
+        "bytes_written": n("bytes_written"),
+        "retries": n("retries"),
+        "cache_used_bytes": n("ram_bytes") + n("overflow_bytes"),
+    })
 }
 
 /// Logs in at the first reachable farm API of `urls` with the farm key from `key_file` or
@@ -394,49 +412,100 @@ fn status(
         crate::print_text(&prometheus_text(&s));
         return Ok(ExitCode::SUCCESS);
     }
-    let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    outln!("server:      {} (of {})", s.server, s.servers.join(", "));
-    outln!("vDisk:       {} ({})", s.vdisk, s.version);
-    outln!("export:      {}", s.export);
-    if let Some(mac) = &s.mac {
-        outln!("device:      {mac} (device login; session export above)");
-    }
-    outln!("cache mode:  {}", s.cache_mode);
-    outln!(
-        "RAM:         {:.1} MiB of {:.1} MiB",
-        mib(s.ram_bytes),
-        mib(s.ram_bytes_max)
-    );
-    outln!(
-        "overflow:    {:.1} MiB of {:.1} MiB ({} evictions, {} refused writes)",
-        mib(s.overflow_bytes),
-        mib(s.overflow_bytes_max),
-        s.evictions,
-        s.enospc
-    );
-    outln!(
-        "read:        {:.1} MiB in {} requests, {:.0} IOPS now",
-        mib(s.bytes_read),
-        s.reads,
-        s.read_iops
-    );
-    outln!(
-        "written:     {:.1} MiB in {} requests, {:.0} IOPS now",
-        mib(s.bytes_written),
-        s.writes,
-        s.write_iops
-    );
-    outln!(
-        "retries:     {}  failovers: {}  errors: {}",
-        s.retries,
-        s.failovers,
-        s.errors
-    );
-    match s.boot_time_s {
-        Some(t) => outln!("boot time:   {t:.1} s"),
-        None => outln!("boot time:   booting ({:.1} s so far)", s.uptime_s),
-    }
+    crate::print_text(&render_status(&s));
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `ferry target mark-booted` prints: the boot time, and what ended the boot when it
+/// was not this call.
+fn booted_line(time_s: f64, by: Option<BootEnd>) -> String {
+    match by {
+        None | Some(BootEnd::Marked) => format!("booted after {time_s:.1} s"),
+        Some(by) => format!(
+            "booted after {time_s:.1} s (already ended: {})",
+            by.describe()
+        ),
+    }
+}
+
+/// The status as text, one `name: value` line each; sizes in the largest binary unit they
+/// reach ([`human_size`]).
+fn render_status(s: &Status) -> String {
+    let mut out = String::new();
+    let mut line = |name: &str, value: String| {
+        out.push_str(&format!("{:<13}{value}\n", format!("{name}:")));
+    };
+    line(
+        "server",
+        format!("{} (of {})", s.server, s.servers.join(", ")),
+    );
+    line(
+        "vDisk",
+        match s.version.trim() {
+            "" => s.vdisk.clone(),
+            v => format!("{} ({v})", s.vdisk),
+        },
+    );
+    line("export", s.export.clone());
+    if let Some(mac) = &s.mac {
+        line(
+            "device",
+            format!("{mac} (device login; session export above)"),
+        );
+    }
+    line("cache mode", s.cache_mode.clone());
+    line(
+        "RAM",
+        format!(
+            "{} of {}",
+            human_size(s.ram_bytes),
+            human_size(s.ram_bytes_max)
+        ),
+    );
+    line(
+        "overflow",
+        format!(
+            "{} of {} ({} evictions, {} refused writes)",
+            human_size(s.overflow_bytes),
+            human_size(s.overflow_bytes_max),
+            s.evictions,
+            s.enospc
+        ),
+    );
+    line(
+        "read",
+        format!(
+            "{} in {} requests, {:.0} IOPS now",
+            human_size(s.bytes_read),
+            s.reads,
+            s.read_iops
+        ),
+    );
+    line(
+        "written",
+        format!(
+            "{} in {} requests, {:.0} IOPS now",
+            human_size(s.bytes_written),
+            s.writes,
+            s.write_iops
+        ),
+    );
+    line(
+        "retries",
+        format!(
+            "{}  failovers: {}  errors: {}",
+            s.retries, s.failovers, s.errors
+        ),
+    );
+    line(
+        "boot time",
+        match (s.boot_time_s, s.boot_ended_by) {
+            (Some(t), Some(by)) => format!("{t:.1} s ({})", by.describe()),
+            (Some(t), None) => format!("{t:.1} s"),
+            (None, _) => format!("booting ({:.1} s so far)", s.uptime_s),
+        },
+    );
+    out
 }
 
 /// The status as Prometheus text exposition (`ferry_target_*`).
@@ -541,4 +610,145 @@ fn prometheus_text(s: &Status) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A status as an agent in `ram-overflow` mode reports it just after device login: an
+    /// empty server description, nothing cached, the default 1 TiB overflow budget.
+    fn status() -> Status {
+        Status {
+            server: "127.0.0.1:10809".into(),
+            servers: vec!["127.0.0.1:10809".into()],
+            vdisk: "demo".into(),
+            export: "ferry-s-0123".into(),
+            mac: None,
+            version: String::new(),
+            size_bytes: 1 << 30,
+            cache_mode: "ram-overflow".into(),
+            cache_block_bytes: 4096,
+            ram_bytes: 0,
+            ram_bytes_max: 256 << 20,
+            overflow_bytes: 0,
+            overflow_bytes_max: 1 << 40,
+            evictions: 0,
+            enospc: 0,
+            bytes_read: 3 << 29,
+            bytes_written: 0,
+            reads: 10,
+            writes: 0,
+            read_iops: 0.0,
+            write_iops: 0.0,
+            errors: 0,
+            retries: 0,
+            failovers: 0,
+            uptime_s: 4.0,
+            boot_time_s: None,
+            boot_ended_by: None,
+        }
+    }
+
+    /// The line of `text` that starts with `name:`.
+    fn line<'a>(text: &'a str, name: &str) -> &'a str {
+        let prefix = format!("{name}:");
+        text.lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no {name} line in:\n{text}"))
+    }
+
+    #[test]
+    fn status_with_an_empty_description_shows_no_parentheses() {
+        let text = render_status(&status());
+        assert_eq!(line(&text, "vDisk"), "vDisk:       demo");
+    }
+
+    #[test]
+    fn status_with_a_description_shows_it_in_parentheses() {
+        let s = Status {
+            version: "demo version 1".into(),
+            ..status()
+        };
+        let text = render_status(&s);
+        assert_eq!(line(&text, "vDisk"), "vDisk:       demo (demo version 1)");
+    }
+
+    #[test]
+    fn status_sizes_use_the_largest_binary_unit() {
+        let text = render_status(&status());
+        assert_eq!(
+            line(&text, "overflow"),
+            "overflow:    0 B of 1 TiB (0 evictions, 0 refused writes)"
+        );
+        assert_eq!(line(&text, "RAM"), "RAM:         0 B of 256 MiB");
+        // 3 << 29 bytes is one and a half GiB.
+        assert_eq!(
+            line(&text, "read"),
+            "read:        1.5 GiB in 10 requests, 0 IOPS now"
+        );
+    }
+
+    #[test]
+    fn status_while_booting_shows_the_time_so_far() {
+        let text = render_status(&status());
+        assert_eq!(
+            line(&text, "boot time"),
+            "boot time:   booting (4.0 s so far)"
+        );
+    }
+
+    #[test]
+    fn status_after_the_read_burst_shows_the_time_and_how_it_ended() {
+        let s = Status {
+            boot_time_s: Some(12.0),
+            boot_ended_by: Some(BootEnd::ReadBurstOver),
+            ..status()
+        };
+        let text = render_status(&s);
+        assert_eq!(
+            line(&text, "boot time"),
+            "boot time:   12.0 s (read burst over)"
+        );
+    }
+
+    #[test]
+    fn status_after_mark_booted_says_marked() {
+        let s = Status {
+            boot_time_s: Some(7.5),
+            boot_ended_by: Some(BootEnd::Marked),
+            ..status()
+        };
+        let text = render_status(&s);
+        assert_eq!(
+            line(&text, "boot time"),
+            "boot time:   7.5 s (marked booted)"
+        );
+    }
+
+    #[test]
+    fn status_json_names_what_ended_the_boot() {
+        let s = Status {
+            boot_time_s: Some(12.0),
+            boot_ended_by: Some(BootEnd::ReadBurstOver),
+            ..status()
+        };
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["boot_ended_by"], "read_burst_over");
+    }
+
+    #[test]
+    fn report_names_the_server_in_use_by_its_address() {
+        let v = serde_json::to_value(status()).unwrap();
+        let body = report_body("ferry-s-0123", &v);
+        assert_eq!(body["server_address"], "127.0.0.1:10809");
+    }
+
+    #[test]
+    fn mark_booted_after_the_burst_says_it_had_ended() {
+        assert_eq!(
+            booted_line(12.0, Some(BootEnd::ReadBurstOver)),
+            "booted after 12.0 s (already ended: read burst over)"
+        );
+    }
 }

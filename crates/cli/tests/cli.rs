@@ -162,6 +162,44 @@ fn help_of_every_command_exits_zero_with_an_example() {
     }
 }
 
+/// Issue 17: the help said quickstart creates a demo vDisk and prints its info, while it
+/// runs a whole farm. Both the short help (`-h`, and the command list of `ferry --help`) and
+/// the long one must say so.
+#[test]
+fn quickstart_help_says_it_runs_a_farm_with_the_console_and_a_target() {
+    let short = String::from_utf8_lossy(&ok(&["quickstart", "-h"], None).stdout).to_string();
+    for word in ["farm", "console", "target"] {
+        assert!(
+            short.contains(word),
+            "`quickstart -h` lacks {word:?}:\n{short}"
+        );
+    }
+    let long = String::from_utf8_lossy(&ok(&["quickstart", "--help"], None).stdout).to_string();
+    for fact in [
+        "ferry-data",
+        "SQLite",
+        "production",
+        "ferry server --farm",
+        "http://127.0.0.1:8080/",
+        "device login",
+        "target.sock",
+        "Ctrl-C",
+        "Examples:",
+    ] {
+        assert!(
+            long.contains(fact),
+            "`quickstart --help` lacks {fact:?}:\n{long}"
+        );
+    }
+    assert!(!long.contains("print its info"), "{long}");
+    let top = String::from_utf8_lossy(&ok(&["--help"], None).stdout).to_string();
+    let listed = top
+        .lines()
+        .find(|l| l.trim_start().starts_with("quickstart"))
+        .unwrap_or_default();
+    assert!(listed.contains("farm"), "`ferry --help` lists: {listed}");
+}
+
 #[test]
 fn round_trip_reads_identically_in_ferry_qemu_and_libvhdi() {
     let dir = tempfile::tempdir().expect("tempdir");

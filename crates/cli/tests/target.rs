@@ -339,6 +339,7 @@ fn status_reports_the_attachment_and_mark_booted_stops_the_clock() {
     run_ok(ferry().args(["target", "mark-booted", &t.export_arg()]));
     let s = t.status();
     assert!(s["boot_time_s"].as_f64().is_some(), "{s}");
+    assert_eq!(s["boot_ended_by"], "marked", "{s}");
     let text = run_ok(ferry().args(["target", "status", &t.export_arg()]));
     assert!(text.contains("cache mode:  ram"), "{text}");
     let prom = run_ok(ferry().args(["target", "status", "--prometheus", &t.export_arg()]));
@@ -347,6 +348,46 @@ fn status_reports_the_attachment_and_mark_booted_stops_the_clock() {
             .any(|l| l.starts_with("ferry_target_ram_bytes{") && l.ends_with(" 8192")),
         "{prom}"
     );
+    t.proc.stop();
+    srv.stop();
+}
+
+/// Issue 17: without `mark-booted` the boot clock ran forever. A burst of reads (more than
+/// the 256 a boot must have) followed by a quiet period (1 s here) ends the boot by itself,
+/// and a later `mark-booted` keeps that end.
+#[test]
+fn boot_clock_ends_by_itself_after_the_read_burst() {
+    if !require("qemu-io") {
+        return;
+    }
+    let store = Store::new();
+    let (srv, addr) = server(&store);
+    let t = Target::start(&store, &addr, "ram", &["--ram", "4M", "--boot-quiet", "1"]);
+    // 300 reads of 4 KiB, one NBD request each.
+    let reads: Vec<String> = (0..300).map(|i| format!("read {} 4k", i * 4096)).collect();
+    let reads: Vec<&str> = reads.iter().map(String::as_str).collect();
+    assert_qemu_io_ok(&qemu_io(&t, &reads));
+    let deadline = Instant::now() + WAIT;
+    let s = loop {
+        let s = t.status();
+        if !s["boot_time_s"].is_null() || Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(s["boot_ended_by"], "read_burst_over", "{s}");
+    assert!(
+        s["boot_time_s"].as_f64().unwrap() <= s["uptime_s"].as_f64().unwrap(),
+        "{s}"
+    );
+    let text = run_ok(ferry().args(["target", "status", &t.export_arg()]));
+    assert!(text.contains("(read burst over)"), "{text}");
+    let marked = run_ok(ferry().args(["target", "mark-booted", &t.export_arg()]));
+    assert!(
+        marked.contains("already ended: read burst over"),
+        "{marked}"
+    );
+    assert_eq!(t.status()["boot_time_s"], s["boot_time_s"]);
     t.proc.stop();
     srv.stop();
 }

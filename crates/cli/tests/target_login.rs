@@ -397,6 +397,21 @@ fn a_production_device_reads_the_production_version_and_the_promoted_one_after_r
         reported.0,
         reported.1
     );
+    // ...and the server it streams from: this one, registered as s1 at the NBD address
+    // (issue 17: the console's Server column showed "—" for a connected device).
+    let pc1_status = reported.1["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["mac"] == MAC.to_lowercase().as_str())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(pc1_status["counters"]["server_name"], "s1", "{pc1_status}");
+    assert_eq!(
+        pc1_status["counters"]["server_address"],
+        nbd.as_str(),
+        "{pc1_status}"
+    );
 
     // Maintenance device: version 1 in private mode, writes go to golden.1.avhdx.
     f.json(&["version", "new", "--vdisk", "golden"]);

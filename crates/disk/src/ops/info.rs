@@ -159,7 +159,10 @@ fn file_size(path: &Path) -> Result<u64> {
     f.seek(SeekFrom::End(0)).map_err(io)
 }
 
-/// Formats a byte count for people: `1 GiB`, `32 MiB`, `1.5 KiB`, `512 B`.
+/// Formats a byte count for people in the largest binary unit it reaches: `1 GiB`,
+/// `32 MiB`, `1.5 KiB`, `512 B`, `0 B`. Whole units have no fraction, others one decimal;
+/// a value that rounds up to 1024 of a unit is shown as the next one (`1.0 GiB`, not
+/// `1024.0 MiB`).
 pub fn human_size(bytes: u64) -> String {
     const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let mut unit = 0;
@@ -171,10 +174,13 @@ pub fn human_size(bytes: u64) -> String {
     }
     let scale = 1u64 << (10 * unit);
     if bytes.is_multiple_of(scale) {
-        format!("{} {}", bytes / scale, UNITS[unit])
-    } else {
-        format!("{:.1} {}", bytes as f64 / scale as f64, UNITS[unit])
+        return format!("{} {}", bytes / scale, UNITS[unit]);
     }
+    let value = format!("{:.1}", bytes as f64 / scale as f64);
+    if value == "1024.0" && unit + 1 < UNITS.len() {
+        return format!("1.0 {}", UNITS[unit + 1]);
+    }
+    format!("{value} {}", UNITS[unit])
 }
 
 impl Info {
@@ -279,5 +285,16 @@ mod tests {
     #[test]
     fn human_size_below_one_kib_is_bytes() {
         assert_eq!(human_size(512), "512 B");
+    }
+
+    #[test]
+    fn human_size_just_below_a_unit_rounds_into_it() {
+        // One byte short of 1 GiB is 1023.99999... MiB, which one decimal rounds to 1024.
+        assert_eq!(human_size((1 << 30) - 1), "1.0 GiB");
+    }
+
+    #[test]
+    fn human_size_of_a_tebibyte_is_whole() {
+        assert_eq!(human_size(1 << 40), "1 TiB");
     }
 }
