@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use block_cache::BlockCache;
 use disk::BlockDevice;
 use disk::vhdx::CreateOptions;
-use server::exports::{Registry, RegistryConfig};
 use nbd_server::{ExportHandle, ExportSource, OpenError};
+use server::exports::{Registry, RegistryConfig};
 use sha2::{Digest, Sha256};
 
 const MIB: u64 = 1 << 20;
