@@ -13,6 +13,8 @@
 //! The NBD transport (the `nbd-server` crate) knows nothing about stores or caches: it asks an
 //! [`nbd_server::ExportSource`] for a device by export name and reports to an [`nbd_server::NbdMetrics`].
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod exports;
 pub mod http;
