@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
 use agent::{AgentConfig, CacheMode};
+use anyhow::{Context, Result, anyhow, bail};
 
 use crate::nbd::{DataSet, Kind, Server};
 use crate::{Config, note};
