@@ -14,6 +14,8 @@
 //! an [`nbd_server::ExportSource`] for a device by export name and reports to an
 //! [`nbd_server::NbdMetrics`].
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod exports;
 pub mod http;

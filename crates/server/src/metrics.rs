@@ -6,18 +6,50 @@
 //! recording is lock-free and the number of series is bounded whatever a client sends.
 //! Protocol-error kinds are `&'static str`s chosen by the server's code, kept in a small
 //! table capped at [`PROTOCOL_ERROR_KINDS_MAX`].
+//!
+//! # Design notes
+//!
+//! The exposition is written by the `prometheus-client` crate in the Prometheus text format
+//! 0.0.4 ([`prometheus_text`]), the format (and so the content type) the endpoint has always
+//! served: counters keep their `_total` in `# TYPE`, and there is no OpenMetrics `# EOF`.
+//! The crate adds `_total` to a counter's name and a full stop to its help, so counters are
+//! registered without the one and every help text without the other.
+//!
+//! ```text
+//!   NBD task ── request(kind, ..) ──► [Counter; 8] requests, bytes: an atomic add each
+//!                                     ([Counter; 8] errors too, for a failed request)
+//!                                     [LatencyHistogram; 8]: a bucket add and a sum add
+//!   scrape ── render(cache, registry) ──► live Registry (those handles, registered once)
+//!                                         + a per-scrape Registry of the two snapshots
+//! ```
+//!
+//! `request()` runs once per NBD request, so it never looks anything up: every series it
+//! touches is resolved when [`Metrics`] is built and kept in arrays indexed by
+//! `RequestType`. The crate's `Family` is not used for the fixed label sets: it is a
+//! `HashMap` behind a lock (a lookup per request otherwise, and a random series order per
+//! process at scrape). `Labeled` holds the series of one family in the order they were
+//! always exposed. The crate's `Histogram` takes a write lock per observation, so the latency
+//! histogram is `LatencyHistogram`: per-bucket atomics, encoded through the crate's
+//! histogram encoder. The block cache and the registry keep their own counters; each scrape
+//! passes a snapshot, exposed as constant metrics.
 
-use std::fmt::Write as _;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use block_cache::BlockCacheStats;
+use nbd_server::NbdMetrics;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet, prometheus_text};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::exports::{MODE_LABELS, RegistryStats};
-use nbd_server::NbdMetrics;
 
-/// The request types with their own series; the last one takes every other kind.
+/// The request types with their own series (the `type` label's values); the last one takes
+/// every other kind.
 pub const REQUEST_TYPES: [&str; 8] = [
     "read",
     "write",
@@ -36,70 +68,134 @@ pub const LATENCY_BUCKETS_SECONDS: [f64; 16] = [
 /// Distinct protocol-error kinds kept; more are counted as `other`.
 pub const PROTOCOL_ERROR_KINDS_MAX: usize = 64;
 
+/// A request type with its own series, in [`REQUEST_TYPES`] order: the index of the
+/// hot path's arrays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RequestType {
+    Read,
+    Write,
+    Flush,
+    Trim,
+    WriteZeroes,
+    BlockStatus,
+    Cache,
+    Other,
+}
+
+impl RequestType {
+    /// The type of an [`NbdMetrics::request`] kind; unknown kinds are [`RequestType::Other`].
+    fn from_kind(kind: &str) -> RequestType {
+        match kind {
+            "read" => RequestType::Read,
+            "write" => RequestType::Write,
+            "flush" => RequestType::Flush,
+            "trim" => RequestType::Trim,
+            "write_zeroes" => RequestType::WriteZeroes,
+            "block_status" => RequestType::BlockStatus,
+            "cache" => RequestType::Cache,
+            _ => RequestType::Other,
+        }
+    }
+}
+
+/// The bucket of `latency`: the first bound it does not exceed, or the overflow slot
+/// (`LATENCY_BUCKETS_SECONDS.len()`) when it is slower than every bound.
+fn bucket_index(latency: Duration) -> usize {
+    let s = latency.as_secs_f64();
+    LATENCY_BUCKETS_SECONDS
+        .iter()
+        .position(|&b| s <= b)
+        .unwrap_or(LATENCY_BUCKETS_SECONDS.len())
+}
+
+/// A latency histogram over [`LATENCY_BUCKETS_SECONDS`] recorded with relaxed atomic adds.
+/// Clones share the counts (the registry holds one clone, [`Metrics`] another).
+#[derive(Debug, Clone, Default)]
+struct LatencyHistogram(Arc<LatencyCounts>);
+
 #[derive(Debug, Default)]
-struct RequestStats {
-    ok: AtomicU64,
-    errors: AtomicU64,
-    bytes: AtomicU64,
-    /// Per-bucket (not cumulative) counts; requests slower than the last bound are only in
-    /// `ok + errors`.
-    buckets: [AtomicU64; LATENCY_BUCKETS_SECONDS.len()],
+struct LatencyCounts {
+    /// Per-bucket (not cumulative) counts; the last slot counts requests slower than every
+    /// bound, so the sum of all slots is the histogram's count.
+    buckets: [AtomicU64; LATENCY_BUCKETS_SECONDS.len() + 1],
+    /// Nanoseconds, for `_sum` (in seconds).
     sum_ns: AtomicU64,
 }
 
-/// The server's metrics.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    connections_open: AtomicU64,
-    connections_total: AtomicU64,
-    requests: [RequestStats; REQUEST_TYPES.len()],
-    protocol_errors: Mutex<Vec<(&'static str, u64)>>,
-}
-
-fn request_index(kind: &str) -> usize {
-    REQUEST_TYPES
-        .iter()
-        .position(|t| *t == kind)
-        .unwrap_or(REQUEST_TYPES.len() - 1)
-}
-
-fn bucket_index(latency: Duration) -> Option<usize> {
-    let s = latency.as_secs_f64();
-    LATENCY_BUCKETS_SECONDS.iter().position(|&b| s <= b)
-}
-
-impl NbdMetrics for Metrics {
-    fn connection_opened(&self) {
-        self.connections_open.fetch_add(1, Ordering::Relaxed);
-        self.connections_total.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn connection_closed(&self) {
-        // Saturating: a close without an open must not wrap the gauge to 2^64.
-        let _ = self
-            .connections_open
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some(n.saturating_sub(1))
-            });
-    }
-
-    fn request(&self, kind: &'static str, bytes: u64, latency: Duration, ok: bool) {
-        let r = &self.requests[request_index(kind)];
-        let outcome = if ok { &r.ok } else { &r.errors };
-        outcome.fetch_add(1, Ordering::Relaxed);
-        r.bytes.fetch_add(bytes, Ordering::Relaxed);
-        if let Some(i) = bucket_index(latency) {
-            r.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
+impl LatencyHistogram {
+    fn observe(&self, latency: Duration) {
+        self.0.buckets[bucket_index(latency)].fetch_add(1, Ordering::Relaxed);
         let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
-        r.sum_ns.fetch_add(ns, Ordering::Relaxed);
+        self.0.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+impl TypedMetric for LatencyHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for LatencyHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut buckets = [(0.0, 0); LATENCY_BUCKETS_SECONDS.len()];
+        for ((slot, bound), n) in buckets
+            .iter_mut()
+            .zip(LATENCY_BUCKETS_SECONDS)
+            .zip(&self.0.buckets)
+        {
+            *slot = (bound, load(n));
+        }
+        let count = self.0.buckets.iter().map(load).sum();
+        // The encoder makes the counts cumulative and adds `+Inf` with `count`.
+        let sum = load(&self.0.sum_ns) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
     }
 
-    fn protocol_error(&self, what: &'static str) {
-        let mut t = self
-            .protocol_errors
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// One family whose label values are fixed: one label, its values, and the series of each,
+/// encoded in that order.
+#[derive(Debug)]
+struct Labeled<M> {
+    label: &'static str,
+    series: Vec<(&'static str, M)>,
+}
+
+impl<M> Labeled<M> {
+    fn new(label: &'static str, series: impl IntoIterator<Item = (&'static str, M)>) -> Self {
+        Labeled {
+            label,
+            series: series.into_iter().collect(),
+        }
+    }
+}
+
+impl<M: EncodeMetric + TypedMetric> EncodeMetric for Labeled<M> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        for (value, metric) in &self.series {
+            let labels = [(self.label, *value)];
+            metric.encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        M::TYPE
+    }
+}
+
+/// Protocol errors by what the client did: first-seen order, at most
+/// [`PROTOCOL_ERROR_KINDS_MAX`] kinds (the last one `other`). Only a misbehaving client
+/// records here, so a lock is fine. Clones share the table.
+#[derive(Debug, Clone, Default)]
+struct ProtocolErrors(Arc<Mutex<Vec<(&'static str, u64)>>>);
+
+impl ProtocolErrors {
+    fn record(&self, what: &'static str) {
+        let mut t = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let slot = match t.iter().position(|(w, _)| *w == what) {
             Some(i) => i,
             None if t.len() < PROTOCOL_ERROR_KINDS_MAX - 1 => {
@@ -116,260 +212,286 @@ impl NbdMetrics for Metrics {
         };
         t[slot].1 += 1;
     }
-}
 
-/// Writes one metric family: HELP, TYPE, then its samples.
-struct Family<'a> {
-    out: &'a mut String,
-    name: &'static str,
-}
-
-impl<'a> Family<'a> {
-    fn new(out: &'a mut String, name: &'static str, kind: &str, help: &str) -> Family<'a> {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        Family { out, name }
-    }
-
-    /// A sample; `suffix` is `_bucket`, `_sum`, `_count` or empty.
-    fn sample(&mut self, suffix: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
-        let _ = write!(self.out, "{}{suffix}", self.name);
-        if !labels.is_empty() {
-            self.out.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.out.push(',');
-                }
-                let _ = write!(self.out, "{k}=\"{}\"", escape_label(v));
-            }
-            self.out.push('}');
-        }
-        let _ = writeln!(self.out, " {value}");
+    fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
-/// Escapes a label value: backslash, double quote and newline.
-fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+impl TypedMetric for ProtocolErrors {
+    const TYPE: MetricType = MetricType::Counter;
 }
 
-fn single(out: &mut String, name: &'static str, kind: &str, help: &str, value: u64) {
-    Family::new(out, name, kind, help).sample("", &[], value);
+impl EncodeMetric for ProtocolErrors {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        let series = self
+            .snapshot()
+            .into_iter()
+            .map(|(what, n)| (what, ConstCounter::new(n)));
+        Labeled::new("what", series).encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// The server's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    /// `connection_closed` decrements it saturating, through the atomic itself.
+    connections_open: Gauge<u64, AtomicU64>,
+    connections_total: Counter,
+    /// The request metrics by [`RequestType`]: handles shared with `registry`.
+    requests: [Counter; REQUEST_TYPES.len()],
+    request_errors: [Counter; REQUEST_TYPES.len()],
+    bytes: [Counter; REQUEST_TYPES.len()],
+    latency: [LatencyHistogram; REQUEST_TYPES.len()],
+    protocol_errors: ProtocolErrors,
+    /// Everything above, registered once in exposition order; each scrape encodes it.
+    registry: Registry,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// Registers one metric per request type under `name` and returns the handles.
+fn per_type<M: Metric + TypedMetric + Clone + Default>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+) -> [M; REQUEST_TYPES.len()] {
+    let handles: [M; REQUEST_TYPES.len()] = std::array::from_fn(|_| M::default());
+    let series = REQUEST_TYPES.into_iter().zip(handles.iter().cloned());
+    registry.register(name, help, Labeled::new("type", series));
+    handles
 }
 
 impl Metrics {
     /// Empty metrics.
     pub fn new() -> Metrics {
-        Metrics::default()
+        let mut registry = Registry::default();
+        let connections_open = Gauge::<u64, AtomicU64>::default();
+        registry.register(
+            "ferry_nbd_connections",
+            "NBD connections open now",
+            connections_open.clone(),
+        );
+        let connections_total = Counter::default();
+        registry.register(
+            "ferry_nbd_connections",
+            "NBD connections accepted",
+            connections_total.clone(),
+        );
+        let requests = per_type(
+            &mut registry,
+            "ferry_nbd_requests",
+            "NBD requests completed, by type",
+        );
+        let request_errors = per_type(
+            &mut registry,
+            "ferry_nbd_request_errors",
+            "NBD requests that failed, by type",
+        );
+        let bytes = per_type(
+            &mut registry,
+            "ferry_nbd_bytes",
+            "NBD payload bytes, by request type",
+        );
+        let latency = per_type(
+            &mut registry,
+            "ferry_nbd_request_seconds",
+            "NBD request latency from receipt to reply, by type",
+        );
+        let protocol_errors = ProtocolErrors::default();
+        registry.register(
+            "ferry_nbd_protocol_errors",
+            "NBD clients that broke the protocol, by what they did",
+            protocol_errors.clone(),
+        );
+        Metrics {
+            connections_open,
+            connections_total,
+            requests,
+            request_errors,
+            bytes,
+            latency,
+            protocol_errors,
+            registry,
+        }
     }
 
     /// Everything in the Prometheus text exposition format (version 0.0.4).
     pub fn render(&self, cache: &BlockCacheStats, registry: &RegistryStats) -> String {
         let mut out = String::with_capacity(16 << 10);
-        self.render_nbd(&mut out);
-        render_cache(&mut out, cache);
-        render_registry(&mut out, registry);
+        let snapshot = snapshot_registry(cache, registry);
+        let encoded = prometheus_text::encode(&mut out, &self.registry)
+            .and_then(|()| prometheus_text::encode(&mut out, &snapshot));
+        if encoded.is_err() {
+            // Writing to a `String` cannot fail and the metrics here only forward to the
+            // crate's encoders, so this is a bug; a scrape must not take the server down.
+            tracing::error!("metrics encoding failed");
+        }
         out
-    }
-
-    fn render_nbd(&self, out: &mut String) {
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let conns = load(&self.connections_open);
-        single(
-            out,
-            "ferry_nbd_connections",
-            "gauge",
-            "NBD connections open now.",
-            conns,
-        );
-        let total = load(&self.connections_total);
-        single(
-            out,
-            "ferry_nbd_connections_total",
-            "counter",
-            "NBD connections accepted.",
-            total,
-        );
-        let per_type = |out: &mut String, name, help, f: &dyn Fn(&RequestStats) -> u64| {
-            let mut fam = Family::new(out, name, "counter", help);
-            for (t, r) in REQUEST_TYPES.iter().zip(&self.requests) {
-                fam.sample("", &[("type", t)], f(r));
-            }
-        };
-        per_type(
-            out,
-            "ferry_nbd_requests_total",
-            "NBD requests completed, by type.",
-            &|r| load(&r.ok) + load(&r.errors),
-        );
-        per_type(
-            out,
-            "ferry_nbd_request_errors_total",
-            "NBD requests that failed, by type.",
-            &|r| load(&r.errors),
-        );
-        per_type(
-            out,
-            "ferry_nbd_bytes_total",
-            "NBD payload bytes, by request type.",
-            &|r| load(&r.bytes),
-        );
-        let mut fam = Family::new(
-            out,
-            "ferry_nbd_request_seconds",
-            "histogram",
-            "NBD request latency from receipt to reply, by type.",
-        );
-        for (t, r) in REQUEST_TYPES.iter().zip(&self.requests) {
-            let mut cumulative = 0;
-            for (bound, n) in LATENCY_BUCKETS_SECONDS.iter().zip(&r.buckets) {
-                cumulative += load(n);
-                let le = bound.to_string();
-                fam.sample("_bucket", &[("type", t), ("le", &le)], cumulative);
-            }
-            let count = load(&r.ok) + load(&r.errors);
-            fam.sample("_bucket", &[("type", t), ("le", "+Inf")], count);
-            fam.sample("_sum", &[("type", t)], load(&r.sum_ns) as f64 / 1e9);
-            fam.sample("_count", &[("type", t)], count);
-        }
-        let errors = self
-            .protocol_errors
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let mut fam = Family::new(
-            out,
-            "ferry_nbd_protocol_errors_total",
-            "counter",
-            "NBD clients that broke the protocol, by what they did.",
-        );
-        for (what, n) in errors {
-            fam.sample("", &[("what", what)], n);
-        }
     }
 }
 
-fn render_cache(out: &mut String, c: &BlockCacheStats) {
-    let counters: [(&'static str, &str, u64); 15] = [
+impl NbdMetrics for Metrics {
+    fn connection_opened(&self) {
+        self.connections_open.inc();
+        self.connections_total.inc();
+    }
+
+    fn connection_closed(&self) {
+        // Saturating: a close without an open must not wrap the gauge to 2^64.
+        let _ =
+            self.connections_open
+                .inner()
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    Some(n.saturating_sub(1))
+                });
+    }
+
+    fn request(&self, kind: &'static str, bytes: u64, latency: Duration, ok: bool) {
+        let t = RequestType::from_kind(kind) as usize;
+        self.requests[t].inc();
+        if !ok {
+            self.request_errors[t].inc();
+        }
+        self.bytes[t].inc_by(bytes);
+        self.latency[t].observe(latency);
+    }
+
+    fn protocol_error(&self, what: &'static str) {
+        self.protocol_errors.record(what);
+    }
+}
+
+/// The block cache's and the registry's counters as constant metrics, in exposition order.
+fn snapshot_registry(c: &BlockCacheStats, r: &RegistryStats) -> Registry {
+    let mut reg = Registry::default();
+    let counters: [(&str, &str, u64); 15] = [
         (
-            "ferry_cache_hits_total",
-            "Block lookups served from the cache.",
+            "ferry_cache_hits",
+            "Block lookups served from the cache",
             c.hits,
         ),
         (
-            "ferry_cache_misses_total",
-            "Blocks a reader filled from the store.",
+            "ferry_cache_misses",
+            "Blocks a reader filled from the store",
             c.misses,
         ),
         (
-            "ferry_cache_inflight_waits_total",
-            "Block lookups that waited for another reader's fill.",
+            "ferry_cache_inflight_waits",
+            "Block lookups that waited for another reader's fill",
             c.inflight_waits,
         ),
         (
-            "ferry_store_reads_total",
-            "Reads issued to the store.",
+            "ferry_store_reads",
+            "Reads issued to the store",
             c.store_reads,
         ),
         (
-            "ferry_store_read_bytes_total",
-            "Bytes read from the store.",
+            "ferry_store_read_bytes",
+            "Bytes read from the store",
             c.store_read_bytes,
         ),
         (
-            "ferry_cache_evictions_total",
-            "Blocks evicted to stay in budget.",
+            "ferry_cache_evictions",
+            "Blocks evicted to stay in budget",
             c.evictions,
         ),
         (
-            "ferry_cache_read_ahead_blocks_total",
-            "Blocks filled by read-ahead.",
+            "ferry_cache_read_ahead_blocks",
+            "Blocks filled by read-ahead",
             c.read_ahead_blocks,
         ),
         (
-            "ferry_cache_read_ahead_dropped_total",
-            "Read-ahead jobs dropped on a full queue.",
+            "ferry_cache_read_ahead_dropped",
+            "Read-ahead jobs dropped on a full queue",
             c.read_ahead_dropped,
         ),
         (
-            "ferry_cache_read_ahead_errors_total",
-            "Read-ahead fills that failed.",
+            "ferry_cache_read_ahead_errors",
+            "Read-ahead fills that failed",
             c.read_ahead_errors,
         ),
         (
-            "ferry_cache_read_ahead_used_total",
-            "Prefetched blocks that a demand read later used.",
+            "ferry_cache_read_ahead_used",
+            "Prefetched blocks that a demand read later used",
             c.read_ahead_used,
         ),
         (
-            "ferry_cache_read_ahead_refused_total",
-            "Read-ahead jobs not issued because the chain's read-ahead was not paying off.",
+            "ferry_cache_read_ahead_refused",
+            "Read-ahead jobs not issued because the chain's read-ahead was not paying off",
             c.read_ahead_refused,
         ),
         (
-            "ferry_cache_block_completions_total",
-            "Misses that read the rest of a partly held block read at scattered places.",
+            "ferry_cache_block_completions",
+            "Misses that read the rest of a partly held block read at scattered places",
             c.completions,
         ),
         (
-            "ferry_cache_scan_evictions_total",
-            "Blocks evicted because a scan went on past them unread by anyone else.",
+            "ferry_cache_scan_evictions",
+            "Blocks evicted because a scan went on past them unread by anyone else",
             c.scan_evictions,
         ),
         (
-            "ferry_cache_buffers_reused_total",
-            "Group fills into a reused buffer rather than new memory.",
+            "ferry_cache_buffers_reused",
+            "Group fills into a reused buffer rather than new memory",
             c.buffers_reused,
         ),
         (
-            "ferry_cache_scan_copies_total",
-            "Scan-filled groups read again before the scan window passed them, copied out to stay.",
+            "ferry_cache_scan_copies",
+            "Scan-filled groups read again before the scan window passed them, copied out to stay",
             c.scan_copies,
         ),
     ];
     for (name, help, v) in counters {
-        single(out, name, "counter", help, v);
+        reg.register(name, help, ConstCounter::new(v));
     }
-    let gauges: [(&'static str, &str, u64); 5] = [
+    let gauges: [(&str, &str, u64); 5] = [
         (
             "ferry_cache_bytes",
-            "Bytes charged to the cache budget.",
+            "Bytes charged to the cache budget",
             c.cached_bytes,
         ),
-        ("ferry_cache_blocks", "Blocks cached.", c.cached_blocks),
+        ("ferry_cache_blocks", "Blocks cached", c.cached_blocks),
         (
             "ferry_cache_budget_bytes",
-            "The cache budget.",
+            "The cache budget",
             c.budget_bytes,
         ),
         (
             "ferry_cache_resident_bytes",
-            "Bytes of block buffers alive, cached or in flight.",
+            "Bytes of block buffers alive, cached or in flight",
             c.resident_bytes,
         ),
         (
             "ferry_cache_block_bytes",
-            "The cache granule.",
+            "The cache granule",
             c.block_bytes,
         ),
     ];
     for (name, help, v) in gauges {
-        single(out, name, "gauge", help, v);
+        reg.register(name, help, ConstGauge::new(v));
     }
+    register_registry(&mut reg, r);
+    reg
 }
 
-fn render_registry(out: &mut String, r: &RegistryStats) {
-    let mut fam = Family::new(out, "ferry_exports", "gauge", "Exports open now, by mode.");
-    for (mode, n) in MODE_LABELS.iter().zip(r.open) {
-        fam.sample("", &[("mode", mode)], n);
-    }
-    let mut fam = Family::new(
-        out,
-        "ferry_export_opens_total",
-        "counter",
-        "Export opens, by outcome.",
+fn register_registry(reg: &mut Registry, r: &RegistryStats) {
+    let open = MODE_LABELS.into_iter().zip(r.open.map(ConstGauge::new));
+    reg.register(
+        "ferry_exports",
+        "Exports open now, by mode",
+        Labeled::new("mode", open),
     );
     let outcomes = [
         ("ok", r.opens_total),
@@ -377,47 +499,40 @@ fn render_registry(out: &mut String, r: &RegistryStats) {
         ("not_found", r.not_found_total),
         ("error", r.open_errors_total),
     ];
-    for (outcome, n) in outcomes {
-        fam.sample("", &[("outcome", outcome)], n);
-    }
-    let files = r.write_cache_files;
-    single(
-        out,
+    reg.register(
+        "ferry_export_opens",
+        "Export opens, by outcome",
+        Labeled::new("outcome", outcomes.map(|(o, n)| (o, ConstCounter::new(n)))),
+    );
+    reg.register(
         "ferry_write_cache_files",
-        "gauge",
-        "Write-cache files open now.",
-        files,
+        "Write-cache files open now",
+        ConstGauge::new(r.write_cache_files),
     );
-    let bytes = r.write_cache_bytes;
-    single(
-        out,
+    reg.register(
         "ferry_write_cache_bytes",
-        "gauge",
-        "Bytes on disk of open write caches.",
-        bytes,
+        "Bytes on disk of open write caches",
+        ConstGauge::new(r.write_cache_bytes),
     );
-    let mut fam = Family::new(
-        out,
-        "ferry_write_cache_written_bytes_total",
-        "counter",
-        "Bytes written by devices, by export mode.",
+    // Read-only exports write nothing: no series for them.
+    let written = MODE_LABELS
+        .into_iter()
+        .zip(r.written_bytes_total.map(ConstCounter::new))
+        .skip(1);
+    reg.register(
+        "ferry_write_cache_written_bytes",
+        "Bytes written by devices, by export mode",
+        Labeled::new("mode", written),
     );
-    for (mode, n) in MODE_LABELS.iter().zip(r.written_bytes_total).skip(1) {
-        fam.sample("", &[("mode", mode)], n);
-    }
-    single(
-        out,
-        "ferry_store_scans_total",
-        "counter",
-        "Store directory scans.",
-        r.store_scans,
+    reg.register(
+        "ferry_store_scans",
+        "Store directory scans",
+        ConstCounter::new(r.store_scans),
     );
-    single(
-        out,
+    reg.register(
         "ferry_store_vdisks",
-        "gauge",
-        "vDisks found by the last scan.",
-        r.vdisks,
+        "vDisks found by the last scan",
+        ConstGauge::new(r.vdisks),
     );
 }
 
@@ -644,16 +759,22 @@ mod tests {
             .map(|i| &*Box::leak(format!("kind{i}").into_boxed_str()))
             .collect();
         kinds.iter().for_each(|k| m.protocol_error(k));
-        assert_eq!(
-            m.protocol_errors.lock().unwrap().len(),
-            PROTOCOL_ERROR_KINDS_MAX
-        );
+        assert_eq!(m.protocol_errors.snapshot().len(), PROTOCOL_ERROR_KINDS_MAX);
+    }
+
+    #[test]
+    fn each_request_type_label_maps_to_its_own_index() {
+        let got: Vec<usize> = REQUEST_TYPES
+            .iter()
+            .map(|k| RequestType::from_kind(k) as usize)
+            .collect();
+        assert_eq!(got, (0..REQUEST_TYPES.len()).collect::<Vec<_>>());
     }
 
     #[test]
     fn close_without_open_does_not_wrap() {
         let m = Metrics::new();
         m.connection_closed();
-        assert_eq!(m.connections_open.load(Ordering::Relaxed), 0);
+        assert_eq!(m.connections_open.get(), 0);
     }
 }
