@@ -68,11 +68,9 @@ const BATCH_MAX_BYTES: usize = 256 << 10;
 /// Replies the reader encodes into one batch before sending it. A client keeps a queue of
 /// requests in flight and refills it as replies arrive: a whole read buffer's worth of
 /// replies sent at once leaves the client idle while they are served and the server idle
-/// while it reaps them. Sending every few replies overlaps the two. The VDI workload on a
-/// RAM write cache, fio at queue depth 16: 177k IOPS with no cap; with a cap of 16, 8, 4
-/// and 2: 164-170k, 214-217k, 229-236k and 236-240k; 1 costs a send per request (207k
-/// before the fast path resumed after a full batch). Server-side block-cache reads: no
-/// change.
+/// while it reaps them. Sending every few replies overlaps the two; 1 costs a send per
+/// request. The caps measured (2026-11-22) are in docs/target.md, "Replies every 4
+/// requests".
 const BATCH_MAX_REPLIES: usize = 4;
 /// Bytes of the scratch buffer that discards an oversized write's payload.
 const DISCARD_BUFFER_BYTES: usize = 64 << 10;
