@@ -16,7 +16,7 @@
 //! while a read into a huge page goes out as one request of up to `max_sectors_kb`. Reading
 //! a 2 GiB file with `O_DIRECT`, 2 MiB per read, four threads: 1.39-1.73 GB/s into 4 KiB
 //! pages (0.8-1.1 MiB requests), 3.3-3.6 GB/s into huge pages (2 MiB requests), three runs
-//! each, same machine. Where huge pages are off the advice is ignored and the buffer works
+//! each, same machine, 2026-11-25. Where huge pages are off the advice is ignored and the buffer works
 //! as any other.
 
 // Aligned heap allocation: `Box<[u8]>` cannot ask for an alignment.

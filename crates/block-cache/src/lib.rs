@@ -54,7 +54,7 @@
 //!   never for the rest of a granule: a boot reads ~600 MB in ~70,000 reads (~8.6 KiB
 //!   mean), and whole-granule fills read 1.48× a boot trace's unique bytes from the store
 //!   with no read-ahead at all (`ferry-bench sim-boot --read-ahead 0`, before pages), now
-//!   1.00×. The block stays the unit of lookup, eviction and entry overhead (0.2% at
+//!   1.00× (measured 2026-11-22). The block stays the unit of lookup, eviction and entry overhead (0.2% at
 //!   64 KiB), so a sequential 1 MiB read costs 16 lookups, not 256.
 //! * **Completing blocks read at random.** Fetching pages alone makes uniformly random 4 KiB
 //!   reads of a large disk (fio's randread; a database) pay one store read per page, up to
@@ -66,7 +66,7 @@
 //!   thousand misses (uniform 4 KiB reads over 2 GiB: 250,000 reads miss 70,000 times
 //!   instead of 198,500, `ferry-bench sim-boot --random 250000`); the boot trace's
 //!   scattered misses are about 1% of its misses, so it never completes a block and its
-//!   store bytes stay at 1.02× its unique bytes (`sim-boot`, 1 and 100 clients).
+//!   store bytes stay at 1.02× its unique bytes (`sim-boot`, 1 and 100 clients; 2026-11-22).
 //! * **Held in RAM once.** Block buffers are aligned to [`disk::DIRECT_ALIGN`], and the
 //!   server turns on the store's direct reads (`Chain::direct_reads_all`, `O_DIRECT`), so
 //!   an aligned fill goes from the disk into the cache's buffer without passing through (and
@@ -106,7 +106,7 @@
 //!   gets one 2 MiB request, where a direct read into 4 KiB pages is cut into requests of
 //!   about 1 MiB (a request takes at most 254 segments on a virtio disk). Reading a 2 GiB
 //!   file that way, four threads: 3.3-3.6 GB/s into huge pages, 1.4-1.7 GB/s into 4 KiB
-//!   pages (same machine; `aligned.rs`). Its groups still go into the cache,
+//!   pages (same machine, 2026-11-25; `aligned.rs`). Its groups still go into the cache,
 //!   so other readers hit them, but only the last `scan_window_bytes` of them (default
 //!   64 MiB, at most a sixteenth of the budget) stay whatever CLOCK says: an older
 //!   scan-filled group that no second read touched is evicted at once, and the fill's

@@ -21,9 +21,9 @@ pub(crate) const WINDOW_INITIAL_BLOCKS: u64 = 2;
 /// of order, and they reach the detector out of order too.
 pub(crate) const REORDER_REQUESTS: u64 = 16;
 /// Bytes a stream must span before it earns read-ahead. Boot reads come in short runs of
-/// small reads; prefetching from the first block boundary on read 4.1× a boot trace's
-/// unique bytes from the store (docs/BENCHMARKS.md), so only runs that look like a file
-/// being streamed get a window.
+/// small reads; prefetching from the first block boundary on read several times a boot
+/// trace's unique bytes from the store (the design notes in lib.rs and docs/BENCHMARKS.md
+/// give the figures), so only runs that look like a file being streamed get a window.
 pub(crate) const EARN_BYTES: u64 = 256 << 10;
 
 #[derive(Debug, Clone, Copy, Default)]
