@@ -1,4 +1,4 @@
-//! What `ferry target status` shows: I/O counters kept by a [`Counted`] decorator at the
+//! What `ferry target status` shows: I/O counters kept by an [`IoCounted`] decorator at the
 //! top of the stack, boot time, and the [`Status`] report.
 
 use std::sync::Arc;
@@ -68,24 +68,29 @@ impl Boot {
     }
 }
 
-/// Counts requests on the way to `inner`.
+/// Counts the exported disk's reads, writes and failed requests (and their bytes) on the
+/// way to `inner`, and ends the boot clock after the boot's bytes were read.
 #[derive(Debug)]
-pub struct Counted {
+pub struct IoCounted {
     inner: Arc<dyn BlockDevice>,
     tally: Tally,
 }
 
-impl Counted {
+impl IoCounted {
     /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn BlockDevice>, counters: Arc<IoCounters>, boot: Arc<Boot>) -> Counted {
-        Counted {
+    pub fn new(
+        inner: Arc<dyn BlockDevice>,
+        counters: Arc<IoCounters>,
+        boot: Arc<Boot>,
+    ) -> IoCounted {
+        IoCounted {
             inner,
             tally: Tally { counters, boot },
         }
     }
 }
 
-/// The counters a [`Counted`] adds to, also carried by the futures of its submitted calls.
+/// The counters an [`IoCounted`] adds to, also carried by the futures of its submitted calls.
 #[derive(Debug, Clone)]
 struct Tally {
     counters: Arc<IoCounters>,
@@ -121,7 +126,7 @@ impl Tally {
     }
 }
 
-impl BlockDevice for Counted {
+impl BlockDevice for IoCounted {
     fn geometry(&self) -> Geometry {
         self.inner.geometry()
     }

@@ -6,14 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use agent::client::Connection;
+use agent::remote::{Remote, RemoteConfig, Replay};
 use disk::device::{Geometry, check_bounds};
 use disk::{BlockDevice, ErrorKind};
-use parking_lot::Mutex;
 use nbd_server::{
     ExportHandle, ExportInfo, ExportSource, Listener, NoMetrics, OpenError, ServerConfig,
 };
-use agent::client::Connection;
-use agent::remote::{Remote, RemoteConfig, Replay};
+use parking_lot::Mutex;
 
 /// Size of the test disk.
 const SIZE: u64 = 8 << 20;

@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
 use agent::{AgentConfig, CacheMode};
+use anyhow::{Context, Result, anyhow, bail};
 
 use crate::nbd::{DataSet, Kind, Server};
 use crate::{Config, note};
@@ -320,7 +320,7 @@ pub fn target_bench(cfg: &Config, ds: &DataSet) -> Result<String> {
     for mode in MODES {
         if only
             .as_ref()
-            .is_some_and(|o| !o.iter().any(|m| m == mode.name()))
+            .is_some_and(|o| !o.iter().any(|m| m == mode.cli_name()))
         {
             continue;
         }
@@ -329,13 +329,13 @@ pub fn target_bench(cfg: &Config, ds: &DataSet) -> Result<String> {
             let c = target_case(cfg, ds, mode, ws)?;
             note(&format!(
                 "target {} ws {} GiB: {}",
-                mode.name(),
+                mode.cli_name(),
                 ws >> 30,
                 show(&c)
             ));
             v.push(c);
         }
-        rows.push((format!("ferry target `{}`", mode.name()), v));
+        rows.push((format!("ferry target `{}`", mode.cli_name()), v));
     }
     if only.is_some() {
         return Ok(render(cfg, &rows, 0.0));

@@ -94,14 +94,9 @@ impl std::error::Error for Error {
     }
 }
 
-/// Renders an error with its whole source chain on one line (for CLI output and tests).
+/// Renders an error with its whole source chain on one line (for CLI output and tests):
+/// `contract::ErrorChain`, which new code uses directly. Kept so that callers on branches
+/// not yet moved to it still build.
 pub fn chain_to_string(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
+    contract::ErrorChain(e).to_string()
 }

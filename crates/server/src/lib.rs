@@ -14,8 +14,8 @@
 //! [`nbd_server::ExportSource`] for a device by export name and reports to an [`nbd_server::NbdMetrics`].
 
 pub mod config;
+pub mod diff_cache;
 pub mod exports;
 pub mod http;
 pub mod metrics;
 pub mod store;
-pub mod writecache;

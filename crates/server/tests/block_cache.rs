@@ -10,10 +10,10 @@ use block_cache::{BlockCache, CacheConfig};
 use disk::BlockDevice;
 use disk::device::extents;
 use disk::vhdx::CreateOptions;
+use nbd_server::ExportSource;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use server::exports::{Registry, RegistryConfig};
-use nbd_server::ExportSource;
 
 const MIB: u64 = 1 << 20;
 /// The vDisk's virtual size (a multiple of every granule here; block-cache's own tests cover
