@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use contract::{ExportName, ExportNameError, Mac};
 use disk::BlockDevice;
 use nbd_server::{ExportHandle, ExportInfo, ExportSource, NoMetrics, OpenError, ServerConfig};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -18,7 +19,7 @@ use crate::boot::Booted;
 use crate::client::ClientError;
 use crate::control::REQUEST_BYTES_MAX;
 use crate::remote::{Remote, RemoteConfig, RemoteCounters, Replay};
-use crate::stats::{Boot, Counted, IoCounters, Sampler, Status};
+use crate::stats::{Boot, IoCounted, IoCounters, Sampler, Status};
 
 /// Most connections to the local export at once.
 const EXPORT_CONNECTIONS_MAX: usize = 64;
@@ -37,9 +38,9 @@ pub struct AgentConfig {
     /// The export to open on the servers instead of the one `mode` derives from `vdisk`
     /// and `device`: the session's `ferry-s-…` name after device login. Failover opens the
     /// same name on the next server.
-    pub export_name: Option<String>,
+    pub export_name: Option<ExportName>,
     /// The device's MAC, when it logged in (shown by status).
-    pub mac: Option<String>,
+    pub mac: Option<Mac>,
     /// Cache mode.
     pub mode: CacheMode,
     /// RAM budget of `ram` and `ram-overflow`.
@@ -124,6 +125,20 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
+    /// The vDisk is not `NAME` or `NAME@N`.
+    #[error("vDisk {0:?} is not NAME or NAME@N")]
+    InvalidVdisk(String),
+    /// The vDisk and device do not make an export name in this mode.
+    #[error("no export name for vDisk {vdisk:?} and device {device:?}")]
+    ExportName {
+        /// The vDisk.
+        vdisk: String,
+        /// The device.
+        device: String,
+        /// What is wrong.
+        #[source]
+        source: ExportNameError,
+    },
     /// The server refused writes on a server-cache export.
     #[error("the server attached {0:?} read-only")]
     NotWritable(String),
@@ -158,10 +173,10 @@ impl Agent {
     /// # Errors
     /// [`AgentError`].
     pub fn build(cfg: AgentConfig) -> Result<Agent, AgentError> {
-        let export = cfg
-            .export_name
-            .clone()
-            .unwrap_or_else(|| cfg.mode.export_name(&cfg.vdisk, &cfg.device));
+        let export = match &cfg.export_name {
+            Some(name) => name.to_string(),
+            None => export_for(&cfg)?.to_string(),
+        };
         let replay = match cfg.mode {
             CacheMode::Server => Replay::All,
             CacheMode::ServerPersistent | CacheMode::Private => Replay::UntilFlush,
@@ -177,7 +192,7 @@ impl Agent {
             replay_bytes_max: cfg.replay_bytes_max,
         })
         .map_err(AgentError::Attach)?;
-        let cache = match cfg.mode.local() {
+        let cache = match crate::local_mode(cfg.mode) {
             Some(mode) => Some(Arc::new(make_cache(&cfg, mode, &remote)?)),
             None if !remote.can_write() => return Err(AgentError::NotWritable(export)),
             None => None,
@@ -188,7 +203,7 @@ impl Agent {
         };
         let io = Arc::new(IoCounters::default());
         let boot = Arc::new(Boot::new(cfg.boot_bytes, cfg.boot_quiet));
-        let device = Arc::new(Counted::new(top, Arc::clone(&io), Arc::clone(&boot)));
+        let device = Arc::new(IoCounted::new(top, Arc::clone(&io), Arc::clone(&boot)));
         Ok(Agent {
             sampler: Sampler::new(&io),
             remote_counters: remote.counters(),
@@ -214,10 +229,10 @@ impl Agent {
             servers: self.cfg.servers.clone(),
             vdisk: self.cfg.vdisk.clone(),
             export: self.export.clone(),
-            mac: self.cfg.mac.clone(),
+            mac: self.cfg.mac.map(|m| m.to_string()),
             version: self.remote.description().to_string(),
             size_bytes: self.device.size(),
-            cache_mode: self.cfg.mode.name().to_string(),
+            cache_mode: self.cfg.mode.cli_name().to_string(),
             cache_block_bytes: u.block_bytes,
             ram_bytes: u.ram_bytes,
             ram_bytes_max: u.ram_bytes_max,
@@ -247,6 +262,21 @@ impl Agent {
     }
 }
 
+/// The export `cfg.mode` attaches for `cfg.vdisk` (`NAME` or `NAME@N`) and `cfg.device`.
+fn export_for(cfg: &AgentConfig) -> Result<ExportName, AgentError> {
+    let invalid = || AgentError::InvalidVdisk(cfg.vdisk.clone());
+    let ExportName::ReadOnly { vdisk, version } = cfg.vdisk.parse().map_err(|_| invalid())? else {
+        return Err(invalid());
+    };
+    ExportName::for_cache_mode(cfg.mode, vdisk, version, &cfg.device).map_err(|source| {
+        AgentError::ExportName {
+            vdisk: cfg.vdisk.clone(),
+            device: cfg.device.clone(),
+            source,
+        }
+    })
+}
+
 fn make_cache(
     cfg: &AgentConfig,
     mode: write_cache::Mode,
@@ -258,7 +288,7 @@ fn make_cache(
             let dir = cfg
                 .overflow_dir
                 .as_ref()
-                .ok_or(AgentError::NoOverflowDir(cfg.mode.name()))?;
+                .ok_or(AgentError::NoOverflowDir(cfg.mode.cli_name()))?;
             let store = FileStore::create_in(dir).map_err(|source| AgentError::Overflow {
                 dir: dir.clone(),
                 source,
@@ -288,7 +318,7 @@ impl ExportSource for TargetSource {
             description: format!(
                 "{} with a {} write cache",
                 self.agent.cfg.vdisk,
-                self.agent.cfg.mode.name()
+                self.agent.cfg.mode.cli_name()
             ),
             size: self.agent.device.size(),
         }]
@@ -342,7 +372,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future) -> Result<(), AgentErr
     let source = Arc::new(TargetSource {
         agent: Arc::clone(&agent),
     });
-    tracing::info!(export = %agent.cfg.export_socket.display(), mode = agent.cfg.mode.name(),
+    tracing::info!(export = %agent.cfg.export_socket.display(), mode = agent.cfg.mode.cli_name(),
         server = %agent.remote.server(), "serving the vDisk");
     let r = nbd_server::run(config, source, Arc::new(NoMetrics), shutdown).await;
     control_task.abort();

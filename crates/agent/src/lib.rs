@@ -8,7 +8,7 @@
 //!   guest / qemu / fio ──NBD/unix──► nbd_server (the same server code as `ferry server`)
 //!                                        │ TargetSource: one export
 //!                                        ▼
-//!                                  stats::Counted        bytes, IOPS, boot time
+//!                                  stats::IoCounted      bytes, IOPS, boot time
 //!                                        ▼
 //!             ram | ram-overflow | disk:  write_cache::WriteCache ──► overflow file
 //!                                        ▼
@@ -20,7 +20,9 @@
 //! ```
 //!
 //! In the server modes there is no local cache: the export is the server's write cache
-//! (`NAME+DEV`, `NAME+DEV+persistent`) or the vDisk itself (`NAME+private`).
+//! (`NAME+DEV`, `NAME+DEV+persistent`) or the vDisk itself (`NAME+private`). Export names,
+//! cache modes, MACs and the login wire format are the `contract` crate's, shared with the
+//! server and the farm.
 //!
 //! `daemon.rs` runs it all with a control socket (`control.rs`) that answers `status` and
 //! `mark-booted`.
@@ -38,69 +40,17 @@ pub mod stats;
 pub use daemon::{AgentConfig, AgentError, run};
 pub use stats::Status;
 
-/// A write-cache mode (DESIGN.md, "Write-cache modes").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheMode {
-    /// Device RAM, fixed budget.
-    Ram,
-    /// Device RAM, overflow to a local file.
-    RamOverflow,
-    /// A local file only.
-    Disk,
-    /// The server's per-device cache, discarded on disconnect.
-    Server,
-    /// The server's per-device cache, kept.
-    ServerPersistent,
-    /// The vDisk itself (maintenance; one device).
-    Private,
-}
+/// Where the device's writes go: the `contract` crate's mode, shared with the farm (which
+/// spells it `ram_overflow`, `server_persistent`); the agent shows [`CacheMode::cli_name`].
+pub use contract::CacheMode;
 
-impl CacheMode {
-    /// Every mode, in the order of the docs.
-    pub const ALL: [CacheMode; 6] = [
-        CacheMode::Ram,
-        CacheMode::RamOverflow,
-        CacheMode::Disk,
-        CacheMode::Server,
-        CacheMode::ServerPersistent,
-        CacheMode::Private,
-    ];
-
-    /// The name used on the command line and in status.
-    pub fn name(self) -> &'static str {
-        match self {
-            CacheMode::Ram => "ram",
-            CacheMode::RamOverflow => "ram-overflow",
-            CacheMode::Disk => "disk",
-            CacheMode::Server => "server",
-            CacheMode::ServerPersistent => "server-persistent",
-            CacheMode::Private => "private",
-        }
-    }
-
-    /// Parses a name.
-    pub fn parse(s: &str) -> Option<CacheMode> {
-        CacheMode::ALL.into_iter().find(|m| m.name() == s)
-    }
-
-    /// The local write-cache mode, for the modes that keep writes on the device.
-    pub fn local(self) -> Option<write_cache::Mode> {
-        match self {
-            CacheMode::Ram => Some(write_cache::Mode::Ram),
-            CacheMode::RamOverflow => Some(write_cache::Mode::RamOverflow),
-            CacheMode::Disk => Some(write_cache::Mode::Disk),
-            _ => None,
-        }
-    }
-
-    /// The server export this mode attaches for `vdisk` and `device`.
-    pub fn export_name(self, vdisk: &str, device: &str) -> String {
-        match self {
-            CacheMode::Server => format!("{vdisk}+{device}"),
-            CacheMode::ServerPersistent => format!("{vdisk}+{device}+persistent"),
-            CacheMode::Private => format!("{vdisk}+private"),
-            _ => vdisk.to_string(),
-        }
+/// The local write-cache mode of `mode`, for the modes that keep writes on the device.
+pub fn local_mode(mode: CacheMode) -> Option<write_cache::Mode> {
+    match mode {
+        CacheMode::Ram => Some(write_cache::Mode::Ram),
+        CacheMode::RamOverflow => Some(write_cache::Mode::RamOverflow),
+        CacheMode::Disk => Some(write_cache::Mode::Disk),
+        CacheMode::Server | CacheMode::ServerPersistent | CacheMode::Private => None,
     }
 }
 
@@ -109,25 +59,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_mode_name_parses_back() {
+    fn local_modes_are_the_ones_contract_calls_local() {
         for m in CacheMode::ALL {
-            assert_eq!(CacheMode::parse(m.name()), Some(m));
+            assert_eq!(local_mode(m).is_some(), m.is_local(), "{}", m.cli_name());
         }
-    }
-
-    #[test]
-    fn server_persistent_attaches_the_persistent_export() {
-        assert_eq!(
-            CacheMode::ServerPersistent.export_name("golden", "pc1"),
-            "golden+pc1+persistent"
-        );
-    }
-
-    #[test]
-    fn local_modes_attach_the_read_only_export() {
-        assert_eq!(
-            CacheMode::RamOverflow.export_name("golden", "pc1"),
-            "golden"
-        );
     }
 }

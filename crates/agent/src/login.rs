@@ -11,18 +11,22 @@
 //!
 //! `key` is the farm key's bytes (hex-decoded from `DATA/farm.key`), `nonce` the nonce's
 //! text as received and `mac` the normalized MAC (`aa:bb:cc:dd:ee:ff`), concatenated as
-//! UTF-8; `hmac` goes out as lowercase hex. The key never crosses the wire.
+//! UTF-8; `hmac` goes out as lowercase hex. The key never crosses the wire. The bodies,
+//! the MAC's normalization and the proof are `contract::login`'s and `contract::Mac`'s,
+//! the same code the farm answers with.
 //!
 //! The client is blocking (reqwest's blocking client): call [`login`] before starting an
 //! async runtime, or from `spawn_blocking`.
 
 use std::time::Duration;
 
-use hmac::{Hmac, Mac as _};
+use contract::login::{
+    CHALLENGE_PATH, Challenge, ChallengeRequest, DeviceRef, LOGIN_PATH, LoginRequest,
+};
+use contract::{ErrorChain, ExportName, Mac};
 use reqwest::StatusCode;
 use reqwest::Url;
 use serde::Deserialize;
-use sha2::Sha256;
 
 use crate::CacheMode;
 
@@ -124,8 +128,8 @@ pub struct LoginGrant {
     /// True when the farm listed no server and [`LoginGrant::servers`] is the API's host on
     /// port [`DEFAULT_NBD_PORT`].
     pub servers_defaulted: bool,
-    /// The device's normalized MAC.
-    pub mac: String,
+    /// The device's MAC.
+    pub mac: Mac,
     /// The device's name in the farm.
     pub device_name: String,
     /// The vDisk's name.
@@ -139,7 +143,7 @@ pub struct LoginGrant {
     /// RAM budget of the `ram` and `ram-overflow` caches.
     pub ram_bytes: u64,
     /// The session-scoped export name (`ferry-s-…`) to open on the servers.
-    pub export_name: String,
+    pub export_name: ExportName,
     /// The session id.
     pub session_id: String,
     /// The session token (bearer), for later calls of this session.
@@ -150,37 +154,15 @@ pub struct LoginGrant {
     pub writable: bool,
 }
 
-/// The farm's cache mode names (`server_persistent`, `ram_overflow`) as the agent's modes.
-pub fn cache_mode_from_farm(name: &str) -> Option<CacheMode> {
-    Some(match name {
-        "private" => CacheMode::Private,
-        "server" => CacheMode::Server,
-        "server_persistent" => CacheMode::ServerPersistent,
-        "ram" => CacheMode::Ram,
-        "ram_overflow" => CacheMode::RamOverflow,
-        "disk" => CacheMode::Disk,
-        _ => return None,
-    })
-}
-
-/// Normalizes a MAC as the farm does: 12 hex digits, optionally separated by five `:` or
-/// `-`, to lowercase `aa:bb:cc:dd:ee:ff`.
+/// Parses a MAC as the farm does (`contract::Mac`): 12 hex digits, optionally separated
+/// by five `:` or `-`; its text is lowercase `aa:bb:cc:dd:ee:ff`.
 ///
 /// # Errors
 /// [`LoginError::BadMac`].
-pub fn normalize_mac(value: &str) -> Result<String, LoginError> {
-    let bad = || LoginError::BadMac(value.to_string());
-    let digits: String = value.chars().filter(|c| !matches!(c, ':' | '-')).collect();
-    let separators = value.len() - digits.len();
-    if digits.len() != 12 || !(separators == 0 || separators == 5) || value.len() > 17 {
-        return Err(bad());
-    }
-    if !digits.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(bad());
-    }
-    let lower = digits.to_ascii_lowercase();
-    let pairs: Vec<&str> = (0..6).map(|i| &lower[i * 2..i * 2 + 2]).collect();
-    Ok(pairs.join(":"))
+pub fn parse_mac(value: &str) -> Result<Mac, LoginError> {
+    value
+        .parse()
+        .map_err(|_| LoginError::BadMac(value.to_string()))
 }
 
 /// The farm key from its file text (`DATA/farm.key`) or the environment: hex, surrounding
@@ -194,19 +176,6 @@ pub fn parse_farm_key(text: &str) -> Result<Vec<u8>, LoginError> {
         return Err(LoginError::BadKey("it is empty"));
     }
     hex::decode(t).map_err(|_| LoginError::BadKey("it is not hex"))
-}
-
-/// The login proof: lowercase hex HMAC-SHA256(key, nonce ‖ mac), `mac` normalized.
-///
-/// # Errors
-/// [`LoginError::BadMac`], [`LoginError::BadKey`].
-pub fn proof(key: &[u8], nonce: &str, mac: &str) -> Result<String, LoginError> {
-    let mac = normalize_mac(mac)?;
-    let mut m = Hmac::<Sha256>::new_from_slice(key)
-        .map_err(|_| LoginError::BadKey("HMAC refused the key"))?;
-    m.update(nonce.as_bytes());
-    m.update(mac.as_bytes());
-    Ok(hex::encode(m.finalize().into_bytes()))
 }
 
 /// Parses the API's base URL: `http://HOST[:PORT]` (a path prefix is kept). `HOST[:PORT]`
@@ -247,38 +216,6 @@ pub fn parse_api_url(url: &str) -> Result<Url, LoginError> {
 }
 
 #[derive(Deserialize)]
-struct ChallengeAnswer {
-    nonce: String,
-}
-
-#[derive(Deserialize)]
-struct ServerAnswer {
-    address: String,
-}
-
-#[derive(Deserialize)]
-struct DeviceAnswer {
-    #[serde(default)]
-    name: String,
-}
-
-#[derive(Deserialize)]
-struct GrantAnswer {
-    session_id: String,
-    session_token: String,
-    export_name: String,
-    expires_at_ms: i64,
-    device: DeviceAnswer,
-    servers: Vec<ServerAnswer>,
-    vdisk_name: String,
-    size_bytes: i64,
-    version: i64,
-    cache_mode: String,
-    ram_bytes: i64,
-    writable: bool,
-}
-
-#[derive(Deserialize)]
 struct ErrorAnswer {
     error: String,
 }
@@ -289,7 +226,7 @@ struct ErrorAnswer {
 /// [`LoginError`]: each failure names its step and keeps the API's message.
 pub fn login(api_url: &str, mac: &str, key: &[u8]) -> Result<LoginGrant, LoginError> {
     let base = parse_api_url(api_url)?;
-    let mac = normalize_mac(mac)?;
+    let mac = parse_mac(mac)?;
     if key.is_empty() {
         return Err(LoginError::BadKey("it is empty"));
     }
@@ -300,41 +237,37 @@ pub fn login(api_url: &str, mac: &str, key: &[u8]) -> Result<LoginGrant, LoginEr
         .build()
         .map_err(|e| LoginError::Unreachable {
             url: shown.clone(),
-            reason: chain(&e),
+            reason: ErrorChain(&e).to_string(),
         })?;
-    let challenge: ChallengeAnswer = post(
-        &client,
-        &base,
-        &shown,
-        "challenge",
-        "api/v1/login/challenge",
-        &serde_json::json!({ "mac": mac }),
-        &mac,
-    )?;
-    let hmac = proof(key, &challenge.nonce, &mac)?;
-    let g: GrantAnswer = post(
-        &client,
-        &base,
-        &shown,
-        "login",
-        "api/v1/login",
-        &serde_json::json!({ "mac": mac, "nonce": challenge.nonce, "hmac": hmac }),
-        &mac,
-    )?;
+    let at = Post {
+        client: &client,
+        base: &base,
+        shown: &shown,
+        mac,
+    };
+    let body = ChallengeRequest {
+        mac: mac.to_string(),
+    };
+    let challenge: Challenge = at.post("challenge", CHALLENGE_PATH, &body)?;
+    let body = LoginRequest {
+        mac: mac.to_string(),
+        hmac: contract::login::proof(key, &challenge.nonce, mac),
+        nonce: challenge.nonce,
+    };
+    let g: contract::login::LoginGrant<DeviceRef> = at.post("login", LOGIN_PATH, &body)?;
     let bad = |reason: String| LoginError::BadAnswer {
         step: "login",
         url: shown.clone(),
         reason,
     };
-    let cache_mode = cache_mode_from_farm(&g.cache_mode)
-        .ok_or_else(|| bad(format!("unknown cache mode {:?}", g.cache_mode)))?;
     let ram_bytes =
         u64::try_from(g.ram_bytes).map_err(|_| bad(format!("ram_bytes {}", g.ram_bytes)))?;
     let size_bytes =
         u64::try_from(g.size_bytes).map_err(|_| bad(format!("size_bytes {}", g.size_bytes)))?;
-    if g.export_name.is_empty() {
-        return Err(bad("empty export name".into()));
-    }
+    let export_name = match g.export_name.parse() {
+        Ok(name @ ExportName::Session(_)) => name,
+        _ => return Err(bad(format!("export name {:?}", g.export_name))),
+    };
     let mut servers: Vec<String> = g
         .servers
         .into_iter()
@@ -354,9 +287,9 @@ pub fn login(api_url: &str, mac: &str, key: &[u8]) -> Result<LoginGrant, LoginEr
         vdisk: g.vdisk_name,
         version: g.version,
         size_bytes,
-        cache_mode,
+        cache_mode: g.cache_mode,
         ram_bytes,
-        export_name: g.export_name,
+        export_name,
         session_id: g.session_id,
         session_token: g.session_token,
         expires_at_ms: g.expires_at_ms,
@@ -364,57 +297,66 @@ pub fn login(api_url: &str, mac: &str, key: &[u8]) -> Result<LoginGrant, LoginEr
     })
 }
 
-/// One POST with a JSON body; a 2xx answer parsed as `T`, anything else a [`LoginError`].
-fn post<T: serde::de::DeserializeOwned>(
-    client: &reqwest::blocking::Client,
-    base: &Url,
-    shown: &str,
-    step: &'static str,
-    path: &str,
-    body: &serde_json::Value,
-    mac: &str,
-) -> Result<T, LoginError> {
-    let url = base.join(path).map_err(|e| LoginError::BadUrl {
-        url: shown.to_string(),
-        reason: e.to_string(),
-    })?;
-    let r = client
-        .post(url)
-        .json(body)
-        .send()
-        .map_err(|e| LoginError::Unreachable {
+/// Where the login's POSTs go.
+struct Post<'a> {
+    client: &'a reqwest::blocking::Client,
+    base: &'a Url,
+    /// The API's URL as the errors show it.
+    shown: &'a str,
+    mac: Mac,
+}
+
+impl Post<'_> {
+    /// One POST of `body` as JSON to `path`; a 2xx answer parsed as `T`, anything else a
+    /// [`LoginError`] of `step`.
+    fn post<T: serde::de::DeserializeOwned>(
+        &self,
+        step: &'static str,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<T, LoginError> {
+        let shown = self.shown;
+        let unreachable = |e: reqwest::Error| LoginError::Unreachable {
             url: shown.to_string(),
-            reason: chain(&e),
-        })?;
-    let status = r.status();
-    let text = r.text().map_err(|e| LoginError::Unreachable {
-        url: shown.to_string(),
-        reason: chain(&e),
-    })?;
-    if status.is_success() {
-        return serde_json::from_str(&text).map_err(|e| LoginError::BadAnswer {
-            step,
+            reason: ErrorChain(&e).to_string(),
+        };
+        let url = self.base.join(path).map_err(|e| LoginError::BadUrl {
             url: shown.to_string(),
             reason: e.to_string(),
-        });
+        })?;
+        let r = self
+            .client
+            .post(url)
+            .json(body)
+            .send()
+            .map_err(unreachable)?;
+        let status = r.status();
+        let text = r.text().map_err(unreachable)?;
+        if status.is_success() {
+            return serde_json::from_str(&text).map_err(|e| LoginError::BadAnswer {
+                step,
+                url: shown.to_string(),
+                reason: e.to_string(),
+            });
+        }
+        let message = match serde_json::from_str::<ErrorAnswer>(&text) {
+            Ok(e) => e.error,
+            Err(_) => text,
+        };
+        let message = clip(message);
+        let (url, mac) = (shown.to_string(), self.mac.to_string());
+        Err(match status {
+            StatusCode::UNAUTHORIZED => LoginError::BadProof { url, message },
+            StatusCode::FORBIDDEN => LoginError::UnknownDevice { mac, url, message },
+            StatusCode::CONFLICT => LoginError::Conflict { mac, url, message },
+            _ => LoginError::Refused {
+                step,
+                url,
+                status: status.as_u16(),
+                message,
+            },
+        })
     }
-    let message = match serde_json::from_str::<ErrorAnswer>(&text) {
-        Ok(e) => e.error,
-        Err(_) => text,
-    };
-    let message = clip(message);
-    let (url, mac) = (shown.to_string(), mac.to_string());
-    Err(match status {
-        StatusCode::UNAUTHORIZED => LoginError::BadProof { url, message },
-        StatusCode::FORBIDDEN => LoginError::UnknownDevice { mac, url, message },
-        StatusCode::CONFLICT => LoginError::Conflict { mac, url, message },
-        _ => LoginError::Refused {
-            step,
-            url,
-            status: status.as_u16(),
-            message,
-        },
-    })
 }
 
 fn clip(mut s: String) -> String {
@@ -429,32 +371,14 @@ fn clip(mut s: String) -> String {
     s
 }
 
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut at = e.source();
-    while let Some(c) = at {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        at = c.source();
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// HMAC-SHA256 of key 00 01 .. 1f over "nonce" ‖ "aa:bb:cc:00:00:01", computed
-    /// independently (Python's `hmac` module).
-    const VECTOR: &str = "a54a05d133785d3915df18842dea6e3a9927c178b59e4d645516a18eb6425918";
-
     #[test]
-    fn proof_matches_a_fixed_vector_and_normalizes_the_mac() {
-        let key: Vec<u8> = (0u8..32).collect();
-        assert_eq!(proof(&key, "nonce", "aa:bb:cc:00:00:01").unwrap(), VECTOR);
-        assert_eq!(proof(&key, "nonce", "AA-BB-CC-00-00-01").unwrap(), VECTOR);
-        assert_eq!(proof(&key, "nonce", "aabbcc000001").unwrap(), VECTOR);
-        assert_ne!(proof(&key, "nonce2", "aabbcc000001").unwrap(), VECTOR);
+    fn macs_normalize_as_the_farm_does() {
+        let mac = parse_mac("AA-BB-CC-00-00-01").unwrap();
+        assert_eq!(mac.to_string(), "aa:bb:cc:00:00:01");
     }
 
     #[test]
@@ -467,7 +391,7 @@ mod tests {
             "aa:bbcc:00:00:01",
         ] {
             assert!(
-                matches!(normalize_mac(bad), Err(LoginError::BadMac(_))),
+                matches!(parse_mac(bad), Err(LoginError::BadMac(_))),
                 "{bad}"
             );
         }
@@ -506,22 +430,6 @@ mod tests {
     }
 
     #[test]
-    fn every_farm_cache_mode_maps_to_an_agent_mode() {
-        let pairs = [
-            ("private", CacheMode::Private),
-            ("server", CacheMode::Server),
-            ("server_persistent", CacheMode::ServerPersistent),
-            ("ram", CacheMode::Ram),
-            ("ram_overflow", CacheMode::RamOverflow),
-            ("disk", CacheMode::Disk),
-        ];
-        for (farm, agent) in pairs {
-            assert_eq!(cache_mode_from_farm(farm), Some(agent));
-        }
-        assert_eq!(cache_mode_from_farm("ram-overflow"), None);
-    }
-
-    #[test]
     fn an_unreachable_api_is_named() {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -541,9 +449,15 @@ mod tests {
     /// A one-shot HTTP server on loopback answering each request with the next of
     /// `answers` (status, JSON body); returns its URL.
     fn fake_api(answers: Vec<(u16, String)>) -> String {
+        fake_api_seen(answers).0
+    }
+
+    /// [`fake_api`], also returning the request bodies it received, in order.
+    fn fake_api_seen(answers: Vec<(u16, String)>) -> (String, std::sync::mpsc::Receiver<String>) {
         use std::io::{BufRead as _, BufReader, Read as _, Write as _};
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", l.local_addr().unwrap());
+        let (seen, bodies) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for (status, body) in answers {
                 let (s, _) = l.accept().unwrap();
@@ -562,6 +476,7 @@ mod tests {
                 }
                 let mut b = vec![0; len];
                 r.read_exact(&mut b).unwrap();
+                let _ = seen.send(String::from_utf8_lossy(&b).into_owned());
                 let mut s = s;
                 write!(
                     s,
@@ -572,7 +487,7 @@ mod tests {
                 .unwrap();
             }
         });
-        url
+        (url, bodies)
     }
 
     fn challenge() -> (u16, String) {
@@ -618,9 +533,31 @@ mod tests {
         assert!(g.servers_defaulted);
         assert_eq!(g.cache_mode, CacheMode::RamOverflow);
         assert_eq!((g.vdisk.as_str(), g.version), ("golden", 2));
-        assert_eq!(g.export_name, "ferry-s-00");
+        assert_eq!(g.export_name.to_string(), "ferry-s-00");
         assert_eq!((g.ram_bytes, g.size_bytes), (65536, 1 << 20));
         assert_eq!(g.device_name, "pc1");
-        assert_eq!(g.mac, "aa:bb:cc:00:00:01");
+        assert_eq!(g.mac.to_string(), "aa:bb:cc:00:00:01");
+    }
+
+    #[test]
+    fn the_login_signs_the_challenge_s_nonce_with_the_normalized_mac() {
+        let grant = r#"{"error":"stop here"}"#.to_string();
+        let (url, bodies) = fake_api_seen(vec![challenge(), (401, grant)]);
+        let key = [7; 32];
+        let _ = login(&url, "AA-BB-CC-00-00-01", &key);
+        let sent: Vec<serde_json::Value> = bodies
+            .iter()
+            .map(|b| serde_json::from_str(&b).unwrap())
+            .collect();
+        let mac: Mac = "aa:bb:cc:00:00:01".parse().unwrap();
+        let want = serde_json::json!({
+            "mac": "aa:bb:cc:00:00:01",
+            "nonce": "ab12",
+            "hmac": contract::login::proof(&key, "ab12", mac),
+        });
+        assert_eq!(
+            sent,
+            [serde_json::json!({"mac": "aa:bb:cc:00:00:01"}), want]
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! What `ferry target status` shows: I/O counters kept by a [`Counted`] decorator at the
+//! What `ferry target status` shows: I/O counters kept by an [`IoCounted`] decorator at the
 //! top of the stack, boot time, and the [`Status`] report.
 
 use std::sync::Arc;
@@ -99,24 +99,29 @@ impl Boot {
     }
 }
 
-/// Counts requests on the way to `inner`.
+/// Counts the exported disk's reads, writes and failed requests (and their bytes) on the
+/// way to `inner`, and ends the boot clock after the boot's bytes were read.
 #[derive(Debug)]
-pub struct Counted {
+pub struct IoCounted {
     inner: Arc<dyn BlockDevice>,
     tally: Tally,
 }
 
-impl Counted {
+impl IoCounted {
     /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn BlockDevice>, counters: Arc<IoCounters>, boot: Arc<Boot>) -> Counted {
-        Counted {
+    pub fn new(
+        inner: Arc<dyn BlockDevice>,
+        counters: Arc<IoCounters>,
+        boot: Arc<Boot>,
+    ) -> IoCounted {
+        IoCounted {
             inner,
             tally: Tally { counters, boot },
         }
     }
 }
 
-/// The counters a [`Counted`] adds to, also carried by the futures of its submitted calls.
+/// The counters an [`IoCounted`] adds to, also carried by the futures of its submitted calls.
 #[derive(Debug, Clone)]
 struct Tally {
     counters: Arc<IoCounters>,
@@ -152,7 +157,7 @@ impl Tally {
     }
 }
 
-impl BlockDevice for Counted {
+impl BlockDevice for IoCounted {
     fn geometry(&self) -> Geometry {
         self.inner.geometry()
     }
@@ -198,7 +203,7 @@ impl BlockDevice for Counted {
 }
 
 /// Every fast path of the inner device is passed on, and what completes on one is counted.
-impl FastPath for Counted {
+impl FastPath for IoCounted {
     fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
         let len = bufs.iter().map(|b| b.len()).sum();
         let r = self.inner.read_vectored_at(bufs, offset);

@@ -4,16 +4,16 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use agent::stats::{Boot, Counted, IoCounters};
+use agent::stats::{Boot, IoCounted, IoCounters};
 use disk::BlockDevice;
 use testkit::{FastProbe, block_on};
 
 #[test]
-fn counted_reaches_every_fast_path_of_its_device_and_counts_them() {
+fn io_counted_reaches_every_fast_path_of_its_device_and_counts_them() {
     let probe = Arc::new(FastProbe::new(1 << 20));
     let io = Arc::new(IoCounters::default());
     let boot = Arc::new(Boot::new(None, None));
-    let dev: Arc<dyn BlockDevice> = Arc::new(Counted::new(probe.clone(), io.clone(), boot));
+    let dev: Arc<dyn BlockDevice> = Arc::new(IoCounted::new(probe.clone(), io.clone(), boot));
 
     let mut a = [0u8; 512];
     let mut b = [0u8; 512];

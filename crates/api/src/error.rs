@@ -5,6 +5,7 @@ use axum::Json;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use contract::ErrorChain;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoResponses, ToSchema};
 
@@ -66,21 +67,10 @@ impl From<farm::FarmError> for ApiError {
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status.is_server_error() {
-            tracing::error!(error = %disk_chain(&e), "request failed");
+            tracing::error!(error = %ErrorChain(&e), "request failed");
         }
         ApiError::new(status, e.message())
     }
-}
-
-fn disk_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut at = e.source();
-    while let Some(c) = at {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        at = c.source();
-    }
-    s
 }
 
 impl From<JsonRejection> for ApiError {

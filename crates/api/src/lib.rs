@@ -15,6 +15,8 @@
 //! [`router`] returns a plain `axum::Router`, so `ferry server` can mount it beside its own
 //! routes; [`serve`] runs it alone (`ferry farm serve`).
 
+#![warn(missing_docs)]
+
 pub mod console;
 pub mod error;
 pub mod extract;

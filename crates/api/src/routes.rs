@@ -8,10 +8,10 @@ use farm::input::{
     DevicePatch, NewCollection, NewDevice, NewServer, NewSite, NewStore, NewToken, SettingsPatch,
     StorePath,
 };
-use farm::login::{Challenge, ChallengeRequest, LoginGrant, LoginRequest};
+use farm::login::{Challenge, ChallengeRequest, LoginGrant, LoginRequest, LoginServer};
 use farm::model::{
-    AuditEntry, Collection, Device, FarmSettings, Page, Server, Session, Site, Store,
-    StorePathOverride, Token, Version,
+    AccessMode, AuditEntry, CacheMode, Collection, Device, FarmSettings, Page, Server, Session,
+    Site, Store, StorePathOverride, Token, Version,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -471,10 +471,105 @@ pub async fn login_challenge(
 
 /// Device login, step 2: the proof, HMAC-SHA256(farm key, nonce ‖ mac) in hex.
 #[utoipa::path(post, path = "/api/v1/login", tag = "login", request_body = LoginRequest,
-    security(()), responses((status = 200, body = LoginGrant), Errors))]
+    security(()), responses((status = 200, body = LoginGrantSchema), Errors))]
 pub async fn login(
     State(s): State<AppState>,
     ApiJson(b): ApiJson<LoginRequest>,
 ) -> ApiResult<Json<LoginGrant>> {
     Ok(Json(s.farm.login(&b, s.server_id).await?))
+}
+
+// The OpenAPI schema of the login answer. The answer itself is `farm::login::LoginGrant`,
+// i.e. `contract::login::LoginGrant<Device>`, generic over the device record so that a
+// target reads it with only the fields it needs. utoipa names a generic schema
+// `LoginGrant_Device` and inlines the device, so the document describes the answer with
+// this twin under its old name and shape; `login_grant_schema_has_the_answer_s_fields`
+// checks that the two keep the same fields.
+/// What a device gets at login.
+#[derive(Debug, ToSchema)]
+#[schema(as = LoginGrant)]
+#[allow(dead_code, reason = "only its OpenAPI schema is used")]
+pub struct LoginGrantSchema {
+    /// The session's id.
+    session_id: String,
+    /// The session token (bearer), shown once.
+    session_token: String,
+    /// The session-scoped NBD export name.
+    export_name: String,
+    /// When the session ends.
+    expires_at_ms: i64,
+    /// The device (created now when its collection allows auto-add).
+    device: Device,
+    /// The servers of its site, alive ones first.
+    servers: Vec<LoginServer>,
+    /// The vDisk's id.
+    vdisk_id: i64,
+    /// The vDisk's name.
+    vdisk_name: String,
+    /// The vDisk's virtual size.
+    size_bytes: i64,
+    /// The version the device boots.
+    version: i64,
+    /// That version's access mode.
+    access: AccessMode,
+    /// Where the device's writes go.
+    cache_mode: CacheMode,
+    /// The RAM cache size.
+    ram_bytes: i64,
+    /// True in private mode (maintenance): the export writes to the version itself.
+    writable: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use farm::model::{DeviceType, OptCacheMode};
+    use utoipa::PartialSchema as _;
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::Schema;
+
+    use super::*;
+
+    fn grant() -> LoginGrant {
+        LoginGrant {
+            session_id: "s".into(),
+            session_token: "fs_1".into(),
+            export_name: "ferry-s-00".into(),
+            expires_at_ms: 1,
+            device: Device {
+                id: 1,
+                collection_id: 1,
+                mac: "aa:bb:cc:00:00:01".into(),
+                name: "pc1".into(),
+                device_type: DeviceType::Production,
+                vdisk_id: Some(1),
+                cache_mode: OptCacheMode(None),
+                ram_bytes: None,
+                pinned_version: None,
+                created_at_ms: 1,
+                changed_at_ms: 1,
+            },
+            servers: Vec::new(),
+            vdisk_id: 1,
+            vdisk_name: "golden".into(),
+            size_bytes: 512,
+            version: 0,
+            access: AccessMode::Production,
+            cache_mode: CacheMode::Ram,
+            ram_bytes: 512,
+            writable: false,
+        }
+    }
+
+    #[test]
+    fn login_grant_schema_has_the_answer_s_fields() {
+        let RefOr::T(Schema::Object(schema)) = LoginGrantSchema::schema() else {
+            panic!("the grant's schema is an object");
+        };
+        let documented: Vec<&String> = schema.properties.keys().collect();
+        let json = serde_json::to_value(grant()).unwrap();
+        let mut sent: Vec<&String> = json.as_object().unwrap().keys().collect();
+        sent.sort();
+        assert_eq!(documented, sent);
+        assert_eq!(schema.required.len(), sent.len());
+    }
 }

@@ -21,9 +21,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use farm::model::{
-    AccessMode, CacheMode, Device, DeviceType, OptCacheMode, Server, Session, VDisk,
-};
+use contract::ExportName;
+use farm::model::{AccessMode, CacheMode, Device, DeviceType, Server, Session, VDisk};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -357,16 +356,11 @@ pub async fn report(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// The longest export name looked up.
-const EXPORT_NAME_BYTES_MAX: usize = 64;
-
-/// True for text shaped like a session export name (`ferry-s-` and hex digits), so that
-/// nothing else (NUL bytes included, which PostgreSQL refuses) reaches the database.
+/// True for text shaped like a session export name (`ferry-s-` and 1 to 56 hex digits, as
+/// `contract::ExportName` parses it), so that nothing else (NUL bytes included, which
+/// PostgreSQL refuses) reaches the database.
 fn is_export_name(name: &str) -> bool {
-    name.len() <= EXPORT_NAME_BYTES_MAX
-        && name
-            .strip_prefix(farm::login::EXPORT_PREFIX)
-            .is_some_and(|hex| !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+    matches!(name.parse(), Ok(ExportName::Session(_)))
 }
 
 struct Ctx<'a> {
@@ -398,7 +392,9 @@ impl Ctx<'_> {
             device_type: d.device_type,
             vdisk_id: d.vdisk_id,
             vdisk_name: vdisk.map(|v| v.name.clone()),
-            cache_mode: vdisk.map(|v| effective_cache_mode(d.device_type, d.cache_mode, v)),
+            cache_mode: vdisk.map(|v| {
+                farm::login::effective_cache_mode(d.device_type, d.cache_mode, v.cache_mode)
+            }),
             ram_bytes: vdisk.map(|v| d.ram_bytes.unwrap_or(v.ram_bytes)),
             session: session.map(|x| SessionStatus {
                 id: x.id.clone(),
@@ -409,16 +405,6 @@ impl Ctx<'_> {
             }),
             counters,
         }
-    }
-}
-
-/// The cache mode login grants (the rule of `farm::login`): private for a maintenance
-/// device, else the device's override or the vDisk's default, private turned into server.
-pub fn effective_cache_mode(t: DeviceType, over: OptCacheMode, vdisk: &VDisk) -> CacheMode {
-    match (t, over.0.unwrap_or(vdisk.cache_mode)) {
-        (DeviceType::Maintenance, _) => CacheMode::Private,
-        (_, CacheMode::Private) => CacheMode::Server,
-        (_, m) => m,
     }
 }
 

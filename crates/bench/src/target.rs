@@ -320,7 +320,7 @@ pub fn target_bench(cfg: &Config, ds: &DataSet) -> Result<String> {
     for mode in MODES {
         if only
             .as_ref()
-            .is_some_and(|o| !o.iter().any(|m| m == mode.name()))
+            .is_some_and(|o| !o.iter().any(|m| m == mode.cli_name()))
         {
             continue;
         }
@@ -329,13 +329,13 @@ pub fn target_bench(cfg: &Config, ds: &DataSet) -> Result<String> {
             let c = target_case(cfg, ds, mode, ws)?;
             note(&format!(
                 "target {} ws {} GiB: {}",
-                mode.name(),
+                mode.cli_name(),
                 ws >> 30,
                 show(&c)
             ));
             v.push(c);
         }
-        rows.push((format!("ferry target `{}`", mode.name()), v));
+        rows.push((format!("ferry target `{}`", mode.cli_name()), v));
     }
     if only.is_some() {
         return Ok(render(cfg, &rows, 0.0));

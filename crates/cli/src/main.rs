@@ -222,7 +222,7 @@ fn main() -> ExitCode {
         Err(err) => {
             let err: &(dyn std::error::Error + 'static) = err.as_ref();
             let _ = std::io::stdout().flush();
-            eprintln!("error: {}", disk::error::chain_to_string(err));
+            eprintln!("error: {}", contract::ErrorChain(err));
             ExitCode::from(EXIT_ERROR)
         }
     }

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args as ClapArgs;
+use contract::ErrorChain;
 use nbd_server::{ExportSource, Listener, NbdMetrics};
 use server::config::{FerryConfig, Resolved};
 use server::exports::Registry;
@@ -196,7 +197,7 @@ async fn serve(
             let stop = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
                 if let Err(e) = crate::server_farm::serve_api(&handle, l, stop).await {
-                    tracing::error!(error = %format!("{e:#}"), "farm API stopped");
+                    tracing::error!(error = %ErrorChain(e.as_ref()), "farm API stopped");
                 }
             }))
         }

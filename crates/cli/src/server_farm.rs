@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use farm::model::CacheMode;
-use farm::sessions::{SessionLookup, SessionTable};
+use contract::{CacheMode, DeviceName, ExportName, Mac, SessionKey, VdiskName};
+use farm::sessions::{SessionGrant, SessionLookup, SessionTable};
 use farm::{Clock as _, SystemClock};
 
 /// How often a farm server records its heartbeat.
@@ -40,33 +40,25 @@ impl FarmSessions {
     }
 }
 
-/// A device's MAC as a write-cache device name (`aa-bb-cc-dd-ee-ff`).
-pub fn device_name(mac: &str) -> String {
-    mac.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect()
-}
-
-/// The registry export name a grant stands for.
-pub fn export_for(vdisk: &str, version: i64, mode: CacheMode, mac: &str) -> String {
-    let dev = device_name(mac);
-    match mode {
-        CacheMode::Private => format!("{vdisk}+private"),
-        CacheMode::Server => format!("{vdisk}@{version}+{dev}"),
-        CacheMode::ServerPersistent => format!("{vdisk}@{version}+{dev}+persistent"),
-        CacheMode::Ram | CacheMode::RamOverflow | CacheMode::Disk => format!("{vdisk}@{version}"),
+/// The registry export a grant stands for (`NAME@V`, `NAME@V+aa-bb-cc-dd-ee-ff`,
+/// `...+persistent`, or `NAME+private` when it writes the version itself), or why there is
+/// none.
+pub fn export_for(g: &SessionGrant) -> Result<ExportName, String> {
+    let vdisk = VdiskName::new(&g.vdisk_name).map_err(|e| format!("vdisk name: {e}"))?;
+    let mac: Mac = g.mac.parse().map_err(|e| format!("mac {:?}: {e}", g.mac))?;
+    let device = DeviceName::of_mac(mac);
+    if g.writable || g.cache_mode == CacheMode::Private {
+        return Ok(ExportName::Private { vdisk });
     }
+    let version = u32::try_from(g.version).map_err(|_| format!("version {}", g.version))?;
+    ExportName::for_cache_mode(g.cache_mode, vdisk, Some(version), device.as_str())
+        .map_err(|e| e.to_string())
 }
 
 impl server::exports::SessionResolver for FarmSessions {
-    fn resolve(&self, export_name: &str) -> Option<String> {
-        let g = self.table.lookup(export_name, SystemClock.now_ms())?;
+    fn resolve(&self, key: &SessionKey) -> Option<ExportName> {
+        let export_name = ExportName::Session(key.clone()).to_string();
+        let g = self.table.lookup(&export_name, SystemClock.now_ms())?;
         let dir = g.store_dir.canonicalize().unwrap_or(g.store_dir.clone());
         if dir != self.store_dir {
             tracing::warn!(
@@ -77,12 +69,11 @@ impl server::exports::SessionResolver for FarmSessions {
             );
             return None;
         }
-        let mode = if g.writable {
-            CacheMode::Private
-        } else {
-            g.cache_mode
-        };
-        Some(export_for(&g.vdisk_name, g.version, mode, &g.mac))
+        export_for(&g)
+            .inspect_err(|why| {
+                tracing::warn!(session = export_name, why, "session names no export");
+            })
+            .ok()
     }
 }
 
@@ -219,13 +210,29 @@ mod tests {
 
     #[test]
     fn grants_map_to_registry_exports() {
-        let mac = "AA:bb:CC:00:00:01";
+        let grant = |cache_mode, writable| SessionGrant {
+            session_id: "s".into(),
+            export_name: "ferry-s-00".into(),
+            device_id: 1,
+            mac: "aa:bb:cc:00:00:01".into(),
+            device_type: farm::model::DeviceType::Production,
+            vdisk_id: 1,
+            vdisk_name: "golden".into(),
+            version: 3,
+            store_dir: PathBuf::from("/s"),
+            path: PathBuf::from("/s/golden.3.avhdx"),
+            cache_mode,
+            ram_bytes: 0,
+            writable,
+            expires_at_ms: 0,
+        };
         let got = [
-            export_for("golden", 3, CacheMode::Ram, mac),
-            export_for("golden", 3, CacheMode::Server, mac),
-            export_for("golden", 3, CacheMode::ServerPersistent, mac),
-            export_for("golden", 3, CacheMode::Private, mac),
-        ];
+            grant(CacheMode::Ram, false),
+            grant(CacheMode::Server, false),
+            grant(CacheMode::ServerPersistent, false),
+            grant(CacheMode::Private, true),
+        ]
+        .map(|g| export_for(&g).unwrap().to_string());
         assert_eq!(
             got,
             [
@@ -235,8 +242,5 @@ mod tests {
                 "golden+private"
             ]
         );
-        for e in &got {
-            assert!(server::exports::parse_export_name(e).is_ok(), "{e}");
-        }
     }
 }

@@ -142,9 +142,10 @@ pub struct RunArgs {
     pub replay_max: u64,
 }
 
+/// A cache mode in either spelling (`ram-overflow` or the farm's `ram_overflow`).
 fn parse_mode(s: &str) -> Result<CacheMode, String> {
-    CacheMode::parse(s).ok_or_else(|| {
-        let names: Vec<_> = CacheMode::ALL.iter().map(|m| m.name()).collect();
+    s.parse().map_err(|_| {
+        let names: Vec<_> = CacheMode::ALL.iter().map(|m| m.cli_name()).collect();
         format!("unknown cache mode {s:?} (one of {})", names.join(", "))
     })
 }
@@ -223,7 +224,7 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
                 );
             }
             let (grant, api) = device_login(&a.server, mac, a.farm_key.as_deref())?;
-            reporter = Some((api, grant.export_name.clone()));
+            reporter = Some((api, grant.export_name.to_string()));
             config_from_grant(&grant, export_socket.clone())
         }
     };
@@ -363,7 +364,7 @@ fn device_login(
         match login::login(url, mac, &key) {
             Ok(g) => {
                 tracing::info!(api = %url, mac = %g.mac, device = %g.device_name,
-                    vdisk = %g.vdisk, version = g.version, cache = %g.cache_mode.name(),
+                    vdisk = %g.vdisk, version = g.version, cache = %g.cache_mode.cli_name(),
                     ram_bytes = g.ram_bytes, export = %g.export_name,
                     servers = %g.servers.join(","), "logged in to the farm");
                 if g.servers_defaulted {
@@ -391,7 +392,7 @@ fn config_from_grant(g: &LoginGrant, export_socket: PathBuf) -> AgentConfig {
     let mut cfg = AgentConfig::new(g.servers.clone(), &g.vdisk, g.cache_mode, export_socket);
     cfg.device = g.device_name.clone();
     cfg.export_name = Some(g.export_name.clone());
-    cfg.mac = Some(g.mac.clone());
+    cfg.mac = Some(g.mac);
     cfg.ram_bytes = g.ram_bytes;
     cfg
 }

@@ -5,7 +5,8 @@
 //!
 //! * refusals: an unknown MAC (403), a wrong farm key (401), a second maintenance device
 //!   (409), each a clear message and a nonzero exit;
-//! * the proof computed by the target equals the farm's own `farm::login::proof`;
+//! * the proof the target computes (its key-file and MAC parsing, then
+//!   `contract::login::proof`) equals the farm's own `farm::login::proof`;
 //! * the full path (issue 5's acceptance): a production device logs in and reads the
 //!   production version through the target's export (qemu-io); a maintenance device
 //!   writes version 1 in private mode; after `promote` to production and a target restart
@@ -242,8 +243,9 @@ fn the_targets_proof_is_the_farms() {
     let key = ::agent::login::parse_farm_key(key_hex).unwrap();
     for mac in ["aa:bb:cc:00:00:01", "AA-BB-CC-00-00-01", "aabbcc000001"] {
         for nonce in ["nonce", "9f86d081884c7d659a2feaa0c55ad015"] {
+            let parsed = ::agent::login::parse_mac(mac).unwrap();
             assert_eq!(
-                ::agent::login::proof(&key, nonce, mac).unwrap(),
+                contract::login::proof(&key, nonce, parsed),
                 farm::login::proof(key_hex, nonce, mac).unwrap(),
                 "{mac} {nonce}"
             );

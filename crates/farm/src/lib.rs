@@ -9,16 +9,23 @@
 //! model.rs      the rows as typed values; enums stored as text
 //! input.rs      the inputs of changes (API bodies)
 //! validate.rs   checks of untrusted input: names, MACs, sizes, store paths, pages
-//! repo.rs       sites, servers, stores, collections, devices, tokens, audit, sessions
-//! lifecycle.rs  vDisks and versions: new, promote, revert, delete, merge (image library)
+//! repo.rs       row helpers; settings, tokens, audit, sites, servers, stores
+//! devices.rs    collections, devices, sessions
+//! vdisks.rs     vDisks: import or create, change, remove (image library)
+//! lifecycle.rs  versions: new, promote, revert, delete, merge, boot version (image library)
 //! login.rs      device login: challenge, HMAC proof, boot version, session
 //! sessions.rs   SessionTable: the in-process check of session export names
 //! error.rs      FarmError with a Kind the API maps to an HTTP status
 //! ```
 //!
 //! What this crate is not: it serves no HTTP (`api` does) and no blocks (`server` does).
+//! The values it shares with other crates (cache and access modes, MACs, export names, the
+//! login wire format) are the `contract` crate's; `model` re-exports the modes.
+
+#![warn(missing_docs)]
 
 pub mod db;
+pub mod devices;
 pub mod error;
 pub mod input;
 pub mod lifecycle;
@@ -27,6 +34,7 @@ pub mod model;
 pub mod repo;
 pub mod sessions;
 pub mod validate;
+pub mod vdisks;
 
 pub use db::{Backend, Clock, Farm, FarmConfig, InitSecrets, SystemClock};
 pub use error::{FarmError, Kind, Result};

@@ -15,18 +15,20 @@
 //! `key` is the farm key's 32 bytes (hex-decoded); `nonce` is the nonce's hex text as sent
 //! and `mac` the normalized MAC text (`aa:bb:cc:dd:ee:ff`), both as UTF-8 bytes; `hmac` is
 //! sent as lowercase hex. [`proof`] computes it.
+//!
+//! The request and answer bodies and the proof itself are the `contract` crate's
+//! (`contract::login`), which the target's agent uses too.
 
-use hmac::{Hmac, Mac as _};
+use contract::{ExportName, Mac, SessionKey};
 use rand::RngCore as _;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sha2::Sha256;
-use utoipa::ToSchema;
+
+pub use contract::login::{Challenge, ChallengeRequest, LoginRequest, LoginServer};
 
 use crate::db::{Farm, audit, hash_secret};
+use crate::devices::insert_device;
 use crate::error::{FarmError, Kind, Result};
-use crate::model::{AccessMode, CacheMode, Device, DeviceType, OptCacheMode, Server};
-use crate::repo::insert_device;
+use crate::model::{CacheMode, Device, DeviceType, OptCacheMode, Server};
 use crate::sessions::SessionGrant;
 use crate::validate;
 
@@ -38,105 +40,45 @@ pub const NONCES_MAX: i64 = 10_000;
 pub const SESSION_TTL_MS: i64 = 24 * 3600 * 1000;
 /// A server whose last heartbeat is older is listed as not alive.
 pub const SERVER_ALIVE_MS: i64 = 60_000;
-/// The prefix of a session's export name.
-pub const EXPORT_PREFIX: &str = "ferry-s-";
 
-/// A login challenge request.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ChallengeRequest {
-    /// The device's MAC address.
-    pub mac: String,
-}
+/// What a device gets at login: the contract's grant with the farm's whole device record
+/// (a target reads it as `LoginGrant<`[`contract::login::DeviceRef`]`>`).
+pub type LoginGrant = contract::login::LoginGrant<Device>;
 
-/// A login challenge.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct Challenge {
-    /// The nonce to sign (64 hex digits).
-    pub nonce: String,
-    /// When it expires.
-    pub expires_at_ms: i64,
-}
-
-/// A login: the proof of the farm key.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LoginRequest {
-    /// The device's MAC address.
-    pub mac: String,
-    /// The nonce of the challenge.
-    pub nonce: String,
-    /// HMAC-SHA256(farm key, nonce ‖ mac), hex.
-    pub hmac: String,
-}
-
-/// A server of the device's site.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct LoginServer {
-    /// Name.
-    pub name: String,
-    /// NBD address (`host:port`).
-    pub address: String,
-    /// True when it heartbeat within the last minute.
-    pub alive: bool,
-}
-
-/// What a device gets at login.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct LoginGrant {
-    /// The session's id.
-    pub session_id: String,
-    /// The session token (bearer), shown once.
-    pub session_token: String,
-    /// The session-scoped NBD export name.
-    pub export_name: String,
-    /// When the session ends.
-    pub expires_at_ms: i64,
-    /// The device (created now when its collection allows auto-add).
-    pub device: Device,
-    /// The servers of its site, alive ones first.
-    pub servers: Vec<LoginServer>,
-    /// The vDisk's id.
-    pub vdisk_id: i64,
-    /// The vDisk's name.
-    pub vdisk_name: String,
-    /// The vDisk's virtual size.
-    pub size_bytes: i64,
-    /// The version the device boots.
-    pub version: i64,
-    /// That version's access mode.
-    pub access: AccessMode,
-    /// Where the device's writes go.
-    pub cache_mode: CacheMode,
-    /// The RAM cache size.
-    pub ram_bytes: i64,
-    /// True in private mode (maintenance): the export writes to the version itself.
-    pub writable: bool,
-}
-
-type HmacSha256 = Hmac<Sha256>;
-
-/// The login proof: hex HMAC-SHA256(key, nonce ‖ mac) (see the module documentation).
+/// The login proof: hex HMAC-SHA256(key, nonce ‖ mac) (see the module documentation), as
+/// `contract::login::proof` computes it, from the farm key's hex text and any accepted MAC
+/// spelling.
 ///
 /// # Errors
 /// [`Kind::InvalidInput`] for a key that is not hex or a malformed MAC.
 pub fn proof(farm_key_hex: &str, nonce: &str, mac: &str) -> Result<String> {
     let mac = validate::mac(mac)?;
-    let mut m = keyed(farm_key_hex)?;
-    m.update(nonce.as_bytes());
-    m.update(mac.as_bytes());
-    Ok(hex::encode(m.finalize().into_bytes()))
+    Ok(contract::login::proof(&farm_key(farm_key_hex)?, nonce, mac))
 }
 
-fn keyed(farm_key_hex: &str) -> Result<HmacSha256> {
-    let key = hex::decode(farm_key_hex).map_err(|_| FarmError::invalid("farm key is not hex"))?;
-    HmacSha256::new_from_slice(&key).map_err(|_| FarmError::invalid("bad farm key"))
+fn farm_key(farm_key_hex: &str) -> Result<Vec<u8>> {
+    hex::decode(farm_key_hex).map_err(|_| FarmError::invalid("farm key is not hex"))
 }
 
-fn random_hex(bytes: usize) -> String {
-    let mut b = vec![0u8; bytes];
+/// The cache mode a device runs in: private for a maintenance device (it writes the
+/// version), else its override or its vDisk's mode, where private (one writer) becomes
+/// server.
+pub fn effective_cache_mode(
+    device_type: DeviceType,
+    over: OptCacheMode,
+    vdisk: CacheMode,
+) -> CacheMode {
+    match (device_type, over.0.unwrap_or(vdisk)) {
+        (DeviceType::Maintenance, _) => CacheMode::Private,
+        (_, CacheMode::Private) => CacheMode::Server,
+        (_, m) => m,
+    }
+}
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
     rand::thread_rng().fill_bytes(&mut b);
-    hex::encode(b)
+    b
 }
 
 fn unauthenticated() -> FarmError {
@@ -162,11 +104,11 @@ impl Farm {
                 "too many logins under way; try again in a minute",
             ));
         }
-        let nonce = random_hex(32);
+        let nonce = hex::encode(random_bytes::<32>());
         let expires_at_ms = self.now_ms() + NONCE_TTL_MS;
         sqlx::query("INSERT INTO login_nonces (nonce, mac, expires_at_ms) VALUES ($1, $2, $3)")
             .bind(&nonce)
-            .bind(&mac)
+            .bind(mac.to_string())
             .bind(expires_at_ms)
             .execute(&self.pool)
             .await?;
@@ -192,26 +134,26 @@ impl Farm {
              RETURNING nonce",
         )
         .bind(&r.nonce)
-        .bind(&mac)
+        .bind(mac.to_string())
         .bind(self.now_ms())
         .fetch_optional(&self.pool)
         .await?;
         if consumed.is_none() {
             return Err(unauthenticated());
         }
-        let mut m = keyed(&self.farm_key_hex().await?)?;
-        m.update(r.nonce.as_bytes());
-        m.update(mac.as_bytes());
-        m.verify_slice(&sent).map_err(|_| unauthenticated())?;
-        let device = match self.device_by_mac(&mac).await? {
+        let key = farm_key(&self.farm_key_hex().await?)?;
+        if !contract::login::verify(&key, &r.nonce, mac, &sent) {
+            return Err(unauthenticated());
+        }
+        let device = match self.device_by_mac(&mac.to_string()).await? {
             Some(d) => d,
-            None => self.auto_add(&mac).await?,
+            None => self.auto_add(mac).await?,
         };
         self.grant(device, server_id).await
     }
 
     /// Adds an unknown device to the first collection that allows auto-add.
-    async fn auto_add(&self, mac: &str) -> Result<Device> {
+    async fn auto_add(&self, mac: Mac) -> Result<Device> {
         let found: Option<(i64, Option<i64>)> = sqlx::query_as(
             "SELECT id, default_vdisk_id FROM collections WHERE auto_add = 1 ORDER BY id",
         )
@@ -228,7 +170,7 @@ impl Farm {
             id: 0,
             collection_id,
             mac: mac.to_string(),
-            name: format!("auto-{}", mac.replace(':', "")),
+            name: format!("auto-{}", hex::encode(mac.octets())),
             device_type: DeviceType::Production,
             vdisk_id,
             cache_mode: OptCacheMode(None),
@@ -240,7 +182,7 @@ impl Farm {
         let mut tx = self.pool.begin().await?;
         let id = insert_device(&mut tx, &d).await?;
         let actor = format!("device:{mac}");
-        let detail = json!({ "mac": mac, "collection_id": collection_id });
+        let detail = json!({ "mac": mac.to_string(), "collection_id": collection_id });
         audit(
             &mut tx,
             now,
@@ -271,15 +213,12 @@ impl Farm {
                 .await?;
         }
         let writable = device.device_type == DeviceType::Maintenance;
-        let cache_mode = match (writable, device.cache_mode.0.unwrap_or(vdisk.cache_mode)) {
-            (true, _) => CacheMode::Private,
-            (false, CacheMode::Private) => CacheMode::Server,
-            (false, m) => m,
-        };
+        let cache_mode =
+            effective_cache_mode(device.device_type, device.cache_mode, vdisk.cache_mode);
         let ram_bytes = device.ram_bytes.unwrap_or(vdisk.ram_bytes);
         let session_id = uuid::Uuid::new_v4().to_string();
-        let session_token = format!("fs_{}", random_hex(32));
-        let export_name = format!("{EXPORT_PREFIX}{}", random_hex(16));
+        let session_token = format!("fs_{}", hex::encode(random_bytes::<32>()));
+        let export_name = ExportName::Session(SessionKey::from_bytes(random_bytes())).to_string();
         let expires_at_ms = now + SESSION_TTL_MS;
         // Before the transaction: with SQLite the pool has one connection.
         let store_dir = self.store_dir(vdisk.store_id, server_id).await?;

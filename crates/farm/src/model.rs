@@ -12,9 +12,15 @@
 //! ```
 //!
 //! Times are Unix milliseconds (`*_at_ms`); sizes are bytes (`*_bytes`).
+//!
+//! [`AccessMode`] and [`CacheMode`] are the `contract` crate's (the login grant carries
+//! them to targets); they are stored as [`AccessMode::as_str`] and [`CacheMode::farm_name`],
+//! and read back through their `TryFrom<String>`.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+
+pub use contract::{AccessMode, CacheMode};
 
 use crate::error::{FarmError, Result};
 
@@ -68,18 +74,6 @@ macro_rules! text_enum {
 }
 
 text_enum!(
-    /// The access mode of a version: who may boot it.
-    AccessMode {
-        /// Being edited: one maintenance device boots it read/write (private mode).
-        Maintenance = "maintenance",
-        /// Test devices boot it.
-        Test = "test",
-        /// Production devices boot it.
-        Production = "production",
-    }
-);
-
-text_enum!(
     /// The type of a device, which picks the version it boots.
     DeviceType {
         /// Boots the newest production version (or its pinned version).
@@ -88,24 +82,6 @@ text_enum!(
         Test = "test",
         /// Boots the maintenance version, read/write; one at a time.
         Maintenance = "maintenance",
-    }
-);
-
-text_enum!(
-    /// Where a device's writes go (DESIGN.md, "Write-cache modes").
-    CacheMode {
-        /// The vDisk itself (maintenance, one device).
-        Private = "private",
-        /// A per-device differencing file on the server, discarded at reboot.
-        Server = "server",
-        /// The same, kept across reboots.
-        ServerPersistent = "server_persistent",
-        /// Target memory, fixed budget.
-        Ram = "ram",
-        /// Target memory with overflow to a local file.
-        RamOverflow = "ram_overflow",
-        /// A local overflow file only.
-        Disk = "disk",
     }
 );
 
@@ -280,7 +256,9 @@ impl TryFrom<String> for OptCacheMode {
         if s.is_empty() {
             Ok(OptCacheMode(None))
         } else {
-            CacheMode::parse(&s).map(|m| OptCacheMode(Some(m)))
+            s.parse()
+                .map(|m| OptCacheMode(Some(m)))
+                .map_err(|e: contract::CacheModeError| FarmError::invalid(e.to_string()))
         }
     }
 }
@@ -288,7 +266,7 @@ impl TryFrom<String> for OptCacheMode {
 impl OptCacheMode {
     /// The stored text.
     pub fn as_str(self) -> &'static str {
-        self.0.map_or("", CacheMode::as_str)
+        self.0.map_or("", CacheMode::farm_name)
     }
 }
 
@@ -422,9 +400,24 @@ mod tests {
 
     #[test]
     fn enum_text_round_trips_and_unknown_is_refused() {
-        for m in CacheMode::ALL {
-            assert_eq!(CacheMode::parse(m.as_str()).unwrap(), *m);
+        for t in DeviceType::ALL {
+            assert_eq!(DeviceType::parse(t.as_str()).unwrap(), *t);
         }
-        assert!(AccessMode::parse("staging").is_err());
+        assert!(Role::parse("root").is_err());
+    }
+
+    #[test]
+    fn stored_cache_mode_text_reads_back() {
+        for m in CacheMode::ALL {
+            let stored = OptCacheMode(Some(m)).as_str().to_string();
+            assert_eq!(
+                OptCacheMode::try_from(stored).unwrap(),
+                OptCacheMode(Some(m))
+            );
+        }
+        assert_eq!(
+            OptCacheMode::try_from(String::new()).unwrap(),
+            OptCacheMode(None)
+        );
     }
 }

@@ -4,6 +4,9 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use contract::name::{NameError, check_plain_name};
+use contract::{Mac, MacError};
+
 use crate::error::{FarmError, Result};
 
 /// The longest name (site, server, store, collection, device, vDisk, token), in bytes.
@@ -18,31 +21,22 @@ pub const PAGE_LIMIT_DEFAULT: i64 = 100;
 pub const PAGE_LIMIT_MAX: i64 = 1000;
 
 /// Checks a name: 1 to [`NAME_BYTES_MAX`] bytes, not starting with '.', without '/', '\\',
-/// '@', '+' or control characters (the rules of a vDisk name in the store, applied to every
-/// name so that any can become a file or export name).
+/// '@', '+' or control characters (the rules of a vDisk name in the store,
+/// `contract::name::check_plain_name`, applied to every name so that any can become a file
+/// or export name).
 ///
 /// # Errors
 /// [`crate::Kind::InvalidInput`].
 pub fn name(field: &str, value: &str) -> Result<()> {
-    if value.is_empty() || value.len() > NAME_BYTES_MAX {
-        return Err(FarmError::invalid(format!(
-            "{field} must have 1 to {NAME_BYTES_MAX} bytes"
-        )));
-    }
-    if value.starts_with('.') {
-        return Err(FarmError::invalid(format!(
-            "{field} must not start with '.'"
-        )));
-    }
-    if value
-        .chars()
-        .any(|c| matches!(c, '/' | '\\' | '@' | '+') || c.is_control())
-    {
-        return Err(FarmError::invalid(format!(
-            "{field} must not contain '/', '\\', '@', '+' or control characters"
-        )));
-    }
-    Ok(())
+    check_plain_name(value, NAME_BYTES_MAX).map_err(|e| {
+        FarmError::invalid(match e {
+            NameError::InvalidVdiskLength => {
+                format!("{field} must have 1 to {NAME_BYTES_MAX} bytes")
+            }
+            NameError::LeadingDotVdisk => format!("{field} must not start with '.'"),
+            _ => format!("{field} must not contain '/', '\\', '@', '+' or control characters"),
+        })
+    })
 }
 
 /// Checks free text: at most [`TEXT_BYTES_MAX`] bytes, no NUL.
@@ -74,24 +68,15 @@ pub fn size(field: &str, value: i64) -> Result<()> {
     Ok(())
 }
 
-/// Normalizes a MAC address (`AA-BB-CC-DD-EE-FF`, `aa:bb:...`, `aabbccddeeff`) to lowercase
-/// `aa:bb:cc:dd:ee:ff`.
+/// Normalizes a MAC address (`AA-BB-CC-DD-EE-FF`, `aa:bb:...`, `aabbccddeeff`; the rules
+/// are [`Mac`]'s). Its text is lowercase `aa:bb:cc:dd:ee:ff`.
 ///
 /// # Errors
 /// [`crate::Kind::InvalidInput`] for anything that is not six hex bytes.
-pub fn mac(value: &str) -> Result<String> {
-    let bad = || FarmError::invalid(format!("invalid mac address {value:?}"));
-    let digits: String = value.chars().filter(|c| !matches!(c, ':' | '-')).collect();
-    let separators = value.len() - digits.len();
-    if digits.len() != 12 || !(separators == 0 || separators == 5) || value.len() > 17 {
-        return Err(bad());
-    }
-    if !digits.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(bad());
-    }
-    let lower = digits.to_ascii_lowercase();
-    let pairs: Vec<&str> = (0..6).map(|i| &lower[i * 2..i * 2 + 2]).collect();
-    Ok(pairs.join(":"))
+pub fn mac(value: &str) -> Result<Mac> {
+    value
+        .parse()
+        .map_err(|_: MacError| FarmError::invalid(format!("invalid mac address {value:?}")))
 }
 
 /// Checks a store path and returns it normalized: relative to the store root (an absolute
@@ -166,8 +151,14 @@ mod tests {
 
     #[test]
     fn mac_forms_normalize_to_lowercase_colons() {
-        assert_eq!(mac("AA-BB-CC-00-11-22").unwrap(), "aa:bb:cc:00:11:22");
-        assert_eq!(mac("aabbcc001122").unwrap(), "aa:bb:cc:00:11:22");
+        assert_eq!(
+            mac("AA-BB-CC-00-11-22").unwrap().to_string(),
+            "aa:bb:cc:00:11:22"
+        );
+        assert_eq!(
+            mac("aabbcc001122").unwrap().to_string(),
+            "aa:bb:cc:00:11:22"
+        );
     }
 
     #[test]

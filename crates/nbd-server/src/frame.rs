@@ -59,7 +59,7 @@ pub(crate) fn error(errno: u32, message: impl Into<String>) -> Frame {
 /// The error reply to `req` whose disk call failed with `err`, logged.
 pub(crate) fn disk_error(req: &Request, err: &disk::Error) -> Frame {
     tracing::warn!(command = req.command.name(), offset = req.offset, len = req.len,
-        error = %disk::error::chain_to_string(err), "disk call failed");
+        error = %contract::ErrorChain(err), "disk call failed");
     error(to_nbd_errno(err), err.to_string())
 }
 

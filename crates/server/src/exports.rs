@@ -6,13 +6,18 @@
 //!          | vdisk ["@" version] "+" device            server cache (discarded on release)
 //!          | vdisk ["@" version] "+" device "+persistent"   server cache, persistent
 //!          | vdisk "+private"                          the newest file itself, one writer
+//!          | "ferry-s-" key                            a session: the SessionResolver maps
+//!                                                      it to one of the above
 //! ```
+//!
+//! The grammar is `contract::ExportName`'s (shared with the agent and the farm, which
+//! print these names); this module only decides how each is served.
 //!
 //! Read-only chains are opened once per file and shared by every connection while any is
 //! open (the top is kept through a `Weak`, re-opened when the file's identity changes), and
 //! every connection gets its own [`block_cache::CachedDevice`] over it, so entries are
-//! shared and read-ahead is per connection. Writable per-device exports put a write cache
-//! ([`crate::writecache`]) over such a cached wrapper.
+//! shared and read-ahead is per connection. Writable per-device exports put a diff cache
+//! ([`crate::diff_cache`]) over such a cached wrapper.
 //!
 //! **Private mode and readers.** A private writer rewrites the newest file in place, so it
 //! is exclusive with every other user of that file: `NAME+private` is refused (`Busy`)
@@ -38,110 +43,27 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use block_cache::{BlockCache, ChainKey};
+use contract::{DeviceName, ErrorChain, ExportName, SessionKey};
 use disk::BlockDevice;
-use disk::error::chain_to_string;
 use disk::vhdx::VhdxImage;
 use nbd_server::{ExportHandle, ExportInfo, ExportSource, OpenError};
 
-use crate::store::{Resolved, Store, StoreError, check_vdisk_name, split_version};
-use crate::writecache::{
-    self, CacheMode, Counted, FileLock, WriteCache, WriteCacheError, WriteCacheTarget,
-    WriteCounters,
+use crate::diff_cache::{
+    self, DiffCache, DiffCacheError, DiffCacheTarget, FileLock, Retention, WriteCounters,
+    WritesCounted,
 };
+use crate::store::{Resolved, Store, StoreError};
 
 /// The most exports `list` returns.
 pub const EXPORTS_LIST_MAX: usize = 10_000;
 
-/// How an export is served.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Mode {
-    /// Read-only, through the block cache.
-    ReadOnly,
-    /// Writes go to a per-device file, discarded on release.
-    ServerCache {
-        /// The device name.
-        device: String,
-    },
-    /// Writes go to a per-device file, kept.
-    Persistent {
-        /// The device name.
-        device: String,
-    },
-    /// Writes go to the vDisk's newest file itself.
-    Private,
-}
-
-impl Mode {
-    /// The metrics label of the mode.
-    pub fn label(&self) -> &'static str {
-        MODE_LABELS[self.index()]
-    }
-
-    fn index(&self) -> usize {
-        match self {
-            Mode::ReadOnly => 0,
-            Mode::ServerCache { .. } => 1,
-            Mode::Persistent { .. } => 2,
-            Mode::Private => 3,
-        }
-    }
-}
-
 /// Metrics labels of the modes, in [`RegistryStats::open`] order.
 pub const MODE_LABELS: [&str; 4] = ["read_only", "server_cache", "persistent", "private"];
-
-/// A parsed export name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExportSpec {
-    /// The vDisk.
-    pub vdisk: String,
-    /// The version (`None`: the newest).
-    pub version: Option<u32>,
-    /// How it is served.
-    pub mode: Mode,
-}
-
-/// Parses an export name (grammar in the module docs).
-///
-/// # Errors
-/// [`StoreError::InvalidName`].
-pub fn parse_export_name(name: &str) -> Result<ExportSpec, StoreError> {
-    let bad = |why| StoreError::InvalidName {
-        name: name.to_string(),
-        why,
-    };
-    let mut parts = name.split('+');
-    let head = parts.next().unwrap_or("");
-    let rest: Vec<&str> = parts.collect();
-    let (vdisk, version) = split_version(head)?;
-    check_vdisk_name(vdisk)?;
-    let mode = match rest.as_slice() {
-        [] => Mode::ReadOnly,
-        ["private"] if version.is_some() => {
-            return Err(bad("private mode writes the newest version; drop '@N'"));
-        }
-        ["private"] => Mode::Private,
-        [device] => Mode::ServerCache {
-            device: device.to_string(),
-        },
-        [device, "persistent"] => Mode::Persistent {
-            device: device.to_string(),
-        },
-        _ => {
-            return Err(bad(
-                "expected NAME[@N][+DEVICE[+persistent]] or NAME+private",
-            ));
-        }
-    };
-    if let Mode::ServerCache { device } | Mode::Persistent { device } = &mode {
-        writecache::check_device_name(device).map_err(|_| bad("invalid device name"))?;
-    }
-    Ok(ExportSpec {
-        vdisk: vdisk.to_string(),
-        version,
-        mode,
-    })
-}
+/// Indexes of [`MODE_LABELS`].
+const MODE_READ_ONLY: usize = 0;
+const MODE_SERVER_CACHE: usize = 1;
+const MODE_PERSISTENT: usize = 2;
+const MODE_PRIVATE: usize = 3;
 
 /// Where the registry finds vDisks and keeps write caches.
 #[derive(Debug, Clone)]
@@ -161,7 +83,7 @@ pub enum RegistryError {
     Store(#[from] StoreError),
     /// The write-cache directory cannot be made or swept.
     #[error("prepare write-cache directory")]
-    WriteCacheDir(#[from] WriteCacheError),
+    WriteCacheDir(#[from] DiffCacheError),
 }
 
 /// A snapshot of the registry's counters, for metrics.
@@ -260,15 +182,12 @@ pub const BUSY_WAIT_DEFAULT: Duration = Duration::from_secs(2);
 /// The pause between two tries of a busy open.
 const BUSY_RETRY: Duration = Duration::from_millis(20);
 
-/// Export names that start with this are session-scoped: granted by device login, and
-/// served only while the [`SessionResolver`] knows them.
-pub const SESSION_EXPORT_PREFIX: &str = "ferry-s-";
-
-/// Turns a session-scoped export name into the export it stands for (e.g. `NAME@3`,
+/// Turns a session-scoped export name (`ferry-s-KEY`: granted by device login, and served
+/// only while the resolver knows it) into the export it stands for (e.g. `NAME@3`,
 /// `NAME@3+DEVICE`, `NAME+private`). Implemented over the farm's session table.
 pub trait SessionResolver: Send + Sync + std::fmt::Debug {
-    /// The export a live session grants, or `None` (unknown or expired).
-    fn resolve(&self, export_name: &str) -> Option<String>;
+    /// The export the live session `ferry-s-KEY` grants, or `None` (unknown or expired).
+    fn resolve(&self, session: &SessionKey) -> Option<ExportName>;
 }
 
 /// The export registry. Cloning gives another handle to the same registry.
@@ -286,12 +205,12 @@ impl Registry {
     pub fn new(config: RegistryConfig, cache: BlockCache) -> Result<Registry, RegistryError> {
         let store = Store::open(&config.store_dir)?;
         let dir = &config.write_cache_dir;
-        std::fs::create_dir_all(dir).map_err(|source| WriteCacheError::Io {
+        std::fs::create_dir_all(dir).map_err(|source| DiffCacheError::Io {
             op: "create directory",
             path: dir.clone(),
             source,
         })?;
-        let swept = writecache::sweep_discarded(dir)?;
+        let swept = diff_cache::sweep_discarded(dir)?;
         if swept > 0 {
             tracing::info!(swept, dir = %dir.display(), "deleted stale server-cache files");
         }
@@ -365,7 +284,7 @@ impl ExportSource for Registry {
         match self.inner.list() {
             Ok(v) => v,
             Err(e) => {
-                tracing::warn!(error = %chain_to_string(&e), "listing exports failed");
+                tracing::warn!(error = %ErrorChain(&e), "listing exports failed");
                 Vec::new()
             }
         }
@@ -406,21 +325,20 @@ fn store_err(e: StoreError) -> OpenError {
         StoreError::NotFound(_) | StoreError::NoVersion { .. } | StoreError::InvalidName { .. } => {
             OpenError::NotFound(e.to_string())
         }
-        _ => OpenError::Other(chain_to_string(&e)),
+        _ => OpenError::Other(ErrorChain(&e).to_string()),
     }
 }
 
-fn wc_err(e: WriteCacheError) -> OpenError {
+fn diff_err(e: DiffCacheError) -> OpenError {
     match e {
-        WriteCacheError::Busy(_) => OpenError::Busy(e.to_string()),
-        WriteCacheError::InvalidDevice { .. } => OpenError::NotFound(e.to_string()),
-        _ => OpenError::Other(chain_to_string(&e)),
+        DiffCacheError::Busy(_) => OpenError::Busy(e.to_string()),
+        _ => OpenError::Other(ErrorChain(&e).to_string()),
     }
 }
 
 fn disk_err(path: &Path) -> impl FnOnce(disk::Error) -> OpenError {
     let path = path.to_path_buf();
-    move |e| OpenError::Other(format!("{}: {}", path.display(), chain_to_string(&e)))
+    move |e| OpenError::Other(format!("{}: {}", path.display(), ErrorChain(&e)))
 }
 
 /// What one open export holds; dropping it (the handle's release) undoes the open in
@@ -432,22 +350,22 @@ struct Lease {
     path: PathBuf,
     writer: bool,
     lock: Option<FileLock>,
-    write_cache: Option<WriteCache>,
+    diff_cache: Option<DiffCache>,
     private: Option<Arc<VhdxImage>>,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if let Some(wc) = self.write_cache.take() {
-            let path = wc.path().to_path_buf();
-            if let Err(e) = wc.release() {
-                tracing::warn!(path = %path.display(), error = %chain_to_string(&e), "releasing write cache failed");
+        if let Some(dc) = self.diff_cache.take() {
+            let path = dc.path().to_path_buf();
+            if let Err(e) = dc.release() {
+                tracing::warn!(path = %path.display(), error = %ErrorChain(&e), "releasing write cache failed");
             }
         }
         if let Some(image) = self.private.take()
             && let Err(e) = image.close()
         {
-            tracing::warn!(path = %self.path.display(), error = %chain_to_string(&e), "closing private image failed");
+            tracing::warn!(path = %self.path.display(), error = %ErrorChain(&e), "closing private image failed");
         }
         self.lock.take();
         let mut uses = lock(&self.inner.uses);
@@ -468,45 +386,64 @@ impl Drop for Lease {
 
 impl Inner {
     fn open(self: &Arc<Self>, name: &str) -> Result<ExportHandle, OpenError> {
-        if name.starts_with(SESSION_EXPORT_PREFIX) {
-            let resolver = lock(&self.sessions).clone();
-            let real = resolver
-                .and_then(|r| r.resolve(name))
-                .ok_or_else(|| OpenError::NotFound("no live session of that name".into()))?;
-            if real.starts_with(SESSION_EXPORT_PREFIX) {
-                return Err(OpenError::Other("a session resolved to a session".into()));
+        let parsed = name.parse::<ExportName>().map_err(|e| {
+            store_err(StoreError::InvalidName {
+                name: name.to_string(),
+                why: e.reason(),
+            })
+        })?;
+        self.open_export(parsed)
+    }
+
+    fn open_export(self: &Arc<Self>, name: ExportName) -> Result<ExportHandle, OpenError> {
+        let (vdisk, version, diff, mode) = match name {
+            ExportName::Session(key) => return self.open_session(&key),
+            ExportName::Private { vdisk } => {
+                let res = self.store.resolve_version(&vdisk, None);
+                return self.open_private(res.map_err(store_err)?);
             }
-            return self.open(&real);
-        }
-        let spec = parse_export_name(name).map_err(store_err)?;
-        if spec.mode == Mode::Private {
-            let res = self.store.resolve_version(&spec.vdisk, None);
-            return self.open_private(res.map_err(store_err)?);
-        }
+            ExportName::ReadOnly { vdisk, version } => (vdisk, version, None, MODE_READ_ONLY),
+            ExportName::ServerCache {
+                vdisk,
+                version,
+                device,
+            } => (
+                vdisk,
+                version,
+                Some((device, Retention::Discard)),
+                MODE_SERVER_CACHE,
+            ),
+            ExportName::Persistent {
+                vdisk,
+                version,
+                device,
+            } => (
+                vdisk,
+                version,
+                Some((device, Retention::Persistent)),
+                MODE_PERSISTENT,
+            ),
+        };
         let res = self
             .store
-            .resolve_version(&spec.vdisk, spec.version)
+            .resolve_version(&vdisk, version)
             .map_err(store_err)?;
-        let mut lease = self.begin_use(&res.path, spec.mode.index(), false)?;
-        lease.lock = Some(FileLock::shared(&res.path).map_err(wc_err)?);
+        let mut lease = self.begin_use(&res.path, mode, false)?;
+        lease.lock = Some(FileLock::shared(&res.path).map_err(diff_err)?);
         let cached = self.cached_chain(&res.path)?;
-        let cache_mode = match spec.mode {
-            Mode::ServerCache { device } => (device, CacheMode::Discard),
-            Mode::Persistent { device } => (device, CacheMode::Persistent),
-            Mode::ReadOnly | Mode::Private => {
-                return Ok(ExportHandle {
-                    device: cached,
-                    writable: false,
-                    release: Some(Box::new(move || drop(lease))),
-                });
-            }
+        let Some((device, retention)) = diff else {
+            return Ok(ExportHandle {
+                device: cached,
+                writable: false,
+                release: Some(Box::new(move || drop(lease))),
+            });
         };
-        let wc = self.open_write_cache(&res, &cache_mode.0, cache_mode.1, cached)?;
-        let device = Arc::new(Counted::new(
-            wc.image().clone(),
+        let dc = self.open_diff_cache(&res, &device, retention, cached)?;
+        let device = Arc::new(WritesCounted::new(
+            dc.image().clone(),
             self.counters.written[lease.mode].clone(),
         ));
-        lease.write_cache = Some(wc);
+        lease.diff_cache = Some(dc);
         Ok(ExportHandle {
             device,
             writable: true,
@@ -514,28 +451,40 @@ impl Inner {
         })
     }
 
-    fn open_write_cache(
+    /// Opens what the session `ferry-s-KEY` stands for, as the resolver says.
+    fn open_session(self: &Arc<Self>, key: &SessionKey) -> Result<ExportHandle, OpenError> {
+        let resolver = lock(&self.sessions).clone();
+        let real = resolver
+            .and_then(|r| r.resolve(key))
+            .ok_or_else(|| OpenError::NotFound("no live session of that name".into()))?;
+        if matches!(real, ExportName::Session(_)) {
+            return Err(OpenError::Other("a session resolved to a session".into()));
+        }
+        self.open_export(real)
+    }
+
+    fn open_diff_cache(
         &self,
         res: &Resolved,
-        device: &str,
-        mode: CacheMode,
+        device: &DeviceName,
+        retention: Retention,
         parent: Arc<dyn BlockDevice>,
-    ) -> Result<WriteCache, OpenError> {
-        let target = WriteCacheTarget {
+    ) -> Result<DiffCache, OpenError> {
+        let target = DiffCacheTarget {
             dir: &self.write_cache_dir,
             device,
             vdisk: &res.vdisk,
             version: res.version,
-            mode,
+            retention,
         };
-        let wc = WriteCache::open(target, parent, &res.path).map_err(wc_err)?;
-        lock(&self.write_caches).insert(wc.path().to_path_buf(), Arc::downgrade(wc.image()));
-        Ok(wc)
+        let dc = DiffCache::open(target, parent, &res.path).map_err(diff_err)?;
+        lock(&self.write_caches).insert(dc.path().to_path_buf(), Arc::downgrade(dc.image()));
+        Ok(dc)
     }
 
     fn open_private(self: &Arc<Self>, res: Resolved) -> Result<ExportHandle, OpenError> {
-        let mut lease = self.begin_use(&res.path, Mode::Private.index(), true)?;
-        let image = writecache::open_private(&res.path).map_err(wc_err)?;
+        let mut lease = self.begin_use(&res.path, MODE_PRIVATE, true)?;
+        let image = diff_cache::open_private(&res.path).map_err(diff_err)?;
         // Entries cached under the file's current identity go stale with the first write.
         let path = canonical(&res.path)?;
         self.cache
@@ -547,7 +496,7 @@ impl Inner {
         }
         let image = Arc::new(image);
         lease.private = Some(image.clone());
-        let device = Arc::new(Counted::new(
+        let device = Arc::new(WritesCounted::new(
             image,
             self.counters.written[lease.mode].clone(),
         ));
@@ -591,7 +540,7 @@ impl Inner {
             path: path.to_path_buf(),
             writer,
             lock: None,
-            write_cache: None,
+            diff_cache: None,
             private: None,
         })
     }
@@ -730,7 +679,7 @@ impl Inner {
                 Some(size)
             }
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %chain_to_string(&e), "store file does not open");
+                tracing::warn!(path = %path.display(), error = %ErrorChain(&e), "store file does not open");
                 None
             }
         }
@@ -740,70 +689,4 @@ impl Inner {
 fn canonical(path: &Path) -> Result<PathBuf, OpenError> {
     std::fs::canonicalize(path)
         .map_err(|e| OpenError::Other(format!("resolve {}: {e}", path.display())))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec(vdisk: &str, version: Option<u32>, mode: Mode) -> ExportSpec {
-        ExportSpec {
-            vdisk: vdisk.into(),
-            version,
-            mode,
-        }
-    }
-
-    #[test]
-    fn plain_name_is_newest_read_only() {
-        assert_eq!(
-            parse_export_name("golden").unwrap(),
-            spec("golden", None, Mode::ReadOnly)
-        );
-    }
-
-    #[test]
-    fn versioned_device_name_is_server_cache() {
-        let dev = Mode::ServerCache {
-            device: "pc-01".into(),
-        };
-        assert_eq!(
-            parse_export_name("golden@1+pc-01").unwrap(),
-            spec("golden", Some(1), dev)
-        );
-    }
-
-    #[test]
-    fn persistent_suffix_is_persistent() {
-        let dev = Mode::Persistent {
-            device: "pc-01".into(),
-        };
-        assert_eq!(
-            parse_export_name("golden+pc-01+persistent").unwrap(),
-            spec("golden", None, dev)
-        );
-    }
-
-    #[test]
-    fn private_is_private() {
-        assert_eq!(
-            parse_export_name("golden+private").unwrap(),
-            spec("golden", None, Mode::Private)
-        );
-    }
-
-    #[test]
-    fn private_of_a_version_is_invalid() {
-        assert!(parse_export_name("golden@1+private").is_err());
-    }
-
-    #[test]
-    fn unknown_suffix_is_invalid() {
-        assert!(parse_export_name("golden+pc+forever").is_err());
-    }
-
-    #[test]
-    fn device_with_slash_is_invalid() {
-        assert!(parse_export_name("golden+../x").is_err());
-    }
 }

@@ -17,8 +17,8 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod diff_cache;
 pub mod exports;
 pub mod http;
 pub mod metrics;
 pub mod store;
-pub mod writecache;

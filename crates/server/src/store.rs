@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The longest vDisk name accepted, in bytes.
-pub const VDISK_NAME_BYTES_MAX: usize = 200;
+use contract::{ExportName, VdiskName};
+
 /// The most directory entries a scan reads; a bigger store is an error, not a slow scan.
 pub const STORE_ENTRIES_MAX: usize = 100_000;
 
@@ -164,26 +164,34 @@ impl Store {
         Ok(by_name.into_values().collect())
     }
 
-    /// Resolves `NAME` (the newest version) or `NAME@N`.
+    /// Resolves `NAME` (the newest version) or `NAME@N` (read-only export names, as
+    /// `contract::ExportName` parses them).
     ///
     /// # Errors
     /// [`StoreError::InvalidName`], [`StoreError::NotFound`], [`StoreError::NoVersion`],
     /// scan errors.
     pub fn resolve(&self, name: &str) -> Result<Resolved, StoreError> {
-        let (vdisk, version) = split_version(name)?;
-        self.resolve_version(vdisk, version)
+        let invalid = |why| StoreError::InvalidName {
+            name: name.to_string(),
+            why,
+        };
+        match name.parse::<ExportName>() {
+            Ok(ExportName::ReadOnly { vdisk, version }) => self.resolve_version(&vdisk, version),
+            Ok(_) => Err(invalid("expected NAME or NAME@N")),
+            Err(e) => Err(invalid(e.reason())),
+        }
     }
 
     /// Resolves vDisk `vdisk` at `version` (`None`: the newest), rescanning the directory.
     ///
     /// # Errors
-    /// As [`Store::resolve`].
+    /// As [`Store::resolve`], but for `InvalidName`.
     pub fn resolve_version(
         &self,
-        vdisk: &str,
+        vdisk: &VdiskName,
         version: Option<u32>,
     ) -> Result<Resolved, StoreError> {
-        check_vdisk_name(vdisk)?;
+        let vdisk = vdisk.as_str();
         let found = self
             .scan()?
             .into_iter()
@@ -235,55 +243,8 @@ pub fn parse_file_name(file_name: &str) -> Option<(String, u32)> {
     } else {
         return None;
     };
-    check_vdisk_name(name).ok()?;
+    VdiskName::new(name).ok()?;
     Some((name.to_string(), version))
-}
-
-/// Splits `NAME@N` into the name and version (`NAME` alone: no version).
-///
-/// # Errors
-/// [`StoreError::InvalidName`] for a version that is not a decimal `u32`.
-pub fn split_version(name: &str) -> Result<(&str, Option<u32>), StoreError> {
-    let Some((vdisk, n)) = name.split_once('@') else {
-        return Ok((name, None));
-    };
-    let bad = |why| StoreError::InvalidName {
-        name: name.to_string(),
-        why,
-    };
-    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad("the version after '@' must be a decimal number"));
-    }
-    let version = n.parse().map_err(|_| bad("version number too large"))?;
-    Ok((vdisk, Some(version)))
-}
-
-/// Checks that `name` can name a vDisk: 1 to [`VDISK_NAME_BYTES_MAX`] bytes, not starting
-/// with '.', without '/', '\\', '@', '+' or control characters ('@' and '+' separate the
-/// parts of an export name).
-///
-/// # Errors
-/// [`StoreError::InvalidName`].
-pub fn check_vdisk_name(name: &str) -> Result<(), StoreError> {
-    let bad = |why| {
-        Err(StoreError::InvalidName {
-            name: name.to_string(),
-            why,
-        })
-    };
-    if name.is_empty() || name.len() > VDISK_NAME_BYTES_MAX {
-        return bad("a vdisk name has 1 to 200 bytes");
-    }
-    if name.starts_with('.') {
-        return bad("a vdisk name does not start with '.'");
-    }
-    if name
-        .chars()
-        .any(|c| matches!(c, '/' | '\\' | '@' | '+') || c.is_control())
-    {
-        return bad("a vdisk name has no '/', '\\', '@', '+' or control characters");
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -329,25 +290,7 @@ mod tests {
     }
 
     #[test]
-    fn split_version_of_plain_name_is_none() {
-        assert_eq!(split_version("golden").unwrap(), ("golden", None));
-    }
-
-    #[test]
-    fn split_version_reads_the_number() {
-        assert_eq!(split_version("golden@0").unwrap(), ("golden", Some(0)));
-    }
-
-    #[test]
-    fn split_version_rejects_non_numbers() {
-        assert!(matches!(
-            split_version("golden@x"),
-            Err(StoreError::InvalidName { .. })
-        ));
-    }
-
-    #[test]
-    fn vdisk_name_with_plus_is_invalid() {
-        assert!(check_vdisk_name("a+b").is_err());
+    fn files_named_like_session_exports_are_ignored() {
+        assert_eq!(parse_file_name("ferry-s-00.vhdx"), None);
     }
 }

@@ -476,8 +476,9 @@ fn stale_server_cache_files_are_swept_at_start_and_persistent_kept() {
 struct OneSession(&'static str, &'static str);
 
 impl server::exports::SessionResolver for OneSession {
-    fn resolve(&self, export_name: &str) -> Option<String> {
-        (export_name == self.0).then(|| self.1.to_string())
+    fn resolve(&self, key: &contract::SessionKey) -> Option<contract::ExportName> {
+        let name = contract::ExportName::Session(key.clone()).to_string();
+        (name == self.0).then(|| self.1.parse().unwrap())
     }
 }
 

@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use disk::BlockDevice;
-use server::writecache::{Counted, WriteCounters};
+use server::diff_cache::{WriteCounters, WritesCounted};
 use testkit::{FastProbe, block_on};
 
 #[test]
-fn counted_reaches_every_fast_path_of_its_device_and_counts_its_writes() {
+fn writes_counted_reaches_every_fast_path_of_its_device_and_counts_its_writes() {
     let probe = Arc::new(FastProbe::new(1 << 20));
     let counters = Arc::new(WriteCounters::default());
-    let dev: Arc<dyn BlockDevice> = Arc::new(Counted::new(probe.clone(), counters.clone()));
+    let dev: Arc<dyn BlockDevice> = Arc::new(WritesCounted::new(probe.clone(), counters.clone()));
 
     let mut a = [0u8; 512];
     let mut b = [0u8; 512];

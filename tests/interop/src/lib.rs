@@ -481,7 +481,7 @@ pub fn vhdx_header(path: &Path) -> vhdx::header::Header {
 
 /// The full message of an error, sources included.
 pub fn message(e: &Error) -> String {
-    disk::error::chain_to_string(e)
+    contract::ErrorChain(e).to_string()
 }
 
 /// Asserts an error's kind and that its full message contains every one of `needles`.

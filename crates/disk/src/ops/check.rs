@@ -156,7 +156,7 @@ fn audit_chain(path: &Path, report: &mut CheckReport) {
                     .push(format!("allocation map unreadable: {e}"));
             }
         }
-        Err(e) => report.errors.push(crate::error::chain_to_string(&e)),
+        Err(e) => report.errors.push(contract::ErrorChain(&e).to_string()),
     }
 }
 

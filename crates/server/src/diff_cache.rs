@@ -1,5 +1,10 @@
-//! Server-side write caches ("server cache" and "server cache, persistent" in DESIGN.md),
-//! the private-image writer, and the file locks that keep one writer per file.
+//! Server-side write caches ("server cache" and "server cache, persistent" in DESIGN.md):
+//! a [`DiffCache`] is one device's differencing VHDX on the server. Also the private-image
+//! writer, and the file locks that keep one writer per file.
+//!
+//! Not to be confused with the target's `write_cache::WriteCache` (RAM and an overflow
+//! file on the device): this one lives on the server, in a differencing file per device,
+//! hence the name.
 //!
 //! ```text
 //!   <write_cache_dir>/<device>/<vdisk>.<version>.avhdx              server cache: made on
@@ -12,9 +17,9 @@
 //!                                                                   linkage still matches
 //! ```
 //!
-//! A write cache is a differencing VHDX made like `disk::version::new_version` (linked to
+//! A diff cache is a differencing VHDX made like `disk::version::new_version` (linked to
 //! the parent's DataWriteGuid, locator pointing at the store file) but with
-//! [`WRITE_CACHE_BLOCK_BYTES`] blocks: a guest's scattered small writes then allocate 2 MiB,
+//! [`DIFF_CACHE_BLOCK_BYTES`] blocks: a guest's scattered small writes then allocate 2 MiB,
 //! not the golden image's 32 MiB. Its parent is attached in memory to the caller's
 //! (cached) device after the identity check of `VhdxImage::attach_parent`, so the golden
 //! part of every read comes from the shared block cache. Flush is durable (the VHDX log
@@ -35,38 +40,29 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use contract::DeviceName;
 use disk::device::{Geometry, LayerRun, ParentRef, Piece, Submitted};
 use disk::vhdx::{CreateOptions, ParentSpec, VhdxImage};
 use disk::{BlockDevice, FastPath, FileStorage, Storage};
 use rustix::fs::{FlockOperation, flock};
 use vhdx::Guid;
 
-/// The longest device name, in bytes.
-pub const DEVICE_NAME_BYTES_MAX: usize = 64;
-/// The payload block size of write-cache files (Hyper-V's for differencing disks).
-pub const WRITE_CACHE_BLOCK_BYTES: u32 = 2 << 20;
+/// The payload block size of diff-cache files (Hyper-V's for differencing disks).
+pub const DIFF_CACHE_BLOCK_BYTES: u32 = 2 << 20;
 /// Attempts to lock a path whose file is being replaced by another writer.
 const LOCK_ATTEMPTS: usize = 4;
 /// The most entries the startup sweep looks at.
 const SWEEP_ENTRIES_MAX: usize = 100_000;
-/// The suffix of persistent write-cache files.
+/// The suffix of persistent diff-cache files.
 const PERSISTENT_SUFFIX: &str = ".persistent.avhdx";
 
-/// Errors of write caches and private images.
+/// Errors of diff caches and private images.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum WriteCacheError {
+pub enum DiffCacheError {
     /// Another writer (in this process or another) holds the file.
     #[error("{} is in use by another writer", .0.display())]
     Busy(PathBuf),
-    /// The device name cannot name a write cache.
-    #[error("invalid device name {name:?}: {why}")]
-    InvalidDevice {
-        /// The name given.
-        name: String,
-        /// What is wrong with it.
-        why: &'static str,
-    },
     /// A persistent cache exists but does not fit its parent (the version was rewritten).
     #[error("persistent write cache {} does not fit its parent", path.display())]
     ParentChanged {
@@ -98,21 +94,21 @@ pub enum WriteCacheError {
     },
 }
 
-fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> WriteCacheError {
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DiffCacheError {
     let path = path.to_path_buf();
-    move |source| WriteCacheError::Io { op, path, source }
+    move |source| DiffCacheError::Io { op, path, source }
 }
 
-fn disk_err(path: &Path) -> impl FnOnce(disk::Error) -> WriteCacheError {
+fn disk_err(path: &Path) -> impl FnOnce(disk::Error) -> DiffCacheError {
     let path = path.to_path_buf();
-    move |source| WriteCacheError::Disk { path, source }
+    move |source| DiffCacheError::Disk { path, source }
 }
 
-/// Takes a non-blocking flock; a held lock is [`WriteCacheError::Busy`].
-fn try_flock(file: &File, op: FlockOperation, path: &Path) -> Result<(), WriteCacheError> {
+/// Takes a non-blocking flock; a held lock is [`DiffCacheError::Busy`].
+fn try_flock(file: &File, op: FlockOperation, path: &Path) -> Result<(), DiffCacheError> {
     match flock(file, op) {
         Ok(()) => Ok(()),
-        Err(rustix::io::Errno::WOULDBLOCK) => Err(WriteCacheError::Busy(path.to_path_buf())),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(DiffCacheError::Busy(path.to_path_buf())),
         Err(e) => Err(io_err("lock", path)(e.into())),
     }
 }
@@ -128,8 +124,8 @@ impl FileLock {
     /// Takes `LOCK_SH` on `path`.
     ///
     /// # Errors
-    /// [`WriteCacheError::Busy`] while a writer holds it; `Io`.
-    pub fn shared(path: &Path) -> Result<FileLock, WriteCacheError> {
+    /// [`DiffCacheError::Busy`] while a writer holds it; `Io`.
+    pub fn shared(path: &Path) -> Result<FileLock, DiffCacheError> {
         let file = File::open(path).map_err(io_err("open", path))?;
         try_flock(&file, FlockOperation::NonBlockingLockShared, path)?;
         Ok(FileLock { _file: file })
@@ -141,8 +137,8 @@ impl FileLock {
 /// deleted by its previous writer), so the lock is always on the file the path names.
 ///
 /// # Errors
-/// [`WriteCacheError::Busy`]; `Io`.
-pub fn lock_for_write(path: &Path, create: bool) -> Result<File, WriteCacheError> {
+/// [`DiffCacheError::Busy`]; `Io`.
+pub fn lock_for_write(path: &Path, create: bool) -> Result<File, DiffCacheError> {
     for _ in 0..LOCK_ATTEMPTS {
         let file = File::options()
             .read(true)
@@ -158,103 +154,74 @@ pub fn lock_for_write(path: &Path, create: bool) -> Result<File, WriteCacheError
             return Ok(file);
         }
     }
-    Err(WriteCacheError::Busy(path.to_path_buf()))
+    Err(DiffCacheError::Busy(path.to_path_buf()))
 }
 
-/// Checks a device name: 1 to [`DEVICE_NAME_BYTES_MAX`] bytes of `[A-Za-z0-9._-]`, not
-/// starting with '.', and not a mode word of export names (`private`, `persistent`).
-///
-/// # Errors
-/// [`WriteCacheError::InvalidDevice`].
-pub fn check_device_name(name: &str) -> Result<(), WriteCacheError> {
-    let bad = |why| {
-        Err(WriteCacheError::InvalidDevice {
-            name: name.to_string(),
-            why,
-        })
-    };
-    if name.is_empty() || name.len() > DEVICE_NAME_BYTES_MAX {
-        return bad("a device name has 1 to 64 bytes");
-    }
-    if name.starts_with('.') {
-        return bad("a device name does not start with '.'");
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
-        return bad("a device name has only letters, digits, '.', '_' and '-'");
-    }
-    if name == "private" || name == "persistent" {
-        return bad("'private' and 'persistent' are export modes");
-    }
-    Ok(())
-}
-
-/// Whether a write cache outlives its connection.
+/// Whether a diff cache outlives its connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheMode {
+pub enum Retention {
     /// "Server cache": made on open, deleted on release.
     Discard,
     /// "Server cache, persistent": kept across connections and server restarts.
     Persistent,
 }
 
-/// One device's open write cache.
+/// One device's open diff cache: a writable differencing VHDX over the version it sits on.
 #[derive(Debug)]
-pub struct WriteCache {
+pub struct DiffCache {
     image: Arc<VhdxImage>,
     path: PathBuf,
-    mode: CacheMode,
+    retention: Retention,
 }
 
-/// Where an opened write cache lives and whom it serves.
+/// Where an opened diff cache lives and whom it serves.
 #[derive(Debug, Clone, Copy)]
-pub struct WriteCacheTarget<'a> {
-    /// The write-cache directory.
+pub struct DiffCacheTarget<'a> {
+    /// The write-cache directory (`[store] write_cache_dir`).
     pub dir: &'a Path,
-    /// The device name.
-    pub device: &'a str,
+    /// The device name (a directory of `dir`).
+    pub device: &'a DeviceName,
     /// The vDisk name.
     pub vdisk: &'a str,
     /// The version the cache sits on.
     pub version: u32,
     /// Discard or persistent.
-    pub mode: CacheMode,
+    pub retention: Retention,
 }
 
-impl WriteCacheTarget<'_> {
+impl DiffCacheTarget<'_> {
     /// The cache file's path.
     pub fn path(&self) -> PathBuf {
-        let name = match self.mode {
-            CacheMode::Discard => format!("{}.{}.avhdx", self.vdisk, self.version),
-            CacheMode::Persistent => format!("{}.{}{PERSISTENT_SUFFIX}", self.vdisk, self.version),
+        let name = match self.retention {
+            Retention::Discard => format!("{}.{}.avhdx", self.vdisk, self.version),
+            Retention::Persistent => {
+                format!("{}.{}{PERSISTENT_SUFFIX}", self.vdisk, self.version)
+            }
         };
-        self.dir.join(self.device).join(name)
+        self.dir.join(self.device.as_str()).join(name)
     }
 }
 
-impl WriteCache {
-    /// Opens the write cache of `target` over `parent` (a cached read-only chain whose top
+impl DiffCache {
+    /// Opens the diff cache of `target` over `parent` (a cached read-only chain whose top
     /// file is `parent_path`): a fresh file in discard mode (any leftover is overwritten);
     /// in persistent mode the existing file, or a new one.
     ///
     /// # Errors
-    /// `InvalidDevice`; `Busy` while another connection holds the file; `ParentChanged`
+    /// `Busy` while another connection holds the file; `ParentChanged`
     /// when a persistent cache links to another parent identity or size; `Disk`, `Io`.
     pub fn open(
-        target: WriteCacheTarget<'_>,
+        target: DiffCacheTarget<'_>,
         parent: Arc<dyn BlockDevice>,
         parent_path: &Path,
-    ) -> Result<WriteCache, WriteCacheError> {
-        check_device_name(target.device)?;
+    ) -> Result<DiffCache, DiffCacheError> {
         let path = target.path();
-        let dir = target.dir.join(target.device);
+        let dir = target.dir.join(target.device.as_str());
         std::fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
         let file = lock_for_write(&path, true)?;
         let len = file.metadata().map_err(io_err("stat", &path))?.len();
         let storage: Arc<dyn Storage> = Arc::new(FileStorage::new(file).with_small_folios());
-        if target.mode == CacheMode::Discard || len == 0 {
+        if target.retention == Retention::Discard || len == 0 {
             storage.set_len(0).map_err(disk_err(&path))?;
             let opts = create_options(parent.as_ref(), parent_path, &path)?;
             disk::vhdx::create(&storage, &opts).map_err(disk_err(&path))?;
@@ -264,7 +231,7 @@ impl WriteCache {
             path: Some(path.clone()),
         };
         let image = VhdxImage::open(storage, opts).map_err(disk_err(&path))?;
-        let changed = |source| WriteCacheError::ParentChanged {
+        let changed = |source| DiffCacheError::ParentChanged {
             path: path.clone(),
             source,
         };
@@ -279,10 +246,10 @@ impl WriteCache {
             )));
         }
         image.attach_parent(parent).map_err(changed)?;
-        Ok(WriteCache {
+        Ok(DiffCache {
             image: Arc::new(image),
             path,
-            mode: target.mode,
+            retention: target.retention,
         })
     }
 
@@ -297,8 +264,8 @@ impl WriteCache {
     }
 
     /// Discard or persistent.
-    pub fn mode(&self) -> CacheMode {
-        self.mode
+    pub fn retention(&self) -> Retention {
+        self.retention
     }
 
     /// Commits and closes the image, then deletes the file in discard mode. The lock is
@@ -306,22 +273,22 @@ impl WriteCache {
     ///
     /// # Errors
     /// The close's error (a discard cache is deleted anyway); `Io` of the delete.
-    pub fn release(self) -> Result<(), WriteCacheError> {
+    pub fn release(self) -> Result<(), DiffCacheError> {
         let closed = self.image.close().map_err(disk_err(&self.path));
-        if self.mode == CacheMode::Discard {
+        if self.retention == Retention::Discard {
             std::fs::remove_file(&self.path).map_err(io_err("delete", &self.path))?;
         }
         closed
     }
 }
 
-/// The creation parameters of a write cache over `parent`, as `disk::version` makes a
-/// version, with write-cache-sized blocks.
+/// The creation parameters of a diff cache over `parent`, as `disk::version` makes a
+/// version, with diff-cache-sized blocks.
 fn create_options(
     parent: &dyn BlockDevice,
     parent_path: &Path,
     child: &Path,
-) -> Result<CreateOptions, WriteCacheError> {
+) -> Result<CreateOptions, DiffCacheError> {
     let g = parent.geometry();
     let Some(linkage) = parent.linkage_id() else {
         return Err(disk_err(parent_path)(disk::Error::new(
@@ -331,7 +298,7 @@ fn create_options(
     };
     Ok(CreateOptions {
         size: g.size,
-        block_size: WRITE_CACHE_BLOCK_BYTES,
+        block_size: DIFF_CACHE_BLOCK_BYTES,
         logical_sector_size: g.logical_sector_size,
         physical_sector_size: g.physical_sector_size,
         parent: Some(ParentSpec {
@@ -349,7 +316,7 @@ fn create_options(
 ///
 /// # Errors
 /// `Busy`; `Disk`, `Io`.
-pub fn open_private(path: &Path) -> Result<VhdxImage, WriteCacheError> {
+pub fn open_private(path: &Path) -> Result<VhdxImage, DiffCacheError> {
     let file = lock_for_write(path, false)?;
     let opts = disk::vhdx::OpenOptions {
         writable: true,
@@ -364,7 +331,7 @@ pub fn open_private(path: &Path) -> Result<VhdxImage, WriteCacheError> {
 ///
 /// # Errors
 /// `Io` reading the directory.
-pub fn sweep_discarded(dir: &Path) -> Result<u64, WriteCacheError> {
+pub fn sweep_discarded(dir: &Path) -> Result<u64, DiffCacheError> {
     let mut removed = 0;
     let mut seen = 0;
     for device in std::fs::read_dir(dir).map_err(io_err("read directory", dir))? {
@@ -392,7 +359,7 @@ pub fn sweep_discarded(dir: &Path) -> Result<u64, WriteCacheError> {
     Ok(removed)
 }
 
-/// Bytes and requests written through [`Counted`] devices.
+/// Bytes and requests written through [`WritesCounted`] devices.
 #[derive(Debug, Default)]
 pub struct WriteCounters {
     /// Payload bytes written.
@@ -401,17 +368,19 @@ pub struct WriteCounters {
     pub writes: AtomicU64,
 }
 
-/// A decorator that counts the bytes written to a writable export.
+/// A decorator that counts the write requests and bytes a writable export (a diff cache
+/// or a private image) takes, for the registry's per-mode metrics. Reads pass through
+/// uncounted.
 #[derive(Debug)]
-pub struct Counted {
+pub struct WritesCounted {
     inner: Arc<dyn BlockDevice>,
     counters: Arc<WriteCounters>,
 }
 
-impl Counted {
+impl WritesCounted {
     /// Counts writes to `inner` into `counters`.
-    pub fn new(inner: Arc<dyn BlockDevice>, counters: Arc<WriteCounters>) -> Counted {
-        Counted { inner, counters }
+    pub fn new(inner: Arc<dyn BlockDevice>, counters: Arc<WriteCounters>) -> WritesCounted {
+        WritesCounted { inner, counters }
     }
 
     fn count(&self, len: usize) {
@@ -420,7 +389,7 @@ impl Counted {
     }
 }
 
-impl BlockDevice for Counted {
+impl BlockDevice for WritesCounted {
     fn fast_path(&self) -> Option<&dyn FastPath> {
         Some(self)
     }
@@ -485,7 +454,7 @@ impl BlockDevice for Counted {
 }
 
 /// Every fast path of the inner device is passed on; writes that complete on one are counted.
-impl FastPath for Counted {
+impl FastPath for WritesCounted {
     fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> disk::Result<()> {
         self.inner.read_vectored_at(bufs, offset)
     }
@@ -537,33 +506,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mac_style_device_name_is_valid() {
-        assert!(check_device_name("00-15-5d-01-02-03").is_ok());
-    }
-
-    #[test]
-    fn device_name_with_slash_is_invalid() {
-        assert!(check_device_name("../etc").is_err());
-    }
-
-    #[test]
-    fn mode_words_are_not_device_names() {
-        assert!(check_device_name("persistent").is_err());
-    }
-
-    #[test]
     fn persistent_and_discard_caches_have_different_files() {
-        let t = |mode| WriteCacheTarget {
+        let device = DeviceName::new("pc1").unwrap();
+        let t = |retention| DiffCacheTarget {
             dir: Path::new("/wc"),
-            device: "pc1",
+            device: &device,
             vdisk: "golden",
             version: 2,
-            mode,
+            retention,
         };
         assert_eq!(
             (
-                t(CacheMode::Discard).path(),
-                t(CacheMode::Persistent).path()
+                t(Retention::Discard).path(),
+                t(Retention::Persistent).path()
             ),
             (
                 PathBuf::from("/wc/pc1/golden.2.avhdx"),

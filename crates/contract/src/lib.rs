@@ -1,0 +1,50 @@
+//! Contracts shared between Ferry's crates: the values that cross a crate boundary as
+//! text or JSON and must be spelled the same way on both sides.
+//!
+//! What it is not: no I/O, no sockets, no clock, no async. Every type here parses from and
+//! prints to text (or JSON through serde), so each side of a contract calls the same code.
+//!
+//! # Layout
+//!
+//! ```text
+//! name.rs         VdiskName, DeviceName: the names an export name is made of
+//! export.rs       ExportName: NAME[@N][+DEVICE[+persistent]] | NAME+private | ferry-s-KEY
+//! mac.rs          Mac: a MAC address, normalized to aa:bb:cc:dd:ee:ff
+//! cache_mode.rs   CacheMode: where a device's writes go; farm (snake) and CLI (kebab) names
+//! access.rs       AccessMode: who may boot a version
+//! login.rs        device login: the JSON of /login/challenge and /login, and the proof
+//! error_chain.rs  ErrorChain: prints `what: cause: cause`
+//! ```
+//!
+//! Who uses what:
+//!
+//! ```text
+//!   server   ExportName (parses every NBD export name), VdiskName, DeviceName, SessionKey
+//!   agent    ExportName (prints the one it attaches), CacheMode, Mac, login (client side)
+//!   farm     CacheMode, AccessMode (stored as text), Mac, SessionKey (makes session
+//!            exports), login (server side), name::check_plain_name (every object's name)
+//!   api      login (request bodies and schemas), ExportName (status reports), ErrorChain
+//!   cli      ExportName + DeviceName (session grant -> registry export), CacheMode, Mac
+//!   all      ErrorChain
+//! ```
+//!
+//! With the `utoipa` feature the wire types also derive `utoipa::ToSchema`, so the farm
+//! API's OpenAPI document describes them from these definitions.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod access;
+pub mod cache_mode;
+pub mod error_chain;
+pub mod export;
+pub mod login;
+pub mod mac;
+pub mod name;
+
+pub use access::AccessMode;
+pub use cache_mode::{CacheMode, CacheModeError};
+pub use error_chain::ErrorChain;
+pub use export::{ExportName, ExportNameError, SESSION_EXPORT_PREFIX, SessionKey};
+pub use mac::{Mac, MacError};
+pub use name::{DeviceName, NameError, VdiskName};
