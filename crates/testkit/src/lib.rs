@@ -31,7 +31,7 @@ mod image;
 mod probe;
 mod sim_disk;
 
-pub use probe::{Fast, FastProbe, block_on};
+pub use probe::{Fast, FastProbe, block_on, call_every_fast_path};
 pub use sim_disk::{CrashModel, LEN_MAX, SECTOR_BYTES, SimDisk};
 
 /// The environment variable that fixes the seed of a simulation test.

@@ -181,6 +181,49 @@ impl FastPath for FastProbe {
     }
 }
 
+/// Calls every fast path of `dev` once, as a server would (reads at 0, writes at 0 and
+/// 8192), and checks that each one answered: the test of a decorator over a [`FastProbe`]
+/// then asks the probe which ones reached it. Returns the bytes read through the calls
+/// that read (1,024 + 512 + 3 × 4,096) and written (4,096 + 512), for counting decorators.
+///
+/// # Panics
+/// When a fast path declined or failed.
+pub fn call_every_fast_path(dev: &dyn BlockDevice) -> (u64, u64) {
+    let mut a = [0u8; 512];
+    let mut b = [0u8; 512];
+    dev.read_vectored_at(&mut [&mut a[..], &mut b[..]], 0)
+        .expect("read_vectored_at");
+    assert!(
+        dev.try_read_at(&mut a, 0)
+            .expect("try_read_at answers")
+            .is_ok()
+    );
+    assert!(
+        dev.try_read_shared(0, 4096)
+            .expect("try_read_shared answers")
+            .is_ok()
+    );
+    assert!(dev.shares_reads(), "shares_reads");
+    assert!(
+        dev.read_shared(0, 4096)
+            .expect("read_shared answers")
+            .is_ok()
+    );
+    assert!(
+        dev.try_write_at(&[7; 4096], 0)
+            .expect("try_write_at answers")
+            .is_ok()
+    );
+    let read = block_on(dev.submit_read(0, 4096).expect("submit_read answers"));
+    assert!(read.expect("submit_read completes").is_ok());
+    let wrote = block_on(
+        dev.submit_write(&[8; 512], 8192)
+            .expect("submit_write answers"),
+    );
+    assert!(wrote.expect("submit_write completes").is_ok());
+    (1024 + 512 + 3 * 4096, 4096 + 512)
+}
+
 /// Runs a submitted call to its end on the calling thread (the probe's futures are ready at
 /// once; a pending one is polled again until it resolves).
 pub fn block_on<T>(mut call: Submitted<T>) -> Option<Result<T>> {
