@@ -184,9 +184,22 @@ impl Remote {
         Err(last.unwrap_or_else(|| ClientError::Disconnected("no server given".into())))
     }
 
-    /// The server in use.
+    /// The server in use, or "failing over" while a failover holds the connection (status
+    /// is answered on the runtime, which must not wait for it: see `active_now`).
     pub fn server(&self) -> String {
-        self.active.read().conn.server().to_string()
+        match self.active.try_read() {
+            Some(active) => active.conn.server().to_string(),
+            None => "failing over".to_string(),
+        }
+    }
+
+    /// The active connection, without waiting: `None` while a failover holds it. Submitted
+    /// calls run on the runtime's worker threads, and a failover holds the connection
+    /// while it connects and replays over the runtime's own reader tasks: a worker that
+    /// waited for it could leave no thread to run them (both workers did, and the agent
+    /// hung). The caller then takes the blocking path, which waits for the failover.
+    fn active_now(&self) -> Option<Arc<Connection>> {
+        self.active.try_read().map(|a| Arc::clone(&a.conn))
     }
 
     /// The export's description as the server gave it (vDisk and version).
@@ -517,7 +530,7 @@ impl disk::FastPath for Remote {
         if len > REQUEST_BYTES_MAX || check_bounds(self.size, offset, len as u64).is_err() {
             return None;
         }
-        let conn = Arc::clone(&self.active.read().conn);
+        let conn = self.active_now()?;
         Some(Box::pin(async move {
             match conn.submit(offset, n, None).await {
                 Ok(data) => Some(Ok(data)),
@@ -539,7 +552,7 @@ impl disk::FastPath for Remote {
             return None;
         }
         let me = self.me.upgrade()?;
-        let conn = Arc::clone(&self.active.read().conn);
+        let conn = self.active_now()?;
         let data = buf.to_vec();
         Some(Box::pin(async move {
             match conn.submit(offset, n, Some(&data)).await {
