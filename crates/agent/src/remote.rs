@@ -27,7 +27,8 @@
 //! ```
 //!
 //! Reads and writes of the server modes take a faster road first:
-//! [`BlockDevice::submit_read`] and [`BlockDevice::submit_write`] send the request on the
+//! [`FastPath::submit_read`](disk::FastPath::submit_read) and
+//! [`FastPath::submit_write`](disk::FastPath::submit_write) send the request on the
 //! active connection and return a future that the connection's reader completes, with no
 //! thread waiting (see `client`). An acknowledged write is logged as above; a log over its
 //! budget is flushed on the blocking pool. Any transient failure resolves the future to
@@ -129,7 +130,7 @@ pub struct Remote {
     description: String,
     log: Mutex<Log>,
     counters: Arc<RemoteCounters>,
-    /// This device, for the futures of [`BlockDevice::submit_write`].
+    /// This device, for the futures of [`disk::FastPath::submit_write`].
     me: Weak<Remote>,
 }
 

@@ -76,7 +76,7 @@
 //!   sectors) and file systems without `O_DIRECT` read buffered.
 //! * **Groups: one read, one buffer, one departure.** A fill of whole new blocks (a
 //!   sequential copy, read-ahead) reads the whole run with one vectored store read
-//!   (`BlockDevice::read_vectored_at`, one `preadv`) into a buffer per [`GROUP_BYTES`]-aligned
+//!   (`FastPath::read_vectored_at`, one `preadv`) into a buffer per [`GROUP_BYTES`]-aligned
 //!   group, which the group's entries share (`start`/`len` into it). A buffer that large is
 //!   an anonymous mapping (or a pooled one, see scans), so the direct read is the first
 //!   touch of its pages: no zero-fill, no page-fault trap per 4 KiB, no copy out of a

@@ -166,7 +166,7 @@ pub(crate) async fn run_job(
 }
 
 /// Serves a read or write the device completes without a thread of ours waiting on it
-/// ([`BlockDevice::submit_read`]: the target forwarding to its server); `None` to make the
+/// ([`disk::FastPath::submit_read`]: the target forwarding to its server); `None` to make the
 /// blocking call.
 async fn submitted(req: &Request, e: &Export, payload: &[u8]) -> Option<Frame> {
     let dev = e.device.as_ref();

@@ -45,7 +45,7 @@
 //! client refills its queue while the rest are served, took it to about 235,000
 //! (docs/target.md). A device that forwards requests over a connection (the target's
 //! server modes) completes reads and writes without a thread waiting
-//! ([`BlockDevice::submit_read`](disk::BlockDevice::submit_read)): the request task awaits
+//! ([`FastPath::submit_read`](disk::FastPath::submit_read)): the request task awaits
 //! that future and uses the blocking pool only when the device declines or gives up.
 
 use std::io;

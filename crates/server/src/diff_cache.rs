@@ -368,6 +368,14 @@ pub struct WriteCounters {
     pub writes: AtomicU64,
 }
 
+impl WriteCounters {
+    /// Counts one write of `len` bytes.
+    fn count(&self, len: usize) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(len as u64, Ordering::Relaxed);
+    }
+}
+
 /// A decorator that counts the write requests and bytes a writable export (a diff cache
 /// or a private image) takes, for the registry's per-mode metrics. Reads pass through
 /// uncounted.
@@ -384,8 +392,7 @@ impl WritesCounted {
     }
 
     fn count(&self, len: usize) {
-        self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        self.counters.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        self.counters.count(len);
     }
 }
 
@@ -489,12 +496,11 @@ impl FastPath for WritesCounted {
 
     fn submit_write(&self, buf: &[u8], offset: u64) -> Option<Submitted<()>> {
         let call = self.inner.submit_write(buf, offset)?;
-        let (counters, len) = (Arc::clone(&self.counters), buf.len() as u64);
+        let (counters, len) = (Arc::clone(&self.counters), buf.len());
         Some(Box::pin(async move {
             let r = call.await?;
             if r.is_ok() {
-                counters.writes.fetch_add(1, Ordering::Relaxed);
-                counters.bytes.fetch_add(len, Ordering::Relaxed);
+                counters.count(len);
             }
             Some(r)
         }))

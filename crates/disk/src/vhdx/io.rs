@@ -140,10 +140,10 @@ impl VhdxImage {
         Ok(())
     }
 
-    /// [`BlockDevice::read_vectored_at`]: one vectored store read when the range lies in
+    /// [`FastPath::read_vectored_at`]: one vectored store read when the range lies in
     /// one payload block held in this file as a whole; otherwise buffer by buffer.
     ///
-    /// [`BlockDevice::read_vectored_at`]: crate::BlockDevice::read_vectored_at
+    /// [`FastPath::read_vectored_at`]: crate::FastPath::read_vectored_at
     pub(super) fn read_vectored_impl(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
         self.check_poisoned()?;
         let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();

@@ -101,7 +101,7 @@ pub struct VhdxImage {
     /// Serializes allocation, bitmap loading for writes, and commits.
     alloc: Mutex<()>,
     poisoned: AtomicBool,
-    /// Times overwrites made on the caller's thread ([`BlockDevice::try_write_at`]).
+    /// Times overwrites made on the caller's thread ([`crate::FastPath::try_write_at`]).
     inline: crate::inline::InlineGate,
     warnings: Vec<String>,
     creator: String,
