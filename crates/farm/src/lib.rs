@@ -15,6 +15,7 @@
 //! lifecycle.rs  versions: new, promote, revert, delete, merge, boot version (image library)
 //! login.rs      device login: challenge, HMAC proof, boot version, session
 //! sessions.rs   SessionTable: the in-process check of session export names
+//! grants.rs     a session's grant rebuilt from the database (other server, restart)
 //! error.rs      FarmError with a Kind the API maps to an HTTP status
 //! ```
 //!
@@ -27,6 +28,7 @@
 pub mod db;
 pub mod devices;
 pub mod error;
+pub mod grants;
 pub mod input;
 pub mod lifecycle;
 pub mod login;

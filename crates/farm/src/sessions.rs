@@ -67,10 +67,23 @@ pub trait SessionLookup: Send + Sync {
     fn lookup(&self, export_name: &str, now_ms: i64) -> Option<SessionGrant>;
 }
 
+/// Called with the export name of each session that ends: removed (`DELETE
+/// /sessions/{id}`), replaced by the device's next login, or expired.
+type EndListener = Box<dyn Fn(&str) + Send + Sync>;
+
 /// Session grants by export name (see the module documentation).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct SessionTable {
     grants: RwLock<HashMap<String, SessionGrant>>,
+    on_end: RwLock<Vec<EndListener>>,
+}
+
+impl std::fmt::Debug for SessionTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionTable")
+            .field("grants", &self.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl SessionTable {
@@ -85,25 +98,73 @@ impl SessionTable {
     /// [`Kind::LimitReached`] when [`SESSIONS_MAX`] live grants exist.
     pub fn insert(&self, grant: SessionGrant, now_ms: i64) -> Result<()> {
         let mut g = self.write();
-        g.retain(|_, s| s.expires_at_ms > now_ms && s.device_id != grant.device_id);
-        if g.len() >= SESSIONS_MAX {
+        let mut ended = Vec::new();
+        g.retain(|name, s| {
+            let keep = (s.expires_at_ms > now_ms && s.device_id != grant.device_id)
+                || *name == grant.export_name;
+            if !keep {
+                ended.push(name.clone());
+            }
+            keep
+        });
+        if g.len() >= SESSIONS_MAX && !g.contains_key(&grant.export_name) {
+            drop(g);
+            self.ended(&ended);
             return Err(FarmError::new(
                 Kind::LimitReached,
                 format!("more than {SESSIONS_MAX} live sessions"),
             ));
         }
         g.insert(grant.export_name.clone(), grant);
+        drop(g);
+        self.ended(&ended);
         Ok(())
     }
 
-    /// Removes the grant of `export_name`.
+    /// Removes the grant of `export_name` (its session ended).
     pub fn remove(&self, export_name: &str) {
         self.write().remove(export_name);
+        // Told even when this table did not hold it: the session may be open here through a
+        // grant rebuilt from the database and since forgotten.
+        self.ended(&[export_name.to_string()]);
     }
 
     /// Drops expired grants.
     pub fn purge_expired(&self, now_ms: i64) {
-        self.write().retain(|_, s| s.expires_at_ms > now_ms);
+        let mut ended = Vec::new();
+        self.write().retain(|name, s| {
+            let keep = s.expires_at_ms > now_ms;
+            if !keep {
+                ended.push(name.clone());
+            }
+            keep
+        });
+        self.ended(&ended);
+    }
+
+    /// Calls `f` with the export name of every session that ends from now on (removed,
+    /// replaced by its device's next login, or expired), after the table forgot it. The
+    /// NBD server closes the session's open connections there.
+    pub fn on_end(&self, f: impl Fn(&str) + Send + Sync + 'static) {
+        self.on_end
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(Box::new(f));
+    }
+
+    fn ended(&self, names: &[String]) {
+        if names.is_empty() {
+            return;
+        }
+        let listeners = self
+            .on_end
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for name in names {
+            for f in listeners.iter() {
+                f(name);
+            }
+        }
     }
 
     /// Live and expired grants held.
@@ -167,6 +228,22 @@ mod tests {
         t.insert(grant(1, "e", 100), 0).unwrap();
         assert!(t.lookup("e", 99).is_some());
         assert!(t.lookup("e", 100).is_none());
+    }
+
+    #[test]
+    fn ended_sessions_are_told_to_listeners_once_each() {
+        use std::sync::{Arc, Mutex};
+        let t = SessionTable::new();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s2 = Arc::clone(&seen);
+        t.on_end(move |n| s2.lock().unwrap().push(n.to_string()));
+        t.insert(grant(1, "a", 100), 0).unwrap();
+        t.insert(grant(1, "a", 100), 0).unwrap(); // the same grant again: not an end
+        t.insert(grant(1, "b", 100), 0).unwrap(); // a re-login replaces "a"
+        t.insert(grant(2, "c", 50), 0).unwrap();
+        t.remove("b");
+        t.purge_expired(60); // "c" expired
+        assert_eq!(*seen.lock().unwrap(), ["a", "b", "c"]);
     }
 
     #[test]

@@ -503,7 +503,58 @@ async fn pinned_production_device_boots_its_pinned_version(t: TestFarm) {
     assert_eq!(t.farm.device(d).await.unwrap().pinned_version, Some(1));
 }
 
+/// A server that restarted (a new `Farm` on the same database, its session table empty),
+/// or another server of the farm, rebuilds a live session's grant from the database; an
+/// ended session is gone everywhere.
+async fn a_session_outlives_the_process_that_granted_it(t: TestFarm) {
+    let fx = fixture(&t).await;
+    add_device(&t, &fx, "aa:bb:cc:00:00:30", DeviceType::Production).await;
+    let g = login(&t, "aa:bb:cc:00:00:30").await.unwrap();
+    let config = farm::FarmConfig {
+        data_dir: t.dir.path().join("data"),
+        db_url: t.db_url.clone(),
+        store_root: None,
+    };
+    let restarted = farm::Farm::open(&config).await.unwrap();
+    let now = restarted.now_ms();
+    assert!(
+        restarted
+            .session_table()
+            .lookup(&g.export_name, now)
+            .is_none()
+    );
+    let rebuilt = restarted
+        .session_grant(&g.export_name, None)
+        .await
+        .unwrap()
+        .expect("a live session is found in the database");
+    let original = t.farm.session_table().lookup(&g.export_name, now).unwrap();
+    assert_eq!(rebuilt, original);
+    assert!(
+        restarted
+            .session_table()
+            .lookup(&g.export_name, now)
+            .is_some()
+    );
+    t.farm.end_session(&g.session_id, ADMIN).await.unwrap();
+    assert!(
+        restarted
+            .session_grant(&g.export_name, None)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        restarted
+            .session_grant("ferry-s-00000000000000000000000000000000", None)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
 dual_tests!(
+    a_session_outlives_the_process_that_granted_it,
     pinned_production_device_boots_its_pinned_version,
     init_twice_is_a_conflict,
     token_authenticates_by_secret_only,
