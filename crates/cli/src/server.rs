@@ -151,7 +151,8 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("serve store {}", resolved.registry.store_dir.display()))?;
     if let Some(f) = &farm {
         registry.set_sessions(Arc::new(crate::server_farm::FarmSessions::new(
-            f.farm.session_table(),
+            f,
+            runtime.handle().clone(),
             &resolved.registry.store_dir,
         )));
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use contract::{CacheMode, DeviceName, ExportName, Mac, SessionKey, VdiskName};
-use farm::sessions::{SessionGrant, SessionLookup, SessionTable};
+use farm::sessions::{SessionGrant, SessionLookup as _, SessionTable};
 use farm::{Clock as _, SystemClock};
 
 /// How often a farm server records its heartbeat.
@@ -24,19 +24,63 @@ pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
 pub const DEFAULT_SITE: &str = "default";
 
 /// Maps the farm's session grants to the export names of [`server::exports::Registry`].
+///
+/// A session this process does not hold (granted by another server of the farm, or by
+/// this one before a restart) is looked up in the farm database and remembered: the
+/// database is the source of truth, the table a cache of it.
 #[derive(Debug)]
 pub struct FarmSessions {
     table: Arc<SessionTable>,
+    farm: Arc<farm::Farm>,
+    server_id: i64,
+    runtime: tokio::runtime::Handle,
     store_dir: PathBuf,
 }
 
 impl FarmSessions {
-    /// Grants of `table` whose store is `store_dir` (the one this registry serves).
-    pub fn new(table: Arc<SessionTable>, store_dir: &Path) -> FarmSessions {
+    /// Grants of `handle`'s farm whose store is `store_dir` (the one this registry
+    /// serves); database lookups run on `runtime` (the resolver is called on its blocking
+    /// pool).
+    pub fn new(
+        handle: &FarmHandle,
+        runtime: tokio::runtime::Handle,
+        store_dir: &Path,
+    ) -> FarmSessions {
         let store_dir = store_dir
             .canonicalize()
             .unwrap_or_else(|_| store_dir.to_path_buf());
-        FarmSessions { table, store_dir }
+        FarmSessions {
+            table: handle.farm.session_table(),
+            farm: Arc::clone(&handle.farm),
+            server_id: handle.server_id,
+            runtime,
+            store_dir,
+        }
+    }
+
+    /// The live grant of `export_name`: the table's, else the database's.
+    fn grant(&self, export_name: &str) -> Option<SessionGrant> {
+        if let Some(g) = self.table.lookup(export_name, SystemClock.now_ms()) {
+            return Some(g);
+        }
+        let found = self
+            .runtime
+            .block_on(self.farm.session_grant(export_name, Some(self.server_id)));
+        match found {
+            Ok(g) => {
+                if g.is_some() {
+                    tracing::info!(
+                        session = export_name,
+                        "session found in the farm database (granted by another server or before a restart)"
+                    );
+                }
+                g
+            }
+            Err(e) => {
+                tracing::warn!(session = export_name, error = %e, "farm database lookup of a session failed");
+                None
+            }
+        }
     }
 }
 
@@ -58,7 +102,7 @@ pub fn export_for(g: &SessionGrant) -> Result<ExportName, String> {
 impl server::exports::SessionResolver for FarmSessions {
     fn resolve(&self, key: &SessionKey) -> Option<ExportName> {
         let export_name = ExportName::Session(key.clone()).to_string();
-        let g = self.table.lookup(&export_name, SystemClock.now_ms())?;
+        let g = self.grant(&export_name)?;
         let dir = g.store_dir.canonicalize().unwrap_or(g.store_dir.clone());
         if dir != self.store_dir {
             tracing::warn!(
