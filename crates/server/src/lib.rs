@@ -16,6 +16,7 @@
 
 #![warn(missing_docs)]
 
+pub mod access;
 pub mod config;
 pub mod diff_cache;
 pub mod exports;
