@@ -100,7 +100,7 @@ pub fn export_for(g: &SessionGrant) -> Result<ExportName, String> {
 }
 
 impl server::exports::SessionResolver for FarmSessions {
-    fn resolve(&self, key: &SessionKey) -> Option<ExportName> {
+    fn resolve(&self, key: &SessionKey) -> Option<server::access::SessionExport> {
         let export_name = ExportName::Session(key.clone()).to_string();
         let g = self.grant(&export_name)?;
         let dir = g.store_dir.canonicalize().unwrap_or(g.store_dir.clone());
@@ -113,11 +113,17 @@ impl server::exports::SessionResolver for FarmSessions {
             );
             return None;
         }
+        let device: Mac = g
+            .mac
+            .parse()
+            .inspect_err(|e| tracing::warn!(session = export_name, error = %e, "session's MAC"))
+            .ok()?;
         export_for(&g)
             .inspect_err(|why| {
                 tracing::warn!(session = export_name, why, "session names no export");
             })
             .ok()
+            .map(|export| server::access::SessionExport { export, device })
     }
 }
 

@@ -19,6 +19,14 @@
 //!
 //! [metrics]
 //! listen = "127.0.0.1:9810"      # "" turns the metrics endpoint off
+//!
+//! [tls]
+//! dir = "/etc/ferry/tls"         # ca-cert.pem, server-cert.pem, server-key.pem
+//! required = false               # true: nothing but STARTTLS before TLS
+//!
+//! [access]
+//! plain_reads = "local"          # who reads without a certificate: none, local, any
+//! plain_writes = "local"         # standalone default local; a farm server's is none
 //! ```
 //!
 //! [`FerryConfig`] is what the file says (every field optional); [`FerryConfig::resolve`]
@@ -32,6 +40,7 @@ use std::path::{Path, PathBuf};
 use block_cache::{BlockCache, CacheConfig};
 use serde::Deserialize;
 
+use crate::access::{AccessPolicy, Scope};
 use crate::exports::RegistryConfig;
 use nbd_server::ServerConfig;
 
@@ -65,6 +74,36 @@ pub struct FerryConfig {
     /// `[metrics]`.
     #[serde(default)]
     pub metrics: MetricsSection,
+    /// `[tls]`.
+    #[serde(default)]
+    pub tls: TlsSection,
+    /// `[access]`.
+    #[serde(default)]
+    pub access: AccessSection,
+}
+
+/// `[tls]`: NBD over TLS (`NBD_OPT_STARTTLS`, X.509).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// A certificate directory: `ca-cert.pem` (the CA whose client certificates are
+    /// accepted), `server-cert.pem`, `server-key.pem` (default: none; a farm server takes
+    /// its certificate from the farm).
+    pub dir: Option<PathBuf>,
+    /// Refuse every option before STARTTLS (default false: each export decides, by
+    /// `[access]`).
+    pub required: Option<bool>,
+}
+
+/// `[access]`: who may open exports without a certificate (see `server::access`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessSection {
+    /// `none`, `local` (unix socket and loopback: the default) or `any`.
+    pub plain_reads: Option<Scope>,
+    /// `none`, `local` or `any` (default `local` for a standalone server, `none` for a farm
+    /// server).
+    pub plain_writes: Option<Scope>,
 }
 
 /// `[store]`: where the vDisks are.
@@ -171,6 +210,22 @@ pub struct Resolved {
     pub registry: RegistryConfig,
     /// The metrics endpoint, if any.
     pub metrics_listen: Option<SocketAddr>,
+    /// The certificate directory of `[tls] dir`, if any.
+    pub tls_dir: Option<PathBuf>,
+    /// `[tls] required`.
+    pub tls_required: bool,
+    /// `[access]` as written (a farm server fills the rest with its own defaults).
+    pub access: AccessSection,
+}
+
+impl Resolved {
+    /// The access rule: `[access]` over `base` (`AccessPolicy::STANDALONE` or `FARM`).
+    pub fn access_policy(&self, base: AccessPolicy) -> AccessPolicy {
+        AccessPolicy {
+            plain_reads: self.access.plain_reads.unwrap_or(base.plain_reads),
+            plain_writes: self.access.plain_writes.unwrap_or(base.plain_writes),
+        }
+    }
 }
 
 impl Resolved {
@@ -279,6 +334,9 @@ impl FerryConfig {
                 write_cache_dir,
             },
             metrics_listen,
+            tls_dir: self.tls.dir.clone(),
+            tls_required: self.tls.required.unwrap_or(false),
+            access: self.access.clone(),
         })
     }
 }

@@ -48,6 +48,7 @@ use disk::BlockDevice;
 use disk::vhdx::VhdxImage;
 use nbd_server::{ExportHandle, ExportInfo, ExportSource, OpenError};
 
+use crate::access::SessionExport;
 use crate::diff_cache::{
     self, DiffCache, DiffCacheError, DiffCacheTarget, FileLock, Retention, WriteCounters,
     WritesCounted,
@@ -186,8 +187,9 @@ const BUSY_RETRY: Duration = Duration::from_millis(20);
 /// only while the resolver knows it) into the export it stands for (e.g. `NAME@3`,
 /// `NAME@3+DEVICE`, `NAME+private`). Implemented over the farm's session table.
 pub trait SessionResolver: Send + Sync + std::fmt::Debug {
-    /// The export the live session `ferry-s-KEY` grants, or `None` (unknown or expired).
-    fn resolve(&self, session: &SessionKey) -> Option<ExportName>;
+    /// What the live session `ferry-s-KEY` grants (the export, and the device it was
+    /// granted to), or `None` (unknown, ended or expired).
+    fn resolve(&self, session: &SessionKey) -> Option<SessionExport>;
 }
 
 /// The export registry. Cloning gives another handle to the same registry.
@@ -456,7 +458,8 @@ impl Inner {
         let resolver = lock(&self.sessions).clone();
         let real = resolver
             .and_then(|r| r.resolve(key))
-            .ok_or_else(|| OpenError::NotFound("no live session of that name".into()))?;
+            .ok_or_else(|| OpenError::NotFound("no live session of that name".into()))?
+            .export;
         if matches!(real, ExportName::Session(_)) {
             return Err(OpenError::Other("a session resolved to a session".into()));
         }

@@ -476,9 +476,12 @@ fn stale_server_cache_files_are_swept_at_start_and_persistent_kept() {
 struct OneSession(&'static str, &'static str);
 
 impl server::exports::SessionResolver for OneSession {
-    fn resolve(&self, key: &contract::SessionKey) -> Option<contract::ExportName> {
+    fn resolve(&self, key: &contract::SessionKey) -> Option<server::access::SessionExport> {
         let name = contract::ExportName::Session(key.clone()).to_string();
-        (name == self.0).then(|| self.1.parse().unwrap())
+        (name == self.0).then(|| server::access::SessionExport {
+            export: self.1.parse().unwrap(),
+            device: "aa:bb:cc:00:00:05".parse().unwrap(),
+        })
     }
 }
 
