@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use contract::{ExportName, ExportNameError, Mac};
 use disk::BlockDevice;
-use nbd_server::{ExportHandle, ExportInfo, ExportSource, NoMetrics, OpenError, ServerConfig};
+use nbd_server::{
+    ExportHandle, ExportInfo, ExportSource, NoMetrics, OpenError, Peer, ServerConfig,
+};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use write_cache::{FileStore, OverflowStore, WriteCache};
@@ -312,8 +314,8 @@ struct TargetSource {
 }
 
 impl ExportSource for TargetSource {
-    fn list(&self) -> Vec<ExportInfo> {
-        vec![ExportInfo {
+    fn list(&self, _peer: &Peer) -> Result<Vec<ExportInfo>, OpenError> {
+        Ok(vec![ExportInfo {
             name: self.agent.cfg.vdisk.clone(),
             description: format!(
                 "{} with a {} write cache",
@@ -321,10 +323,10 @@ impl ExportSource for TargetSource {
                 self.agent.cfg.mode.cli_name()
             ),
             size: self.agent.device.size(),
-        }]
+        }])
     }
 
-    fn open(&self, name: &str) -> Result<ExportHandle, OpenError> {
+    fn open(&self, name: &str, _peer: &Peer) -> Result<ExportHandle, OpenError> {
         if !name.is_empty() && name != self.agent.cfg.vdisk {
             return Err(OpenError::NotFound(name.to_string()));
         }
@@ -332,6 +334,7 @@ impl ExportSource for TargetSource {
             device: Arc::clone(&self.agent.device),
             writable: true,
             release: None,
+            revoked: None,
         })
     }
 }

@@ -12,7 +12,7 @@ use disk::FastPath as _;
 use disk::device::{Geometry, check_bounds};
 use disk::{BlockDevice, ErrorKind};
 use nbd_server::{
-    ExportHandle, ExportInfo, ExportSource, Listener, NoMetrics, OpenError, ServerConfig,
+    ExportHandle, ExportInfo, ExportSource, Listener, NoMetrics, OpenError, Peer, ServerConfig,
 };
 use parking_lot::Mutex;
 
@@ -79,14 +79,14 @@ impl BlockDevice for MemDisk {
 struct Source(Arc<MemDisk>);
 
 impl ExportSource for Source {
-    fn list(&self) -> Vec<ExportInfo> {
-        vec![ExportInfo {
+    fn list(&self, _peer: &Peer) -> Result<Vec<ExportInfo>, OpenError> {
+        Ok(vec![ExportInfo {
             name: "golden".into(),
             description: "test".into(),
             size: SIZE,
-        }]
+        }])
     }
-    fn open(&self, name: &str) -> Result<ExportHandle, OpenError> {
+    fn open(&self, name: &str, _peer: &Peer) -> Result<ExportHandle, OpenError> {
         if name != "golden" {
             return Err(OpenError::NotFound(name.into()));
         }
@@ -94,6 +94,7 @@ impl ExportSource for Source {
             device: Arc::clone(&self.0) as Arc<dyn BlockDevice>,
             writable: true,
             release: None,
+            revoked: None,
         })
     }
 }

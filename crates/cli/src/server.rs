@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args as ClapArgs;
 use contract::ErrorChain;
-use nbd_server::{ExportSource, Listener, NbdMetrics};
+use nbd_server::{ExportSource, Listener, NbdMetrics, Peer};
 use server::config::{FerryConfig, Resolved};
 use server::exports::Registry;
 use server::metrics::Metrics;
@@ -264,8 +264,10 @@ async fn log_startup(
 ) {
     let store = r.registry.store_dir.display().to_string();
     let reg = registry.clone();
-    let exports = tokio::task::spawn_blocking(move || reg.list())
+    let exports = tokio::task::spawn_blocking(move || reg.list(&Peer::new(None, true)))
         .await
+        .ok()
+        .and_then(Result::ok)
         .unwrap_or_default();
     tracing::info!(
         %store,

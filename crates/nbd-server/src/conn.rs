@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use disk::BlockDevice;
 use tokio::sync::{Semaphore, broadcast};
+use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
+use crate::limits::LogLimiter;
 use crate::metrics::NbdMetrics;
 use crate::source::ExportSource;
 
@@ -21,6 +23,8 @@ pub(crate) struct ConnCtx {
     pub blocking: Arc<Semaphore>,
     /// Limits.
     pub config: ServerConfig,
+    /// Rate limits of refusal and protocol log lines.
+    pub logs: LogLimiter,
 }
 
 impl std::fmt::Debug for ConnCtx {
@@ -31,11 +35,13 @@ impl std::fmt::Debug for ConnCtx {
     }
 }
 
-/// Listens for shutdown: the listener drops the broadcast sender (or sends) to signal.
+/// Listens for shutdown: the listener drops the broadcast sender (or sends) to signal; once
+/// the connection has an export, the export's revocation token too.
 #[derive(Debug)]
 pub(crate) struct Shutdown {
     is_shutdown: bool,
     notify: broadcast::Receiver<()>,
+    revoked: Option<CancellationToken>,
 }
 
 impl Shutdown {
@@ -44,7 +50,13 @@ impl Shutdown {
         Shutdown {
             is_shutdown: false,
             notify,
+            revoked: None,
         }
+    }
+
+    /// Also signals when `token` is cancelled (the export's handle was revoked).
+    pub(crate) fn or_revoked(&mut self, token: Option<CancellationToken>) {
+        self.revoked = token;
     }
 
     /// Waits for the signal; returns at once once it was seen.
@@ -52,7 +64,15 @@ impl Shutdown {
         if self.is_shutdown {
             return;
         }
-        let _ = self.notify.recv().await;
+        match &self.revoked {
+            Some(t) => tokio::select! {
+                _ = self.notify.recv() => {}
+                () = t.cancelled() => {}
+            },
+            None => {
+                let _ = self.notify.recv().await;
+            }
+        }
         self.is_shutdown = true;
     }
 }

@@ -2,15 +2,19 @@
 //! (fixed newstyle handshake, structured replies, `base:allocation` block status).
 //!
 //! What it is not: it does not know about stores, block caches or write caches. It asks an
-//! [`ExportSource`] for a device by export name, serves that device, and reports to an
-//! [`NbdMetrics`]. A second transport plugs in beside it against the same two traits.
+//! [`ExportSource`] for a device by export name (telling it who asks: the [`Peer`], with its
+//! address, whether it upgraded to TLS and its verified client certificate), serves that
+//! device, and reports to an [`NbdMetrics`]. A second transport plugs in beside it against the
+//! same two traits.
 //!
 //! # Layout
 //!
 //! ```text
 //! lib.rs           declares the modules, re-exports the public items
-//! listener.rs      Listener, run: TCP + unix accept loops, connection Semaphore, shutdown
-//!   │              broadcast
+//! listener.rs      Listener, run: TCP + unix accept loops, connection caps (global Semaphore
+//!   │              waited on for at most FULL_WAIT, per address), shutdown broadcast, the
+//!   │              handshake with its STARTTLS upgrade (plaintext halves reunited, TLS
+//!   │              stream split again)
 //!   ├─ transmission.rs one connection's request loop: reader ─► request tasks (disk calls on
 //!   │    │             spawn_blocking under a global Semaphore) ─► mpsc ─► one writer task;
 //!   │    │             the reader serves in-memory requests in batches and admits the rest
@@ -19,10 +23,15 @@
 //!   │    │   └─ block_status.rs  NBD_CMD_BLOCK_STATUS: extents ─► base:allocation
 //!   │    ├─ writer.rs      the writer task and the shared write half (Sink)
 //!   │    └─ frame.rs       a request's result (Frame) and its encoding as a reply
-//!   └─ negotiate.rs    option haggling (greeting, OPT_GO/INFO/LIST/..., meta contexts)
-//! conn.rs          what a connection is handed: ConnCtx (shared), Shutdown, Export
+//!   ├─ negotiate.rs    option haggling (greeting, OPT_GO/INFO/LIST/STARTTLS/..., meta
+//!   │                  contexts, TlsMode::Required refusals)
+//!   └─ tls.rs          Socket (split/reunite of TCP and unix streams), the rustls handshake
+//! conn.rs          what a connection is handed: ConnCtx (shared), Shutdown (or revocation),
+//!                  Export
+//! limits.rs        connections per address, rate-limited logs, clipped client strings
 //! errno.rs         disk::Error ─► NBD_E* (the one place errors are mapped)
-//! source.rs        ExportSource and what it hands out (ExportHandle, ExportInfo, OpenError)
+//! source.rs        ExportSource, who asks (Peer) and what it hands out (ExportHandle,
+//!                  ExportInfo, OpenError)
 //! metrics.rs       NbdMetrics, NoMetrics
 //! config.rs        ServerConfig and the fixed limits (MAX_PAYLOAD, ...)
 //! ```
@@ -34,8 +43,19 @@
 //! Everything a client controls is bounded: option payloads ([`nbd_proto::MAX_OPTION_LEN`]),
 //! the handshake's duration and option count, request payloads ([`MAX_PAYLOAD`]), requests in
 //! flight per connection and their bytes, disk calls in flight overall, block status reply
-//! size, and connections. A client that stops reading replies blocks only its own writer,
-//! which stops its own reader once its in-flight budget is used up.
+//! size, connections (overall and per address), how long a connection may idle
+//! (`idle_timeout`, for anonymous remote clients) and how long a started request may take to
+//! arrive (`request_timeout`), and log lines about refusals and protocol errors (a budget per
+//! second, client strings clipped to [`CLIENT_STRING_LOG_MAX`] bytes). A client that stops
+//! reading replies blocks only its own writer, which stops its own reader once its in-flight
+//! budget is used up.
+//!
+//! # TLS
+//!
+//! With [`ServerConfig::tls`], `NBD_OPT_STARTTLS` upgrades a connection (rustls); in
+//! [`TlsMode::Required`] nothing else is served before it, in [`TlsMode::Optional`] the
+//! export source decides per export ([`OpenError::TlsRequired`]). A handle's
+//! [`ExportHandle::revoked`] token ends its connection like a shutdown.
 #![warn(missing_docs)]
 
 mod block_status;
@@ -44,18 +64,21 @@ mod conn;
 mod errno;
 mod execution;
 mod frame;
+mod limits;
 mod listener;
 mod metrics;
 mod negotiate;
 mod source;
+mod tls;
 mod transmission;
 mod writer;
 
 pub use config::{
-    MAX_BLOCK_STATUS_EXTENTS, MAX_BLOCK_STATUS_QUERY, MAX_OPTIONS_PER_HANDSHAKE, MAX_PAYLOAD,
-    MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE, ServerConfig,
+    FULL_WAIT, MAX_BLOCK_STATUS_EXTENTS, MAX_BLOCK_STATUS_QUERY, MAX_OPTIONS_PER_HANDSHAKE,
+    MAX_PAYLOAD, MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE, ServerConfig, TlsMode,
 };
 pub use errno::to_nbd_errno;
+pub use limits::{CLIENT_STRING_LOG_MAX, Clipped, LOG_LINES_PER_WINDOW, LOG_WINDOW, clip};
 pub use listener::{Listener, run};
 pub use metrics::{NbdMetrics, NoMetrics};
-pub use source::{ExportHandle, ExportInfo, ExportSource, OpenError};
+pub use source::{ExportHandle, ExportInfo, ExportSource, OpenError, Peer};

@@ -1,7 +1,11 @@
-//! Accepting connections: the `Listener` (TCP and unix socket), the connection cap, and
-//! graceful shutdown, in mini-redis's shape (`Listener`/`Handler`, a `Semaphore` of
-//! connections, a `broadcast` to say "shut down", and a drop-to-complete `mpsc` to learn that
-//! every connection has finished).
+//! Accepting connections: the `Listener` (TCP and unix socket), the connection caps, the
+//! handshake (with its optional TLS upgrade), and graceful shutdown, in mini-redis's shape
+//! (`Listener`/`Handler`, a `Semaphore` of connections, a `broadcast` to say "shut down",
+//! and a drop-to-complete `mpsc` to learn that every connection has finished).
+//!
+//! The accept loop never waits for room: a connection past an address's cap is closed at
+//! once, and one that finds every connection taken waits at most [`FULL_WAIT`] on its own
+//! task, then is closed. So clients that connect and sit cannot stop the server accepting.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -9,15 +13,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use tokio::io::{BufReader, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
+use tokio::sync::{Semaphore, broadcast, mpsc};
+use tokio_rustls::server::TlsStream;
 
-use crate::config::ServerConfig;
+use crate::config::{FULL_WAIT, ServerConfig, TlsMode};
 use crate::conn::{ConnCtx, Shutdown};
+use crate::limits::{AddrCounts, LogKind, LogLimiter};
 use crate::metrics::NbdMetrics;
-use crate::negotiate::{NegotiateError, negotiate};
-use crate::source::ExportSource;
+use crate::negotiate::{NegotiateError, Negotiated, Outcome, negotiate};
+use crate::source::{ExportSource, Peer};
+use crate::tls::{self, Socket};
 use crate::transmission;
 
 /// Bytes of a connection's read buffer.
@@ -68,6 +75,12 @@ impl Listener {
             }
             None => None,
         };
+        if config.tls_mode == TlsMode::Required && config.tls.is_none() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "tls_mode Required without a TLS configuration (tls)",
+            ));
+        }
         if tcp.is_none() && unix.is_none() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
@@ -98,12 +111,14 @@ impl Listener {
             metrics,
             blocking: Arc::new(Semaphore::new(config.max_blocking.max(1))),
             config,
+            logs: LogLimiter::default(),
         });
         let socket_path = unix.as_ref().map(|(_, p)| p.clone());
         let accept = Accept {
             tcp,
             unix: unix.map(|(l, _)| l),
             limit: Arc::new(Semaphore::new(ctx.config.max_connections.max(1))),
+            addrs: AddrCounts::default(),
             ctx,
             notify_shutdown: notify_shutdown.clone(),
             complete_tx,
@@ -141,6 +156,8 @@ struct Accept {
     unix: Option<UnixListener>,
     /// One permit per open connection (`max_connections`).
     limit: Arc<Semaphore>,
+    /// Open connections per address that is not local (`max_connections_per_address`).
+    addrs: AddrCounts,
     ctx: Arc<ConnCtx>,
     /// Dropped (by `serve`) to tell connections to shut down.
     notify_shutdown: broadcast::Sender<()>,
@@ -150,43 +167,63 @@ struct Accept {
 
 impl Accept {
     async fn run(&self) {
+        let trust = self.ctx.config.trust_loopback;
         loop {
-            let Ok(permit) = Arc::clone(&self.limit).acquire_owned().await else {
-                return;
-            };
             tokio::select! {
                 r = accept_tcp(self.tcp.as_ref()) => match r {
                     Ok((s, addr)) => {
                         let _ = s.set_nodelay(true);
-                        let (r, w) = s.into_split();
-                        self.spawn(r, w, addr.to_string(), permit);
+                        self.spawn(s, Peer::new(Some(addr), trust));
                     }
                     Err(e) => backoff(e).await,
                 },
                 r = accept_unix(self.unix.as_ref()) => match r {
-                    Ok(s) => {
-                        let (r, w) = s.into_split();
-                        self.spawn(r, w, "unix".to_string(), permit);
-                    }
+                    Ok(s) => self.spawn(s, Peer::new(None, trust)),
                     Err(e) => backoff(e).await,
                 },
             }
         }
     }
 
-    fn spawn<R, W>(&self, r: R, w: W, peer: String, permit: OwnedSemaphorePermit)
-    where
-        R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
-    {
+    /// Closes a connection over its address's cap at once; otherwise serves it on its own
+    /// task, which first waits (at most [`FULL_WAIT`]) for a connection permit.
+    fn spawn<S: Socket>(&self, sock: S, peer: Peer) {
         let ctx = Arc::clone(&self.ctx);
-        let shutdown = Shutdown::new(self.notify_shutdown.subscribe());
+        let addr_slot = match peer.addr {
+            Some(a) if !peer.is_local() => {
+                let cap = ctx.config.max_connections_per_address;
+                let Some(slot) = self.addrs.try_take(a.ip(), cap) else {
+                    if ctx.logs.allow(LogKind::Capacity) {
+                        tracing::info!(%peer, cap, "closing connection: too many from this address");
+                    }
+                    return;
+                };
+                Some(slot)
+            }
+            _ => None,
+        };
+        let limit = Arc::clone(&self.limit);
+        let mut shutdown = Shutdown::new(self.notify_shutdown.subscribe());
         let complete = self.complete_tx.clone();
         tokio::spawn(async move {
+            let permit = tokio::select! {
+                () = shutdown.recv() => return,
+                p = tokio::time::timeout(FULL_WAIT, limit.acquire_owned()) => match p {
+                    Ok(Ok(p)) => p,
+                    _ => {
+                        if ctx.logs.allow(LogKind::Capacity) {
+                            tracing::warn!(%peer, max = ctx.config.max_connections,
+                                "closing connection: the server is full");
+                        }
+                        return;
+                    }
+                },
+            };
             ctx.metrics.connection_opened();
-            handle(r, w, &ctx, shutdown, &peer).await;
+            handle(sock, &ctx, shutdown, peer).await;
             ctx.metrics.connection_closed();
             drop(permit);
+            drop(addr_slot);
             drop(complete);
         });
     }
@@ -213,39 +250,121 @@ async fn accept_unix(l: Option<&UnixListener>) -> std::io::Result<tokio::net::Un
     }
 }
 
-/// One connection: handshake, then transmission.
-async fn handle<R, W>(r: R, mut w: W, ctx: &Arc<ConnCtx>, mut shutdown: Shutdown, peer: &str)
-where
-    R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
-{
-    let mut r = BufReader::with_capacity(READ_BUFFER_BYTES, r);
+/// A connection ready for transmission, in plaintext or over TLS, or one whose client
+/// aborted.
+enum Ready<S: Socket> {
+    Abort,
+    Plain(BufReader<S::Read>, S::Write, Negotiated),
+    Tls(
+        BufReader<ReadHalf<TlsStream<S>>>,
+        WriteHalf<TlsStream<S>>,
+        Negotiated,
+    ),
+}
+
+/// One connection: handshake (TLS included, all within `handshake_timeout`), then
+/// transmission.
+async fn handle<S: Socket>(sock: S, ctx: &Arc<ConnCtx>, mut shutdown: Shutdown, mut peer: Peer) {
     let timeout = ctx.config.handshake_timeout;
-    let neg = tokio::select! {
+    let hs = tokio::select! {
         () = shutdown.recv() => return,
-        n = tokio::time::timeout(timeout, negotiate(&mut r, &mut w, &ctx.registry)) => n,
+        r = tokio::time::timeout(timeout, handshake(sock, ctx, &mut peer)) => r,
     };
-    let neg = match neg {
+    let ready = match hs {
         Err(_) => {
-            tracing::warn!(%peer, ?timeout, "closing connection: handshake timed out");
+            if ctx.logs.allow(LogKind::Protocol) {
+                tracing::warn!(%peer, ?timeout, "closing connection: handshake timed out");
+            }
             ctx.metrics.protocol_error("handshake timeout");
             return;
         }
-        Ok(Err(NegotiateError::Io(e))) => {
-            tracing::debug!(%peer, error = %e, "client left during handshake");
+        Ok(Err(e)) => {
+            report(&e, ctx, &peer);
             return;
         }
-        Ok(Err(e @ NegotiateError::Protocol { what, .. })) => {
-            tracing::warn!(%peer, error = %e, "closing connection");
-            ctx.metrics.protocol_error(what);
-            return;
-        }
-        Ok(Err(e @ NegotiateError::ExportName { .. })) => {
-            tracing::info!(%peer, error = %e, "closing connection");
-            return;
-        }
-        Ok(Ok(None)) => return,
-        Ok(Ok(Some(n))) => n,
+        Ok(Ok(r)) => r,
     };
-    transmission::serve(r, w, neg, ctx, shutdown, peer).await;
+    match ready {
+        Ready::Abort => {}
+        Ready::Plain(r, w, n) => transmission::serve(r, w, n, ctx, shutdown, &peer).await,
+        Ready::Tls(r, w, n) => transmission::serve(r, w, n, ctx, shutdown, &peer).await,
+    }
+}
+
+/// Logs (rate-limited) and counts why a handshake ended without transmission.
+fn report(e: &NegotiateError, ctx: &ConnCtx, peer: &Peer) {
+    match e {
+        NegotiateError::Io(e) => {
+            tracing::debug!(%peer, error = %e, "client left during handshake");
+        }
+        NegotiateError::Protocol { what, .. } => {
+            if ctx.logs.allow(LogKind::Protocol) {
+                tracing::warn!(%peer, error = %e, "closing connection");
+            }
+            ctx.metrics.protocol_error(what);
+        }
+        NegotiateError::Tls(err) => {
+            if ctx.logs.allow(LogKind::Protocol) {
+                tracing::warn!(%peer, error = %err, "closing connection: TLS handshake failed");
+            }
+            ctx.metrics.protocol_error("tls handshake");
+        }
+        NegotiateError::ExportName { .. } => {
+            if ctx.logs.allow(LogKind::Refused) {
+                tracing::info!(%peer, error = %e, "closing connection");
+            }
+        }
+    }
+}
+
+/// Option haggling, upgraded to TLS when the client asks: returns the connection's halves
+/// (plaintext or TLS) and what was negotiated. Sets `peer.tls` and `peer.client_cert` on an
+/// upgrade.
+async fn handshake<S: Socket>(
+    sock: S,
+    ctx: &ConnCtx,
+    peer: &mut Peer,
+) -> Result<Ready<S>, NegotiateError> {
+    let (r, mut w) = sock.split_owned();
+    let mut r = BufReader::with_capacity(READ_BUFFER_BYTES, r);
+    let flags = match negotiate(&mut r, &mut w, ctx, peer, None).await? {
+        Outcome::Abort => return Ok(Ready::Abort),
+        Outcome::Transmit(n) => return Ok(Ready::Plain(r, w, n)),
+        Outcome::StartTls(f) => f,
+    };
+    if !r.buffer().is_empty() {
+        // The client may send nothing between STARTTLS and its ACK: those bytes would be
+        // read as plaintext by no one, or (worse) as TLS records it did not mean.
+        return Err(NegotiateError::Protocol {
+            what: "data before tls",
+            detail: format!(
+                "{} bytes sent after NBD_OPT_STARTTLS before its reply",
+                r.buffer().len()
+            ),
+        });
+    }
+    let Some(config) = ctx.config.tls.as_ref() else {
+        // negotiate acknowledges STARTTLS only with a TLS configuration.
+        return Err(NegotiateError::Protocol {
+            what: "starttls",
+            detail: "STARTTLS acknowledged without a TLS configuration".into(),
+        });
+    };
+    let sock = S::reunite(r.into_inner(), w)?;
+    let (stream, cert) = tls::accept(config, sock)
+        .await
+        .map_err(NegotiateError::Tls)?;
+    peer.tls = true;
+    peer.client_cert = cert;
+    let (tr, mut tw) = tokio::io::split(stream);
+    let mut tr = BufReader::with_capacity(READ_BUFFER_BYTES, tr);
+    match negotiate(&mut tr, &mut tw, ctx, peer, Some(flags)).await? {
+        Outcome::Abort => Ok(Ready::Abort),
+        Outcome::Transmit(n) => Ok(Ready::Tls(tr, tw, n)),
+        // A second STARTTLS is refused inside negotiate (peer.tls is set).
+        Outcome::StartTls(_) => Err(NegotiateError::Protocol {
+            what: "starttls",
+            detail: "second STARTTLS".into(),
+        }),
+    }
 }

@@ -5,6 +5,11 @@
 //! device earns, which meta contexts are served. Every read is bounded: the option header is
 //! checked against [`nbd_proto::MAX_OPTION_LEN`] before its payload is allocated, and the
 //! number of options is capped by [`MAX_OPTIONS_PER_HANDSHAKE`].
+//!
+//! TLS: `NBD_OPT_STARTTLS` ends this function with [`Outcome::StartTls`]; the listener runs
+//! the TLS handshake and calls [`negotiate`] again over the TLS stream with the client's
+//! flags (no second greeting), every other piece of state forgotten. In
+//! [`TlsMode::Required`] every option but ABORT and STARTTLS is refused before TLS.
 
 use std::sync::Arc;
 
@@ -14,13 +19,17 @@ use nbd_proto::{
     NBD_FLAG_CAN_MULTI_CONN, NBD_FLAG_FIXED_NEWSTYLE, NBD_FLAG_HAS_FLAGS, NBD_FLAG_NO_ZEROES,
     NBD_FLAG_READ_ONLY, NBD_FLAG_SEND_CACHE, NBD_FLAG_SEND_DF, NBD_FLAG_SEND_FLUSH,
     NBD_FLAG_SEND_FUA, NBD_FLAG_SEND_TRIM, NBD_FLAG_SEND_WRITE_ZEROES, NBD_INFO_DESCRIPTION,
-    NBD_INFO_NAME, NBD_REP_ERR_INVALID, NBD_REP_ERR_POLICY, NBD_REP_ERR_UNKNOWN, NBD_REP_ERR_UNSUP,
-    OptionError, OptionHeader, ServerGreeting,
+    NBD_INFO_NAME, NBD_REP_ERR_INVALID, NBD_REP_ERR_POLICY, NBD_REP_ERR_TLS_REQD,
+    NBD_REP_ERR_UNKNOWN, NBD_REP_ERR_UNSUP, OptionError, OptionHeader, ServerGreeting,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::config::{MAX_OPTIONS_PER_HANDSHAKE, MAX_PAYLOAD, MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE};
-use crate::source::{ExportHandle, ExportSource, OpenError};
+use crate::config::{
+    MAX_OPTIONS_PER_HANDSHAKE, MAX_PAYLOAD, MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE, TlsMode,
+};
+use crate::conn::ConnCtx;
+use crate::limits::{LogKind, clip};
+use crate::source::{ExportHandle, ExportInfo, ExportSource, OpenError, Peer};
 
 /// The context id this server gives `base:allocation` in `NBD_OPT_SET_META_CONTEXT`.
 pub(crate) const BASE_ALLOCATION_ID: u32 = 1;
@@ -34,6 +43,9 @@ pub(crate) enum NegotiateError {
     /// The socket failed or the client went away.
     #[error("connection i/o")]
     Io(#[from] std::io::Error),
+    /// The TLS handshake after `NBD_OPT_STARTTLS` failed.
+    #[error("TLS handshake failed")]
+    Tls(#[source] std::io::Error),
     /// The client broke the protocol; `what` is the metrics label.
     #[error("protocol violation ({what}): {detail}")]
     Protocol {
@@ -43,8 +55,8 @@ pub(crate) enum NegotiateError {
         detail: String,
     },
     /// `NBD_OPT_EXPORT_NAME` named an export that cannot be opened: the spec's only answer
-    /// is to drop the connection.
-    #[error("export {name:?} cannot be opened: {source}")]
+    /// is to drop the connection. (The name is the client's: clipped when shown.)
+    #[error("export {} cannot be opened: {}", clip(.name), clip(&.source.to_string()))]
     ExportName {
         /// The name asked for.
         name: String,
@@ -68,6 +80,18 @@ pub(crate) struct Negotiated {
     pub structured: bool,
     /// The context id of `base:allocation` when selected for this export.
     pub meta_context: Option<u32>,
+}
+
+/// How negotiation ended, short of an error.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// The client aborted.
+    Abort,
+    /// Enter transmission.
+    Transmit(Negotiated),
+    /// `NBD_OPT_STARTTLS` was acknowledged: run the TLS handshake, then negotiate again with
+    /// these client flags.
+    StartTls(ClientFlags),
 }
 
 /// Negotiation state carried between options.
@@ -109,29 +133,38 @@ async fn send<W: AsyncWrite + Unpin>(w: &mut W, buf: &mut Vec<u8>) -> std::io::R
     Ok(())
 }
 
-/// Runs the handshake. `Ok(None)` when the client aborted.
+/// Runs option haggling for `peer`: from the greeting, or, with `resumed` (the client's
+/// flags), right after a TLS upgrade.
 ///
 /// # Errors
 /// [`NegotiateError`]; the caller logs, counts and closes.
 pub(crate) async fn negotiate<R, W>(
     r: &mut R,
     w: &mut W,
-    registry: &Arc<dyn ExportSource>,
-) -> Result<Option<Negotiated>, NegotiateError>
+    ctx: &ConnCtx,
+    peer: &Peer,
+    resumed: Option<ClientFlags>,
+) -> Result<Outcome, NegotiateError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut out = Vec::with_capacity(256);
-    ServerGreeting {
-        handshake_flags: HANDSHAKE_FLAGS,
-    }
-    .encode(&mut out);
-    send(w, &mut out).await?;
-    let mut cf = [0u8; 4];
-    r.read_exact(&mut cf).await?;
+    let flags = match resumed {
+        Some(f) => f,
+        None => {
+            ServerGreeting {
+                handshake_flags: HANDSHAKE_FLAGS,
+            }
+            .encode(&mut out);
+            send(w, &mut out).await?;
+            let mut cf = [0u8; 4];
+            r.read_exact(&mut cf).await?;
+            ClientFlags::parse(&cf, HANDSHAKE_FLAGS).map_err(|e| protocol("client flags", e))?
+        }
+    };
     let mut st = State {
-        flags: ClientFlags::parse(&cf, HANDSHAKE_FLAGS).map_err(|e| protocol("client flags", e))?,
+        flags,
         ..State::default()
     };
     for _ in 0..MAX_OPTIONS_PER_HANDSHAKE {
@@ -157,12 +190,11 @@ where
                 continue;
             }
         };
-        let step = option(opt, h.option, &mut st, registry, &mut out).await?;
+        let step = option(opt, h.option, &mut st, ctx, peer, &mut out).await?;
         send(w, &mut out).await?;
         match step {
             Step::Continue => {}
-            Step::Abort => return Ok(None),
-            Step::Transmit(n) => return Ok(Some(n)),
+            Step::Done(o) => return Ok(o),
         }
     }
     Err(protocol(
@@ -184,10 +216,13 @@ fn error_reply(option: u32, code: u32, message: &str, out: &mut Vec<u8>) {
 enum Step {
     /// More options.
     Continue,
-    /// The client aborted.
-    Abort,
-    /// Enter transmission.
-    Transmit(Negotiated),
+    /// Negotiation (or this phase of it) is over.
+    Done(Outcome),
+}
+
+/// Whether `peer` must upgrade to TLS before this option is served.
+fn tls_first(ctx: &ConnCtx, peer: &Peer) -> bool {
+    !peer.tls && ctx.config.tls.is_some() && ctx.config.tls_mode == TlsMode::Required
 }
 
 /// Handles one option, appending its replies to `out`.
@@ -195,13 +230,31 @@ async fn option(
     opt: ClientOption,
     code: u32,
     st: &mut State,
-    registry: &Arc<dyn ExportSource>,
+    ctx: &ConnCtx,
+    peer: &Peer,
     out: &mut Vec<u8>,
 ) -> Result<Step, NegotiateError> {
+    let registry = &ctx.registry;
+    if tls_first(ctx, peer) {
+        match opt {
+            ClientOption::Abort | ClientOption::StartTls => {}
+            ClientOption::ExportName(name) => {
+                return Err(NegotiateError::ExportName {
+                    name,
+                    source: OpenError::TlsRequired("this server requires TLS".into()),
+                });
+            }
+            _ => {
+                let msg = "this server requires TLS: send NBD_OPT_STARTTLS first";
+                error_reply(code, NBD_REP_ERR_TLS_REQD, msg, out);
+                return Ok(Step::Continue);
+            }
+        }
+    }
     match opt {
         ClientOption::ExportName(name) => {
             let handle =
-                open(registry, &name)
+                open(registry, &name, peer)
                     .await
                     .map_err(|source| NegotiateError::ExportName {
                         name: name.clone(),
@@ -213,22 +266,32 @@ async fn option(
                 transmission_flags: transmission_flags(n.writable, n.structured),
             }
             .encode(st.flags.no_zeroes, out);
-            return Ok(Step::Transmit(n));
+            return Ok(Step::Done(Outcome::Transmit(n)));
         }
         ClientOption::Abort => {
             OptionReply::Ack.encode(code, out);
-            return Ok(Step::Abort);
+            return Ok(Step::Done(Outcome::Abort));
         }
-        ClientOption::List => list(code, registry, out).await,
-        ClientOption::StartTls => error_reply(code, NBD_REP_ERR_UNSUP, "TLS is not supported", out),
+        ClientOption::List => list(code, ctx, peer, out).await,
+        ClientOption::StartTls if peer.tls => {
+            error_reply(code, NBD_REP_ERR_INVALID, "TLS is already in use", out);
+        }
+        ClientOption::StartTls if ctx.config.tls.is_none() => {
+            error_reply(code, NBD_REP_ERR_UNSUP, "TLS is not configured", out);
+        }
+        ClientOption::StartTls => {
+            OptionReply::Ack.encode(code, out);
+            return Ok(Step::Done(Outcome::StartTls(st.flags)));
+        }
         ClientOption::Info(req) => {
-            if let Some(handle) = info(code, &req, st, registry, out).await {
+            if let Some(handle) = info(code, &req, st, ctx, peer, out).await {
                 release_blocking(handle).await;
             }
         }
         ClientOption::Go(req) => {
-            if let Some(handle) = info(code, &req, st, registry, out).await {
-                return Ok(Step::Transmit(negotiated(handle, req.name, st)));
+            if let Some(handle) = info(code, &req, st, ctx, peer, out).await {
+                let n = negotiated(handle, req.name, st);
+                return Ok(Step::Done(Outcome::Transmit(n)));
             }
         }
         ClientOption::StructuredReply => {
@@ -263,10 +326,15 @@ fn negotiated(handle: ExportHandle, name: String, st: &State) -> Negotiated {
 }
 
 /// Opens an export on the blocking pool (opening a chain reads files).
-async fn open(registry: &Arc<dyn ExportSource>, name: &str) -> Result<ExportHandle, OpenError> {
+async fn open(
+    registry: &Arc<dyn ExportSource>,
+    name: &str,
+    peer: &Peer,
+) -> Result<ExportHandle, OpenError> {
     let reg = Arc::clone(registry);
     let n = name.to_string();
-    tokio::task::spawn_blocking(move || reg.open(&n))
+    let p = peer.clone();
+    tokio::task::spawn_blocking(move || reg.open(&n, &p))
         .await
         .unwrap_or_else(|e| Err(OpenError::Other(format!("open task failed: {e}"))))
 }
@@ -280,9 +348,35 @@ pub(crate) async fn release_blocking(mut handle: ExportHandle) {
     }
 }
 
-async fn list(code: u32, registry: &Arc<dyn ExportSource>, out: &mut Vec<u8>) {
-    let reg = Arc::clone(registry);
-    match tokio::task::spawn_blocking(move || reg.list()).await {
+/// The option reply code of a refusal.
+fn refusal(e: &OpenError) -> u32 {
+    match e {
+        OpenError::Busy(_) | OpenError::Forbidden(_) => NBD_REP_ERR_POLICY,
+        OpenError::TlsRequired(_) => NBD_REP_ERR_TLS_REQD,
+        OpenError::NotFound(_) | OpenError::Other(_) => NBD_REP_ERR_UNKNOWN,
+    }
+}
+
+/// Answers a refused option with `e` and logs it (rate-limited, the name clipped).
+fn refuse(code: u32, name: &str, e: &OpenError, ctx: &ConnCtx, peer: &Peer, out: &mut Vec<u8>) {
+    if ctx.logs.allow(LogKind::Refused) {
+        tracing::debug!(%peer, export = %clip(name), error = %clip(&e.to_string()),
+            "export refused");
+    }
+    error_reply(code, refusal(e), &e.to_string(), out);
+}
+
+/// Lists the exports `peer` may see, on the blocking pool.
+async fn list_blocking(ctx: &ConnCtx, peer: &Peer) -> Result<Vec<ExportInfo>, OpenError> {
+    let reg = Arc::clone(&ctx.registry);
+    let p = peer.clone();
+    tokio::task::spawn_blocking(move || reg.list(&p))
+        .await
+        .unwrap_or_else(|e| Err(OpenError::Other(format!("listing failed: {e}"))))
+}
+
+async fn list(code: u32, ctx: &ConnCtx, peer: &Peer, out: &mut Vec<u8>) {
+    match list_blocking(ctx, peer).await {
         Ok(exports) => {
             for e in exports {
                 OptionReply::Server {
@@ -293,12 +387,7 @@ async fn list(code: u32, registry: &Arc<dyn ExportSource>, out: &mut Vec<u8>) {
             }
             OptionReply::Ack.encode(code, out);
         }
-        Err(e) => error_reply(
-            code,
-            NBD_REP_ERR_POLICY,
-            &format!("listing failed: {e}"),
-            out,
-        ),
+        Err(e) => refuse(code, "", &e, ctx, peer, out),
     }
 }
 
@@ -307,18 +396,14 @@ async fn info(
     code: u32,
     req: &InfoRequest,
     st: &State,
-    registry: &Arc<dyn ExportSource>,
+    ctx: &ConnCtx,
+    peer: &Peer,
     out: &mut Vec<u8>,
 ) -> Option<ExportHandle> {
-    let handle = match open(registry, &req.name).await {
+    let handle = match open(&ctx.registry, &req.name, peer).await {
         Ok(h) => h,
         Err(e) => {
-            let rep = match e {
-                OpenError::Busy(_) => NBD_REP_ERR_POLICY,
-                OpenError::NotFound(_) | OpenError::Other(_) => NBD_REP_ERR_UNKNOWN,
-            };
-            tracing::debug!(export = %req.name, error = %e, "export not opened");
-            error_reply(code, rep, &e.to_string(), out);
+            refuse(code, &req.name, &e, ctx, peer, out);
             return None;
         }
     };
@@ -342,18 +427,12 @@ async fn info(
         OptionReply::Info(Info::Name(req.name.clone())).encode(code, out);
     }
     if req.requests.contains(&NBD_INFO_DESCRIPTION) {
-        let reg = Arc::clone(registry);
-        let name = req.name.clone();
-        let desc = tokio::task::spawn_blocking(move || {
-            reg.list()
-                .into_iter()
-                .find(|e| e.name == name)
-                .map(|e| e.description)
-        })
-        .await
-        .ok()
-        .flatten()
-        .filter(|d| !d.is_empty());
+        let desc = list_blocking(ctx, peer)
+            .await
+            .ok()
+            .and_then(|l| l.into_iter().find(|e| e.name == req.name))
+            .map(|e| e.description)
+            .filter(|d| !d.is_empty());
         if let Some(d) = desc {
             OptionReply::Info(Info::Description(d)).encode(code, out);
         }

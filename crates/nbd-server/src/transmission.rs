@@ -31,6 +31,11 @@
 //!   (and then flush and release) without waiting for a client that will never read.
 //! * A reply cut short (shutdown while the reader was writing a batch) empties the sink:
 //!   nothing more is written on a stream that is no longer in step.
+//! * The connection ends like on shutdown when the export's handle is revoked
+//!   (`ExportHandle::revoked`), when a request's header and payload take longer than
+//!   `request_timeout` to arrive, or, for a connection subject to it (see
+//!   `ServerConfig::idle_timeout`), when the reader has waited `idle_timeout` for a request
+//!   with none in flight.
 //!
 //! The simpler design, every disk call inline in the reader, was rejected: it serializes a
 //! connection's requests and blocks the reactor on store I/O. Only calls the device can
@@ -50,7 +55,7 @@
 
 use std::io;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nbd_proto::{Command, NBD_EINVAL, NBD_ENOSPC, NBD_EOVERFLOW, NBD_EPERM, REQUEST_LEN, Request};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -60,7 +65,9 @@ use crate::config::MAX_PAYLOAD;
 use crate::conn::{ConnCtx, Export, Shutdown};
 use crate::execution::{INLINE_MAX_BYTES, Job, read_into, run_job, try_inline};
 use crate::frame::{Frame, Outgoing, disk_error, encode_frame, error};
+use crate::limits::LogKind;
 use crate::negotiate::{Negotiated, release_blocking};
+use crate::source::Peer;
 use crate::writer::{DIRECT_WRITE_BYTES, Sink, new_sink, write_replies};
 
 /// Replies the reader encodes into one batch before handing it to the writer.
@@ -83,6 +90,7 @@ enum End {
     Shutdown,
     WriterGone,
     Protocol,
+    Idle,
 }
 
 /// Serves transmission until the client disconnects, breaks the protocol, or the server
@@ -92,8 +100,8 @@ pub(crate) async fn serve<R, W>(
     writer: W,
     neg: Negotiated,
     ctx: &Arc<ConnCtx>,
-    shutdown: Shutdown,
-    peer: &str,
+    mut shutdown: Shutdown,
+    peer: &Peer,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -113,14 +121,22 @@ pub(crate) async fn serve<R, W>(
         structured,
         meta_context,
     };
-    tracing::debug!(%peer, export = %name, size, writable, structured, "transmission");
+    tracing::debug!(%peer, export = %crate::limits::clip(&name), size, writable, structured,
+        "transmission");
+    shutdown.or_revoked(handle.revoked.clone());
     let cfg = &ctx.config;
+    // Local clients may idle (a kernel or qemu client between guest I/O); an authenticated
+    // device is accountable. Only anonymous remote connections are closed when idle.
+    let idle = cfg
+        .idle_timeout
+        .filter(|_| !peer.is_local() && peer.client_cert.is_none());
     let slots_n = cfg.max_in_flight.max(1);
     let (tx, rx) = mpsc::channel::<Outgoing>(slots_n);
     let sink = new_sink(writer);
     let mut writer_task = tokio::spawn(write_replies(rx, Arc::clone(&sink), structured));
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
     let budget = Budget {
+        slots_n,
         slots: Arc::new(Semaphore::new(slots_n)),
         bytes: Arc::new(Semaphore::new(
             cfg.max_in_flight_bytes.max(MAX_PAYLOAD as usize),
@@ -135,6 +151,8 @@ pub(crate) async fn serve<R, W>(
         tx,
         done: done_tx,
         shutdown,
+        idle,
+        peer: peer.clone(),
     };
     let end = read_requests(&mut conn).await;
     // Taken apart to let go of each part when the end of the connection needs it. The rest
@@ -192,13 +210,18 @@ struct Connection<R, W> {
     /// Cloned into each request task until its disk call returned: `serve` waits for the
     /// last clone before the final flush.
     done: mpsc::Sender<()>,
-    /// The server's shutdown signal.
+    /// The server's shutdown signal (or the export's revocation).
     shutdown: Shutdown,
+    /// How long the reader waits for a request with none in flight; `None`: forever.
+    idle: Option<Duration>,
+    /// Who the client is (for logs).
+    peer: Peer,
 }
 
 /// The per-connection limits.
 #[derive(Debug)]
 struct Budget {
+    slots_n: usize,
     slots: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
 }
@@ -229,6 +252,14 @@ async fn read_requests<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 () = c.shutdown.recv() => return End::Shutdown,
                 () = c.tx.closed() => return End::WriterGone,
                 r = c.reader.fill_buf() => r.map(<[u8]>::len),
+                () = idle_wait(c.idle) => {
+                    if c.budget.slots.available_permits() < c.budget.slots_n {
+                        // Requests in flight: not idle, wait again.
+                        continue;
+                    }
+                    tracing::debug!(peer = %c.peer, "closing idle connection");
+                    return End::Idle;
+                }
             };
             match filled {
                 Ok(0) | Err(_) => return End::Eof,
@@ -245,28 +276,52 @@ async fn read_requests<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             },
         };
         let mut head = [0u8; REQUEST_LEN];
+        // The request has started arriving: it has `request_timeout` to arrive in full.
+        let deadline = tokio::time::Instant::now() + c.ctx.config.request_timeout;
         let read = tokio::select! {
             biased;
             () = c.shutdown.recv() => return End::Shutdown,
             () = c.tx.closed() => return End::WriterGone,
-            r = c.reader.read_exact(&mut head) => r,
+            r = tokio::time::timeout_at(deadline, c.reader.read_exact(&mut head)) => r,
         };
-        if read.is_err() {
-            return End::Eof;
+        match read {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return End::Eof,
+            Err(_) => return request_timed_out(&c.ctx, &c.peer),
         }
         let req = match Request::parse(&head) {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(error = %e, "closing connection: bad request");
+                if c.ctx.logs.allow(LogKind::Protocol) {
+                    tracing::warn!(peer = %c.peer, error = %e, "closing connection: bad request");
+                }
                 c.ctx.metrics.protocol_error("request magic");
                 return End::Protocol;
             }
         };
-        match admit(c, req, slot).await {
+        match admit(c, req, slot, deadline).await {
             Ok(()) => {}
             Err(end) => return end,
         }
     }
+}
+
+/// Waits `idle`, or forever.
+async fn idle_wait(idle: Option<Duration>) {
+    match idle {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Logs (rate-limited) and counts a request that did not arrive in time.
+fn request_timed_out(ctx: &ConnCtx, peer: &Peer) -> End {
+    if ctx.logs.allow(LogKind::Protocol) {
+        tracing::warn!(%peer, timeout = ?ctx.config.request_timeout,
+            "closing connection: request did not arrive in time");
+    }
+    ctx.metrics.protocol_error("request timeout");
+    End::Protocol
 }
 
 /// Replies the reader served from its read buffer, encoded, with the slots and bytes of
@@ -406,11 +461,13 @@ fn serve_buffered<R: AsyncRead + Unpin, W>(c: &mut Connection<R, W>, batch: &mut
     }
 }
 
-/// Reads a request's payload, validates it, and starts its task (or queues its error).
+/// Reads a request's payload (by `deadline`, plus the time spent waiting for the
+/// connection's byte budget), validates it, and starts its task (or queues its error).
 async fn admit<R: AsyncRead + Unpin, W>(
     c: &mut Connection<R, W>,
     req: Request,
     slot: OwnedSemaphorePermit,
+    mut deadline: tokio::time::Instant,
 ) -> Result<(), End> {
     let Connection {
         reader,
@@ -420,6 +477,7 @@ async fn admit<R: AsyncRead + Unpin, W>(
         tx,
         done,
         shutdown,
+        peer,
         ..
     } = c;
     let is_read = req.command == Command::Read;
@@ -438,7 +496,10 @@ async fn admit<R: AsyncRead + Unpin, W>(
         tokio::select! {
             biased;
             () = shutdown.recv() => return Err(End::Shutdown),
-            r = discard(reader, u64::from(req.len)) => r.map_err(|_| End::Eof)?,
+            r = tokio::time::timeout_at(deadline, discard(reader, u64::from(req.len))) => match r {
+                Ok(r) => r.map_err(|_| End::Eof)?,
+                Err(_) => return Err(request_timed_out(ctx, peer)),
+            },
         }
         ctx.metrics
             .request("write", 0, std::time::Duration::ZERO, false);
@@ -455,6 +516,7 @@ async fn admit<R: AsyncRead + Unpin, W>(
         Command::Read | Command::Write if req.len <= MAX_PAYLOAD => req.len,
         _ => 0,
     };
+    let waiting = tokio::time::Instant::now();
     let bytes = if payload_bytes > 0 {
         tokio::select! {
             biased;
@@ -466,13 +528,18 @@ async fn admit<R: AsyncRead + Unpin, W>(
     } else {
         None
     };
+    // Waiting for our own budget is not the client's time.
+    deadline += waiting.elapsed();
     let mut payload = Vec::new();
     if req.command == Command::Write {
         payload = vec![0u8; req.len as usize];
         tokio::select! {
             biased;
             () = shutdown.recv() => return Err(End::Shutdown),
-            r = reader.read_exact(&mut payload) => r.map_err(|_| End::Eof)?,
+            r = tokio::time::timeout_at(deadline, reader.read_exact(&mut payload)) => match r {
+                Ok(r) => r.map_err(|_| End::Eof)?,
+                Err(_) => return Err(request_timed_out(ctx, peer)),
+            },
         };
     }
     if let Err(f) = validate(&req, export) {

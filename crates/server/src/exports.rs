@@ -46,7 +46,7 @@ use block_cache::{BlockCache, ChainKey};
 use contract::{DeviceName, ErrorChain, ExportName, SessionKey};
 use disk::BlockDevice;
 use disk::vhdx::VhdxImage;
-use nbd_server::{ExportHandle, ExportInfo, ExportSource, OpenError};
+use nbd_server::{ExportHandle, ExportInfo, ExportSource, OpenError, Peer};
 
 use crate::access::SessionExport;
 use crate::diff_cache::{
@@ -282,17 +282,17 @@ impl Registry {
 }
 
 impl ExportSource for Registry {
-    fn list(&self) -> Vec<ExportInfo> {
+    fn list(&self, _peer: &Peer) -> Result<Vec<ExportInfo>, OpenError> {
         match self.inner.list() {
-            Ok(v) => v,
+            Ok(v) => Ok(v),
             Err(e) => {
                 tracing::warn!(error = %ErrorChain(&e), "listing exports failed");
-                Vec::new()
+                Ok(Vec::new())
             }
         }
     }
 
-    fn open(&self, name: &str) -> Result<ExportHandle, OpenError> {
+    fn open(&self, name: &str, _peer: &Peer) -> Result<ExportHandle, OpenError> {
         let wait = *lock(&self.inner.busy_wait);
         let start = Instant::now();
         let r = loop {
@@ -308,11 +308,14 @@ impl ExportSource for Registry {
             Ok(_) => &c.opens_total,
             Err(OpenError::Busy(_)) => &c.busy_total,
             Err(OpenError::NotFound(_)) => &c.not_found_total,
-            Err(OpenError::Other(_)) => &c.open_errors_total,
+            Err(OpenError::Other(_) | OpenError::TlsRequired(_) | OpenError::Forbidden(_)) => {
+                &c.open_errors_total
+            }
         };
         counter.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = &r {
-            tracing::info!(export = name, error = %e, "export open refused");
+            tracing::info!(export = %nbd_server::clip(name), error = %nbd_server::clip(&e.to_string()),
+                "export open refused");
         }
         r
     }
@@ -438,6 +441,7 @@ impl Inner {
                 device: cached,
                 writable: false,
                 release: Some(Box::new(move || drop(lease))),
+                revoked: None,
             });
         };
         let dc = self.open_diff_cache(&res, &device, retention, cached)?;
@@ -450,6 +454,7 @@ impl Inner {
             device,
             writable: true,
             release: Some(Box::new(move || drop(lease))),
+            revoked: None,
         })
     }
 
@@ -507,6 +512,7 @@ impl Inner {
             device,
             writable: true,
             release: Some(Box::new(move || drop(lease))),
+            revoked: None,
         })
     }
 

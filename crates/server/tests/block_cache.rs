@@ -10,7 +10,7 @@ use block_cache::{BlockCache, CacheConfig};
 use disk::BlockDevice;
 use disk::device::extents;
 use disk::vhdx::CreateOptions;
-use nbd_server::ExportSource;
+use nbd_server::{ExportSource, Peer};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use server::exports::{Registry, RegistryConfig};
@@ -111,7 +111,7 @@ fn cached_export_reads_equal_the_uncached_chain() {
                 ..CacheConfig::default()
             };
             let reg = registry(dir.path(), cfg);
-            let export = reg.open("golden").unwrap();
+            let export = reg.open("golden", &Peer::new(None, true)).unwrap();
             for (off, len) in reads {
                 let got = read(export.device.as_ref(), off, len);
                 prop_assert!(got == read(reference.as_ref(), off, len), "{len} at {off}");
@@ -157,7 +157,7 @@ fn server_cache_export_follows_a_byte_model() {
                 ..CacheConfig::default()
             };
             let reg = registry(dir.path(), cfg);
-            let export = reg.open("golden+model").unwrap();
+            let export = reg.open("golden+model", &Peer::new(None, true)).unwrap();
             let dev = export.device.as_ref();
             let mut model = golden.clone();
             for op in ops {
@@ -192,7 +192,7 @@ fn block_status_through_the_cache_equals_the_chain() {
     let dir = tempfile::tempdir().unwrap();
     let top = make_store(dir.path());
     let reg = registry(dir.path(), CacheConfig::default());
-    let export = reg.open("golden").unwrap();
+    let export = reg.open("golden", &Peer::new(None, true)).unwrap();
     let want = extents(uncached(&top).as_ref(), 0, SIZE).unwrap();
     assert_eq!(extents(export.device.as_ref(), 0, SIZE).unwrap(), want);
 }
@@ -203,7 +203,7 @@ fn block_status_of_a_server_cache_export_shows_its_writes() {
     let dir = tempfile::tempdir().unwrap();
     make_store(dir.path());
     let reg = registry(dir.path(), CacheConfig::default());
-    let export = reg.open("golden@0+pc1").unwrap();
+    let export = reg.open("golden@0+pc1", &Peer::new(None, true)).unwrap();
     export.device.write_at(&[7; 4096], 5 * MIB).unwrap();
     let map = extents(export.device.as_ref(), 5 * MIB, 4096).unwrap();
     assert_eq!(map.len(), 1);
@@ -224,7 +224,7 @@ fn boot_storm_reads_each_block_from_the_store_once() {
         .map(|_| {
             let (reg, start, golden) = (reg.clone(), start.clone(), golden.clone());
             std::thread::spawn(move || {
-                let export = reg.open("golden").unwrap();
+                let export = reg.open("golden", &Peer::new(None, true)).unwrap();
                 start.wait();
                 for off in (0..SIZE).step_by(128 << 10) {
                     let got = read(export.device.as_ref(), off, 128 << 10);

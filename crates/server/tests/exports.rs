@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use block_cache::BlockCache;
 use disk::BlockDevice;
 use disk::vhdx::CreateOptions;
-use nbd_server::{ExportHandle, ExportSource, OpenError};
+use nbd_server::{ExportHandle, ExportSource, OpenError, Peer};
 use server::exports::{Registry, RegistryConfig};
 use sha2::{Digest, Sha256};
 
@@ -128,7 +128,7 @@ fn read_all(dev: &dyn BlockDevice) -> Vec<u8> {
 }
 
 fn open(reg: &Registry, name: &str) -> ExportHandle {
-    reg.open(name)
+    reg.open(name, &Peer::new(None, true))
         .unwrap_or_else(|e| panic!("open {name}: {e}"))
 }
 
@@ -190,13 +190,17 @@ fn unknown_vdisk_version_or_syntax_is_not_found() {
         "golden@1+private",
         "",
     ];
-    assert!(names.iter().all(|n| is_not_found(reg.open(n))));
+    assert!(
+        names
+            .iter()
+            .all(|n| is_not_found(reg.open(n, &Peer::new(None, true))))
+    );
 }
 
 #[test]
 fn list_shows_newest_and_every_version_with_sizes() {
     let fx = Fixture::new();
-    let list = fx.registry().list();
+    let list = fx.registry().list(&Peer::new(None, true)).unwrap();
     let names: BTreeSet<&str> = list.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(
         names,
@@ -281,7 +285,7 @@ fn a_busy_open_waits_for_the_holder_to_let_go() {
         "a wait that ends in an open is no refusal"
     );
     reg.set_busy_wait(Duration::from_millis(100));
-    assert!(is_busy(reg.open("golden+pc1")));
+    assert!(is_busy(reg.open("golden+pc1", &Peer::new(None, true))));
     assert_eq!(reg.stats().busy_total, 1);
     drop(again);
 }
@@ -291,7 +295,7 @@ fn second_connection_of_the_same_device_cache_is_busy() {
     let fx = Fixture::new();
     let reg = fx.registry();
     let _h = open(&reg, "golden+pc1");
-    assert!(is_busy(reg.open("golden+pc1")));
+    assert!(is_busy(reg.open("golden+pc1", &Peer::new(None, true))));
 }
 
 #[test]
@@ -328,7 +332,7 @@ fn persistent_cache_on_a_rewritten_version_is_refused() {
         .write_at(&[2; 512], 4096)
         .unwrap();
     assert!(matches!(
-        reg.open("golden+pc3+persistent"),
+        reg.open("golden+pc3+persistent", &Peer::new(None, true)),
         Err(OpenError::Other(_))
     ));
 }
@@ -387,17 +391,17 @@ fn private_mode_has_one_writer_and_excludes_readers_of_that_file() {
     let other_process = fx.registry();
     let writer = open(&reg, "golden+private");
     let refused = [
-        is_busy(reg.open("golden+private")),
-        is_busy(reg.open("golden")),
-        is_busy(reg.open("golden@2")),
-        is_busy(reg.open("golden+pc1")),
-        is_busy(other_process.open("golden+private")),
-        is_busy(other_process.open("golden")),
+        is_busy(reg.open("golden+private", &Peer::new(None, true))),
+        is_busy(reg.open("golden", &Peer::new(None, true))),
+        is_busy(reg.open("golden@2", &Peer::new(None, true))),
+        is_busy(reg.open("golden+pc1", &Peer::new(None, true))),
+        is_busy(other_process.open("golden+private", &Peer::new(None, true))),
+        is_busy(other_process.open("golden", &Peer::new(None, true))),
     ];
     assert_eq!(refused, [true; 6]);
-    assert!(writer.writable && reg.open("golden@1").is_ok());
+    assert!(writer.writable && reg.open("golden@1", &Peer::new(None, true)).is_ok());
     drop(writer);
-    assert!(reg.open("golden").is_ok());
+    assert!(reg.open("golden", &Peer::new(None, true)).is_ok());
 }
 
 #[test]
@@ -405,7 +409,7 @@ fn private_mode_is_refused_while_the_file_is_read() {
     let fx = Fixture::new();
     let reg = fx.registry();
     let _reader = open(&reg, "golden");
-    assert!(is_busy(reg.open("golden+private")));
+    assert!(is_busy(reg.open("golden+private", &Peer::new(None, true))));
 }
 
 #[test]
@@ -491,15 +495,16 @@ fn session_exports_resolve_through_the_farm_and_only_while_granted() {
     let reg = fx.registry();
     let session = "ferry-s-0123456789abcdef0123456789abcdef";
     // Without a resolver, a session name is refused (not taken for a vDisk's name).
-    assert!(is_not_found(reg.open(session)));
+    assert!(is_not_found(reg.open(session, &Peer::new(None, true))));
     reg.set_sessions(Arc::new(OneSession(session, "golden@1")));
     assert_eq!(
         read_all(open(&reg, session).device.as_ref()),
         fx.expected[1]
     );
-    assert!(is_not_found(
-        reg.open("ferry-s-ffffffffffffffffffffffffffffffff")
-    ));
+    assert!(is_not_found(reg.open(
+        "ferry-s-ffffffffffffffffffffffffffffffff",
+        &Peer::new(None, true)
+    )));
     // A session granting a per-device write cache gives a writable export.
     reg.set_sessions(Arc::new(OneSession(session, "golden@2+pc01")));
     let h = open(&reg, session);
@@ -528,7 +533,7 @@ fn parents_outside_the_store_are_refused() {
         "evil+private",
         "link",
     ] {
-        match reg.open(name) {
+        match reg.open(name, &Peer::new(None, true)) {
             Err(OpenError::Other(msg)) => assert!(
                 msg.contains("outside the store") && msg.contains("secret.vhdx"),
                 "{name}: {msg}"

@@ -15,7 +15,7 @@ use common::{Chain, Raw, SIZE, Server, req};
 use interop::{MIB, pattern};
 use nbd_proto::reply::{CHUNK_HEADER_LEN, Chunk, ChunkPayload, SimpleReply};
 use nbd_proto::{Command, NBD_EINVAL, NBD_ENOSPC, NBD_SIMPLE_REPLY_MAGIC};
-use nbd_server::{ExportHandle, ExportInfo, ExportSource, OpenError, ServerConfig};
+use nbd_server::{ExportHandle, ExportInfo, ExportSource, OpenError, Peer, ServerConfig};
 use write_cache::{Config, Mode, WriteCache};
 
 /// RAM budget of the cache: 64 blocks of 4 KiB.
@@ -28,19 +28,20 @@ struct CacheSource {
 }
 
 impl ExportSource for CacheSource {
-    fn list(&self) -> Vec<ExportInfo> {
-        vec![ExportInfo {
+    fn list(&self, _peer: &Peer) -> Result<Vec<ExportInfo>, OpenError> {
+        Ok(vec![ExportInfo {
             name: "cache".into(),
             description: "RAM write cache".into(),
             size: SIZE,
-        }]
+        }])
     }
 
-    fn open(&self, _name: &str) -> Result<ExportHandle, OpenError> {
+    fn open(&self, _name: &str, _peer: &Peer) -> Result<ExportHandle, OpenError> {
         Ok(ExportHandle {
             device: self.cache.clone(),
             writable: true,
             release: None,
+            revoked: None,
         })
     }
 }

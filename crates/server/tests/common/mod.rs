@@ -22,7 +22,7 @@ use nbd_proto::{
     NBD_STRUCTURED_REPLY_MAGIC, Request, ServerGreeting,
 };
 use nbd_server::{
-    ExportHandle, ExportInfo, ExportSource, Listener, NbdMetrics, OpenError, ServerConfig,
+    ExportHandle, ExportInfo, ExportSource, Listener, NbdMetrics, OpenError, Peer, ServerConfig,
 };
 
 /// Virtual size of the test chain.
@@ -103,7 +103,7 @@ pub struct TestSource {
 }
 
 impl ExportSource for TestSource {
-    fn list(&self) -> Vec<ExportInfo> {
+    fn list(&self, _peer: &Peer) -> Result<Vec<ExportInfo>, OpenError> {
         let mut v: Vec<ExportInfo> = self
             .exports
             .iter()
@@ -114,10 +114,10 @@ impl ExportSource for TestSource {
             })
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
-        v
+        Ok(v)
     }
 
-    fn open(&self, name: &str) -> Result<ExportHandle, OpenError> {
+    fn open(&self, name: &str, _peer: &Peer) -> Result<ExportHandle, OpenError> {
         let Some((path, writable)) = self.exports.get(name) else {
             return Err(OpenError::NotFound(name.to_string()));
         };
@@ -150,6 +150,7 @@ impl ExportSource for TestSource {
                 }
                 released.fetch_add(1, Ordering::SeqCst);
             })),
+            revoked: None,
         })
     }
 }
