@@ -48,11 +48,12 @@ use disk::BlockDevice;
 use disk::vhdx::VhdxImage;
 use nbd_server::{ExportHandle, ExportInfo, ExportSource, OpenError, Peer};
 
-use crate::access::SessionExport;
+use crate::access::{AccessPolicy, Caller, Refusal, SessionExport};
 use crate::diff_cache::{
     self, DiffCache, DiffCacheError, DiffCacheTarget, FileLock, Retention, WriteCounters,
     WritesCounted,
 };
+use crate::open_sessions::OpenSessions;
 use crate::store::{Resolved, Store, StoreError};
 
 /// The most exports `list` returns.
@@ -176,6 +177,10 @@ struct Inner {
     sessions: Mutex<Option<Arc<dyn SessionResolver>>>,
     /// How long a busy open keeps trying.
     busy_wait: Mutex<Duration>,
+    /// Who may open what.
+    access: Mutex<AccessPolicy>,
+    /// Connections open on session exports, closed when their session ends.
+    open_sessions: Arc<OpenSessions>,
 }
 
 /// How long an open of a busy export keeps trying by default (see the module docs).
@@ -228,6 +233,8 @@ impl Registry {
                 counters: Counters::default(),
                 sessions: Mutex::default(),
                 busy_wait: Mutex::new(BUSY_WAIT_DEFAULT),
+                access: Mutex::new(AccessPolicy::default()),
+                open_sessions: Arc::default(),
             }),
         })
     }
@@ -236,6 +243,30 @@ impl Registry {
     /// [`BUSY_WAIT_DEFAULT`]; zero refuses at once).
     pub fn set_busy_wait(&self, wait: Duration) {
         *lock(&self.inner.busy_wait) = wait;
+    }
+
+    /// Sets who may open what (default [`AccessPolicy::STANDALONE`]).
+    pub fn set_access(&self, policy: AccessPolicy) {
+        *lock(&self.inner.access) = policy;
+    }
+
+    /// Closes every connection open on the session export `name` (its session ended);
+    /// returns how many.
+    pub fn revoke_session(&self, name: &str) -> usize {
+        let n = self.inner.open_sessions.revoke(name);
+        if n > 0 {
+            tracing::info!(
+                session = name,
+                connections = n,
+                "session ended: closing its connections"
+            );
+        }
+        n
+    }
+
+    /// The session exports with open connections.
+    pub fn open_session_names(&self) -> Vec<String> {
+        self.inner.open_sessions.names()
     }
 
     /// Serves session-scoped export names (`ferry-s-…`) through `resolver`. Without one,
@@ -282,7 +313,9 @@ impl Registry {
 }
 
 impl ExportSource for Registry {
-    fn list(&self, _peer: &Peer) -> Result<Vec<ExportInfo>, OpenError> {
+    fn list(&self, peer: &Peer) -> Result<Vec<ExportInfo>, OpenError> {
+        let policy = *lock(&self.inner.access);
+        policy.check_list(&caller_of(peer)).map_err(refused)?;
         match self.inner.list() {
             Ok(v) => Ok(v),
             Err(e) => {
@@ -292,11 +325,12 @@ impl ExportSource for Registry {
         }
     }
 
-    fn open(&self, name: &str, _peer: &Peer) -> Result<ExportHandle, OpenError> {
+    fn open(&self, name: &str, peer: &Peer) -> Result<ExportHandle, OpenError> {
         let wait = *lock(&self.inner.busy_wait);
+        let caller = caller_of(peer);
         let start = Instant::now();
         let r = loop {
-            match self.inner.open(name) {
+            match self.inner.open(name, &caller) {
                 Err(OpenError::Busy(_)) if start.elapsed() < wait => {
                     std::thread::sleep(BUSY_RETRY);
                 }
@@ -318,6 +352,23 @@ impl ExportSource for Registry {
                 "export open refused");
         }
         r
+    }
+}
+
+/// What a connection proved: local or not, TLS or not, and the identity its verified
+/// client certificate names.
+fn caller_of(peer: &Peer) -> Caller {
+    Caller {
+        local: peer.is_local(),
+        tls: peer.tls,
+        identity: peer.client_cert.as_deref().and_then(pki::identity_of),
+    }
+}
+
+fn refused(r: Refusal) -> OpenError {
+    match r {
+        Refusal::TlsRequired(m) => OpenError::TlsRequired(m),
+        Refusal::Forbidden(m) => OpenError::Forbidden(m),
     }
 }
 
@@ -390,19 +441,51 @@ impl Drop for Lease {
 }
 
 impl Inner {
-    fn open(self: &Arc<Self>, name: &str) -> Result<ExportHandle, OpenError> {
+    /// Opens `name` for `caller` if the access rule allows it (checked before anything
+    /// is opened or created, so a refused caller leaves no file behind).
+    fn open(self: &Arc<Self>, name: &str, caller: &Caller) -> Result<ExportHandle, OpenError> {
         let parsed = name.parse::<ExportName>().map_err(|e| {
             store_err(StoreError::InvalidName {
                 name: name.to_string(),
                 why: e.reason(),
             })
         })?;
-        self.open_export(parsed)
+        let policy = *lock(&self.access);
+        let ExportName::Session(key) = &parsed else {
+            policy.check(caller, &parsed, None).map_err(refused)?;
+            return self.open_export(parsed);
+        };
+        let resolver = lock(&self.sessions).clone();
+        let session = resolver.and_then(|r| r.resolve(key));
+        policy
+            .check(caller, &parsed, session.as_ref())
+            .map_err(refused)?;
+        let Some(session) = session else {
+            return Err(OpenError::NotFound("no live session of that name".into()));
+        };
+        if matches!(session.export, ExportName::Session(_)) {
+            return Err(OpenError::Other("a session resolved to a session".into()));
+        }
+        let tracked = self.open_sessions.track(name);
+        let mut handle = self.open_export(session.export)?;
+        handle.revoked = Some(tracked.token());
+        let release = handle.release.take();
+        handle.release = Some(Box::new(move || {
+            if let Some(r) = release {
+                r();
+            }
+            drop(tracked);
+        }));
+        Ok(handle)
     }
 
     fn open_export(self: &Arc<Self>, name: ExportName) -> Result<ExportHandle, OpenError> {
         let (vdisk, version, diff, mode) = match name {
-            ExportName::Session(key) => return self.open_session(&key),
+            ExportName::Session(_) => {
+                return Err(OpenError::Other(
+                    "a session export is opened through its grant only".into(),
+                ));
+            }
             ExportName::Private { vdisk } => {
                 let res = self.store.resolve_version(&vdisk, None);
                 return self.open_private(res.map_err(store_err)?);
@@ -456,19 +539,6 @@ impl Inner {
             release: Some(Box::new(move || drop(lease))),
             revoked: None,
         })
-    }
-
-    /// Opens what the session `ferry-s-KEY` stands for, as the resolver says.
-    fn open_session(self: &Arc<Self>, key: &SessionKey) -> Result<ExportHandle, OpenError> {
-        let resolver = lock(&self.sessions).clone();
-        let real = resolver
-            .and_then(|r| r.resolve(key))
-            .ok_or_else(|| OpenError::NotFound("no live session of that name".into()))?
-            .export;
-        if matches!(real, ExportName::Session(_)) {
-            return Err(OpenError::Other("a session resolved to a session".into()));
-        }
-        self.open_export(real)
     }
 
     fn open_diff_cache(

@@ -22,4 +22,5 @@ pub mod diff_cache;
 pub mod exports;
 pub mod http;
 pub mod metrics;
+pub mod open_sessions;
 pub mod store;
