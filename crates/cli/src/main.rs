@@ -44,6 +44,7 @@ mod progress;
 mod quickstart;
 mod server;
 mod server_farm;
+mod server_tls;
 mod size;
 mod target;
 mod vdisk;

@@ -17,6 +17,7 @@ use anyhow::Context;
 use clap::Args as ClapArgs;
 use contract::ErrorChain;
 use nbd_server::{ExportSource, Listener, NbdMetrics, Peer};
+use server::access::AccessPolicy;
 use server::config::{FerryConfig, Resolved};
 use server::exports::Registry;
 use server::metrics::Metrics;
@@ -85,6 +86,13 @@ pub struct Args {
     /// The NBD address devices are told to use (default: the NBD listen address).
     #[arg(long, value_name = "HOST:PORT", requires = "farm")]
     pub advertise: Option<String>,
+    /// NBD over TLS with the certificates in DIR: ca-cert.pem, server-cert.pem,
+    /// server-key.pem ([tls] dir; a farm server uses the farm's own).
+    #[arg(long, value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
+    /// Refuse every NBD option before STARTTLS ([tls] required).
+    #[arg(long)]
+    pub tls_required: bool,
 }
 
 impl Args {
@@ -108,6 +116,12 @@ impl Args {
         }
         if let Some(bytes) = self.cache_ram {
             c.cache.ram_bytes = Some(bytes);
+        }
+        if let Some(dir) = &self.tls_dir {
+            c.tls.dir = Some(dir.clone());
+        }
+        if self.tls_required {
+            c.tls.required = Some(true);
         }
         Ok(c)
     }
@@ -145,16 +159,28 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let resolved = config.resolve()?;
+    let mut resolved = config.resolve()?;
+    let farm_tls = match &farm {
+        Some(f) => Some(runtime.block_on(crate::server_farm::tls_material(f))?),
+        None => None,
+    };
+    crate::server_tls::apply(&mut resolved, farm_tls)?;
     let cache = resolved.block_cache().context("build block cache")?;
     let registry = Registry::new(resolved.registry.clone(), cache)
         .with_context(|| format!("serve store {}", resolved.registry.store_dir.display()))?;
+    let base = if farm.is_some() {
+        AccessPolicy::FARM
+    } else {
+        AccessPolicy::STANDALONE
+    };
+    registry.set_access(resolved.access_policy(base));
     if let Some(f) = &farm {
         registry.set_sessions(Arc::new(crate::server_farm::FarmSessions::new(
             f,
             runtime.handle().clone(),
             &resolved.registry.store_dir,
         )));
+        crate::server_farm::close_ended_sessions(f, &registry, runtime.handle());
     }
     let api = farm.map(|f| (f, a.api_listen));
     let result = runtime.block_on(serve(resolved, registry, Arc::new(Metrics::new()), api));

@@ -134,6 +134,74 @@ pub struct FarmHandle {
     pub farm: Arc<farm::Farm>,
     /// This server's id in the farm.
     pub server_id: i64,
+    /// This server's name in the farm.
+    pub name: String,
+    /// The NBD address devices are told to use.
+    pub advertise: String,
+}
+
+/// How often a farm server checks that the sessions open on it still exist in the farm
+/// database (ended by another server's API, or expired), closing those that do not.
+pub const SESSION_RECHECK_EVERY: Duration = Duration::from_secs(10);
+
+/// This server's certificate from the farm's authority, for the host it is advertised at
+/// and the local names (issued once and kept in the farm's secrets directory).
+///
+/// # Errors
+/// The farm has no authority (an old farm: `ferry farm init` made none), or issuing failed.
+pub async fn tls_material(handle: &FarmHandle) -> anyhow::Result<crate::server_tls::TlsMaterial> {
+    let mut hosts = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+    let host = handle
+        .advertise
+        .rsplit_once(':')
+        .map_or(handle.advertise.as_str(), |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    if !host.is_empty() && !hosts.contains(&host) {
+        hosts.push(host);
+    }
+    let (ca_pem, issued) = handle
+        .farm
+        .server_tls(&handle.name, &hosts)
+        .context("this server's certificate from the farm's authority")?;
+    Ok(crate::server_tls::TlsMaterial {
+        ca_pem,
+        cert_pem: issued.cert_pem,
+        key_pem: issued.key_pem,
+    })
+}
+
+/// Closes the connections of every session that ends: at once for sessions this process's
+/// farm API ends (the session table tells), and within [`SESSION_RECHECK_EVERY`] for
+/// sessions ended elsewhere (another server's API, expiry), checked against the database.
+pub fn close_ended_sessions(
+    handle: &FarmHandle,
+    registry: &server::exports::Registry,
+    runtime: &tokio::runtime::Handle,
+) {
+    let reg = registry.clone();
+    handle.farm.session_table().on_end(move |name| {
+        reg.revoke_session(name);
+    });
+    let reg = registry.clone();
+    let farm = Arc::clone(&handle.farm);
+    runtime.spawn(async move {
+        let mut tick = tokio::time::interval(SESSION_RECHECK_EVERY);
+        loop {
+            tick.tick().await;
+            for name in reg.open_session_names() {
+                match farm.session_by_export(&name).await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
+                        farm.session_table().remove(&name);
+                        reg.revoke_session(&name);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "session recheck failed"),
+                }
+            }
+        }
+    });
 }
 
 /// Opens the farm in `data` (SQLite there, or `db`), finds the store to serve (`store`, or
@@ -204,6 +272,8 @@ pub async fn open(
         FarmHandle {
             farm: Arc::new(farm),
             server_id: me.id,
+            name: name.to_string(),
+            advertise: advertise.to_string(),
         },
         store_dir,
     ))
