@@ -113,7 +113,7 @@ pub fn outside(root: &Path, path: &Path) -> Error {
     Error::new(
         ErrorKind::OutsideRoot,
         format!(
-            "{}: not inside {} (only files in it may be opened)",
+            "{}: outside {} (only files inside it may be opened)",
             path.display(),
             root.display()
         ),
