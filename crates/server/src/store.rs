@@ -330,7 +330,7 @@ mod tests {
         std::fs::create_dir(dir.join("d.vhdx")).unwrap();
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &dir.join("p.vhdx"),
+            dir.join("p.vhdx"),
             rustix::fs::FileType::Fifo,
             rustix::fs::Mode::from_raw_mode(0o600),
             0,
