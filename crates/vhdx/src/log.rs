@@ -205,7 +205,10 @@ impl Replay {
                 };
                 entry_end = entry_end.max(end);
             }
-            let allowed = file_len.max(entry_end.next_multiple_of(crate::MIB));
+            let rounded = entry_end
+                .checked_next_multiple_of(crate::MIB)
+                .unwrap_or(u64::MAX);
+            let allowed = file_len.max(rounded);
             if e.last_file_offset > allowed {
                 return Err(Error::LastFileOffsetTooFar {
                     sequence: e.sequence_number,
