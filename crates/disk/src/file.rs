@@ -163,6 +163,8 @@ pub fn confine(root: &Path, path: &Path) -> Result<PathBuf> {
 /// never blocks (see [`open_file`]). Returns the canonical path and the file.
 ///
 /// Every server and farm open of a store file or a chain layer should go through this.
+/// `root` must be canonical (as `std::fs::canonicalize` gives it): against any other
+/// spelling every path is refused, never admitted.
 ///
 /// # Errors
 /// As [`confine`]; `NotRegularFile`; `Io`.
