@@ -8,7 +8,11 @@
 //! parsers, so run with `-max_len=65552` (docs/fuzzing.md; scripts/fuzz-smoke.sh does).
 //!
 //! Must hold: no panic, no overflow; an active sequence is non-empty, has consecutive
-//! sequence numbers, and its head's tail points at its first entry.
+//! sequence numbers, and its head's tail points at its first entry; `Replay::check_extent`
+//! against a file length taken from bytes 20..24 (in 4 KiB units) never lets the file grow
+//! past that length plus `LOG_GROWTH_MAX` (rounded up to 1 MiB), and its accepted length
+//! covers every write and LastFileOffset. Shapes worth seeding by hand: a LastFileOffset of
+//! 1 TiB over a 4 MiB file, and a data descriptor at 1 TiB (both refused).
 //!
 //! Seed corpus (qemu writes BAT updates through the log; the log is at 1 MiB and its first
 //! entry carries the GUID at byte 32):
@@ -46,6 +50,16 @@ fuzz_target!(|data: &[u8]| {
             .all(|w| w[0].sequence_number.checked_add(1) == Some(w[1].sequence_number)),
         "sequence numbers are consecutive"
     );
+    let file_len = rest
+        .get(4..8)
+        .map_or(0, |b| u64::from(u32::from_le_bytes(b.try_into().expect("4 bytes"))) << 12);
+    if let Ok(len) = replay.check_extent(file_len) {
+        let bound = (file_len + log::LOG_GROWTH_MAX).next_multiple_of(vhdx::MIB);
+        assert!(len >= file_len && len <= bound, "replay grows the file too far");
+        for e in entries {
+            assert!(e.last_file_offset <= len, "LastFileOffset beyond the accepted length");
+        }
+    }
     let head = entries.last().expect("non-empty");
     assert_eq!(
         u64::from(head.tail),

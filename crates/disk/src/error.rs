@@ -27,6 +27,13 @@ pub enum ErrorKind {
     InvalidArgument,
     /// A limit was exceeded.
     LimitExceeded,
+    /// Nothing exists at the path named.
+    NotFound,
+    /// The path names a FIFO, device, socket or directory where a file was expected.
+    NotRegularFile,
+    /// The path lies outside the directory opens are confined to (see
+    /// [`crate::file::open_beneath`]).
+    OutsideRoot,
 }
 
 /// The error of the image library.

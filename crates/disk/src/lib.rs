@@ -19,6 +19,7 @@
 pub mod bytes;
 pub mod device;
 pub mod error;
+pub mod file;
 pub mod inline;
 pub mod open;
 pub mod ops;

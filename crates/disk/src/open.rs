@@ -1,14 +1,13 @@
 //! Opening any image by path: format detection by magic, and differencing chains resolved
 //! through parent locators with identity checks, a depth limit and cycle detection.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::raw::RawDisk;
 use crate::vhd::VhdImage;
 use crate::vhdx::{self, VhdxImage};
-use crate::{BlockDevice, Error, ErrorKind, FileStorage, Result, Storage};
+use crate::{BlockDevice, Error, ErrorKind, FileStorage, Result, Storage, file};
 
 /// The deepest chain opened (base + 63 versions).
 pub const MAX_CHAIN_DEPTH: usize = 64;
@@ -222,16 +221,14 @@ pub struct OpenOptions {
     pub format: Option<Format>,
 }
 
-/// Opens a file as storage.
+/// Opens a file as storage, never blocking: a FIFO, socket, character device or directory
+/// is refused before any read (see [`crate::file::open_file`]); a block device is accepted
+/// (a raw image may be a disk).
 ///
 /// # Errors
-/// `Io` naming the path.
+/// `NotFound`, `NotRegularFile` or `Io`, naming the path.
 pub fn open_storage(path: &Path, writable: bool) -> Result<Arc<dyn Storage>> {
-    let f = File::options()
-        .read(true)
-        .write(writable)
-        .open(path)
-        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    let f = file::open_file(path, writable, file::Accept::RegularOrBlock)?;
     Ok(Arc::new(FileStorage::new(f)))
 }
 
@@ -241,6 +238,11 @@ pub fn open_storage(path: &Path, writable: bool) -> Result<Arc<dyn Storage>> {
 /// Format and I/O errors, with the path in the message.
 pub fn open_one(path: &Path, opts: OpenOptions) -> Result<Layer> {
     let storage = open_storage(path, opts.writable)?;
+    open_one_on(path, storage, opts)
+}
+
+/// Opens one image from `storage` already opened from `path`.
+fn open_one_on(path: &Path, storage: Arc<dyn Storage>, opts: OpenOptions) -> Result<Layer> {
     let format = match opts.format {
         Some(f) => f,
         None => detect(path, storage.as_ref())?,
@@ -277,15 +279,43 @@ pub fn open_one(path: &Path, opts: OpenOptions) -> Result<Layer> {
     })
 }
 
+/// How a chain's layers are opened: the path a layer is known by (for cycle checks and
+/// [`Layer::path`]) and its storage.
+type Opener<'a> = dyn Fn(&Path, bool) -> Result<(PathBuf, Arc<dyn Storage>)> + 'a;
+
 /// Opens an image and its whole parent chain.
 ///
 /// # Errors
 /// `ChainBroken` for a missing parent, an identity mismatch, a cycle, or a chain deeper than
 /// [`MAX_CHAIN_DEPTH`]; format and I/O errors of any layer.
 pub fn open(path: &Path, opts: OpenOptions) -> Result<Chain> {
-    let top = open_one(path, opts)?;
+    open_chain(path, opts, &|p, writable| {
+        let storage = open_storage(p, writable)?;
+        Ok((p.to_path_buf(), storage))
+    })
+}
+
+/// Opens an image and its whole parent chain with every layer confined to `root` (a
+/// canonical directory): each layer, the top included, is opened by
+/// [`file::open_beneath`], so a parent locator naming a file outside `root` (directly, by
+/// `..` or through a symlink) is refused with the same text whether or not that file
+/// exists, and nothing but a regular file is opened. Layers are known by their canonical
+/// paths.
+///
+/// # Errors
+/// As [`open`]; the top's own `OutsideRoot`, `NotFound` or `NotRegularFile`.
+pub fn open_confined(root: &Path, path: &Path, opts: OpenOptions) -> Result<Chain> {
+    open_chain(path, opts, &|p, writable| {
+        let (real, f) = file::open_beneath(root, p, writable)?;
+        Ok((real, Arc::new(FileStorage::new(f)) as Arc<dyn Storage>))
+    })
+}
+
+fn open_chain(path: &Path, opts: OpenOptions, opener: &Opener<'_>) -> Result<Chain> {
+    let (top_path, storage) = opener(path, opts.writable)?;
+    let top = open_one_on(&top_path, storage, opts)?;
     let mut layers = vec![top];
-    let mut seen = vec![canonical(path)];
+    let mut seen = vec![canonical(&top_path)];
     loop {
         let cur = layers.last().expect("chain has a top");
         let Some(pref) = cur.image.device().parent_ref() else {
@@ -303,11 +333,21 @@ pub fn open(path: &Path, opts: OpenOptions) -> Result<Chain> {
         let mut tried = Vec::new();
         let mut found = None;
         for cand in &pref.paths {
-            if !cand.exists() {
-                tried.push(format!("{} (not found)", cand.display()));
-                continue;
-            }
-            if seen.contains(&canonical(cand)) {
+            // The candidate is opened (never blocking, confined when the opener is) before
+            // anything is read from it; a candidate that does not open is reported and the
+            // next is tried.
+            let (cand_path, storage) = match opener(cand, false) {
+                Ok(o) => o,
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    tried.push(format!("{} (not found)", cand.display()));
+                    continue;
+                }
+                Err(e) => {
+                    tried.push(format!("({e})"));
+                    continue;
+                }
+            };
+            if seen.contains(&canonical(&cand_path)) {
                 return Err(Error::new(
                     ErrorKind::ChainBroken,
                     format!(
@@ -317,9 +357,9 @@ pub fn open(path: &Path, opts: OpenOptions) -> Result<Chain> {
                     ),
                 ));
             }
-            // A candidate that exists but does not open (another file, a directory, a damaged
-            // image) is reported and the next candidate is tried.
-            let parent = match open_one(cand, OpenOptions::default()) {
+            // A candidate that exists but does not open (another file, a damaged image) is
+            // reported and the next candidate is tried.
+            let parent = match open_one_on(&cand_path, storage, OpenOptions::default()) {
                 Ok(p) => p,
                 Err(e) => {
                     tried.push(format!("{} ({e})", cand.display()));

@@ -37,7 +37,7 @@ fn read_only() -> Error {
 impl Storage for OverlayStorage {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.inner.read_at(buf, offset)?;
-        let end = offset + buf.len() as u64;
+        let end = offset.saturating_add(buf.len() as u64);
         for w in &self.writes {
             let (w_off, w_len, data) = match w {
                 Write::Data {
@@ -46,7 +46,7 @@ impl Storage for OverlayStorage {
                 } => (*file_offset, sector.len() as u64, Some(sector)),
                 Write::Zero { file_offset, len } => (*file_offset, *len, None),
             };
-            let (lo, hi) = (w_off.max(offset), (w_off + w_len).min(end));
+            let (lo, hi) = (w_off.max(offset), w_off.saturating_add(w_len).min(end));
             if lo >= hi {
                 continue;
             }

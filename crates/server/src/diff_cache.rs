@@ -35,7 +35,7 @@
 //! process.
 
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -126,7 +126,15 @@ impl FileLock {
     /// # Errors
     /// [`DiffCacheError::Busy`] while a writer holds it; `Io`.
     pub fn shared(path: &Path) -> Result<FileLock, DiffCacheError> {
-        let file = File::open(path).map_err(io_err("open", path))?;
+        // Non-blocking, and only a regular file: a FIFO named like a vDisk must not hold
+        // the opening thread forever.
+        let file = File::options()
+            .read(true)
+            .custom_flags(disk::file::nonblocking_flags())
+            .open(path)
+            .map_err(io_err("open", path))?;
+        let file = disk::file::require_file(file, path, disk::file::Accept::Regular)
+            .map_err(disk_err(path))?;
         try_flock(&file, FlockOperation::NonBlockingLockShared, path)?;
         Ok(FileLock { _file: file })
     }
@@ -145,8 +153,11 @@ pub fn lock_for_write(path: &Path, create: bool) -> Result<File, DiffCacheError>
             .write(true)
             .create(create)
             .truncate(false)
+            .custom_flags(disk::file::nonblocking_flags())
             .open(path)
             .map_err(io_err("open", path))?;
+        let file = disk::file::require_file(file, path, disk::file::Accept::Regular)
+            .map_err(disk_err(path))?;
         try_flock(&file, FlockOperation::NonBlockingLockExclusive, path)?;
         let held = file.metadata().map_err(io_err("stat", path))?;
         let named = std::fs::metadata(path);

@@ -633,7 +633,7 @@ impl Inner {
     /// The shared read-only chain of `path`, opened if no connection holds it or the file
     /// changed since.
     fn shared_chain(&self, path: &Path) -> Result<(Arc<dyn BlockDevice>, ChainKey), OpenError> {
-        let path = canonical(path)?;
+        let path = self.confined(path)?;
         let id = FileId::of(&path)
             .map_err(|e| OpenError::Other(format!("stat {}: {e}", path.display())))?;
         {
@@ -646,11 +646,11 @@ impl Inner {
                 return Ok((top, c.key.clone()));
             }
         }
+        // Every layer, the top included, is checked to be a regular file inside the store
+        // before it is opened, and opened without following a symlink out of it.
         let chain =
-            disk::open::open(&path, disk::open::OpenOptions::default()).map_err(disk_err(&path))?;
-        for layer in &chain.layers {
-            self.confined(&layer.path)?;
-        }
+            disk::open::open_confined(self.store.dir(), &path, disk::open::OpenOptions::default())
+                .map_err(disk_err(&path))?;
         if let Err(e) = chain.advise_random_all() {
             tracing::debug!(path = %path.display(), error = %e, "fadvise failed");
         }
@@ -672,18 +672,22 @@ impl Inner {
     }
 
     /// The cached parent a differencing image names: the first candidate path whose chain
-    /// has an accepted identity.
+    /// has an accepted identity. A candidate outside the store is reported with one text
+    /// whether or not it exists.
     fn cached_parent(
         &self,
         pref: &disk::device::ParentRef,
     ) -> Result<Arc<dyn BlockDevice>, OpenError> {
         let mut tried = Vec::new();
-        for cand in pref.paths.iter().filter(|p| p.exists()) {
-            if let Err(e) = self.confined(cand) {
-                tried.push(format!("{} ({e})", cand.display()));
-                continue;
-            }
-            match self.shared_chain(cand) {
+        for cand in &pref.paths {
+            let real = match self.confined(cand) {
+                Ok(real) => real,
+                Err(e) => {
+                    tried.push(e.to_string());
+                    continue;
+                }
+            };
+            match self.shared_chain(&real) {
                 Ok((top, key)) if top.linkage_id().is_some_and(|g| pref.linkage.contains(&g)) => {
                     return Ok(self.cache.wrap(key, top));
                 }
@@ -697,21 +701,18 @@ impl Inner {
         )))
     }
 
-    /// Refuses a file outside the store directory (after symlinks are resolved). A
-    /// differencing image's parent locator is data inside the file: without this, a vDisk
-    /// dropped into the store could name any image on the server as its parent and have
-    /// it served to every client.
-    fn confined(&self, path: &Path) -> Result<(), OpenError> {
-        let real = canonical(path)?;
-        if real.starts_with(self.store.dir()) {
-            Ok(())
-        } else {
-            Err(OpenError::Other(format!(
-                "{} is outside the store {} (a parent locator may only name files in the store)",
-                real.display(),
-                self.store.dir().display()
-            )))
-        }
+    /// The canonical path of `path` when it is inside the store directory (after symlinks
+    /// are resolved; nothing is opened). A differencing image's parent locator is data
+    /// inside the file: without this, a vDisk dropped into the store could name any image
+    /// on the server as its parent and have it served to every client, or probe which paths
+    /// exist (the refusal reads the same either way).
+    fn confined(&self, path: &Path) -> Result<PathBuf, OpenError> {
+        disk::file::confine(self.store.dir(), path).map_err(|e| match e.kind() {
+            disk::ErrorKind::NotFound => OpenError::NotFound(e.to_string()),
+            _ => OpenError::Other(format!(
+                "{e}; a parent locator may only name files in the store"
+            )),
+        })
     }
 
     fn list(&self) -> Result<Vec<ExportInfo>, StoreError> {

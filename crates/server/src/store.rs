@@ -11,7 +11,9 @@
 //! may sit directly on the base); the number only orders versions. Names are read from the
 //! directory on every resolution, so a version made while the server runs is served by the
 //! next open. Files that do not follow the pattern (`golden.u3.avhdx`, `notes.txt`) are
-//! ignored. What this module is not: it opens no image; [`crate::exports`] does.
+//! ignored, and so are entries that are not regular files (FIFOs, devices, sockets,
+//! directories) and symlinks that lead out of the store or to anything but a regular file.
+//! What this module is not: it opens no image; [`crate::exports`] does.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -137,7 +139,10 @@ impl Store {
                 return Err(StoreError::TooManyEntries(self.dir.clone()));
             }
             let entry = entry.map_err(scan_err)?;
-            if let Some(file_name) = entry.file_name().to_str() {
+            if let Some(file_name) = entry.file_name().to_str()
+                && parse_file_name(file_name).is_some()
+                && self.is_store_file(&entry)
+            {
                 names.push(file_name.to_string());
             }
         }
@@ -162,6 +167,29 @@ impl Store {
         self.vdisks_seen
             .store(by_name.len() as u64, Ordering::Relaxed);
         Ok(by_name.into_values().collect())
+    }
+
+    /// Whether a directory entry is a vDisk file the store serves: a regular file, or a
+    /// symlink to a regular file inside the store. A FIFO, device, socket or directory, or
+    /// a symlink out of the store, is skipped (never opened: it could block the opener or
+    /// serve a file from elsewhere).
+    fn is_store_file(&self, entry: &std::fs::DirEntry) -> bool {
+        let Ok(t) = entry.file_type() else {
+            return false;
+        };
+        let keep = if t.is_file() {
+            true
+        } else if t.is_symlink() {
+            std::fs::canonicalize(entry.path()).is_ok_and(|real| {
+                real.starts_with(&self.dir) && std::fs::metadata(&real).is_ok_and(|m| m.is_file())
+            })
+        } else {
+            false
+        };
+        if !keep {
+            tracing::debug!(path = %entry.path().display(), "not a regular file in the store; skipped");
+        }
+        keep
     }
 
     /// Resolves `NAME` (the newest version) or `NAME@N` (read-only export names, as
@@ -287,6 +315,35 @@ mod tests {
     #[test]
     fn hidden_files_are_ignored() {
         assert_eq!(parse_file_name(".golden.vhdx"), None);
+    }
+
+    #[test]
+    fn scan_skips_fifos_and_symlinks_out_of_the_store() {
+        let d = tempfile::tempdir().unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let dir = d.path();
+        std::fs::write(dir.join("a.vhdx"), b"x").unwrap();
+        std::fs::write(out.path().join("t.vhdx"), b"x").unwrap();
+        std::os::unix::fs::symlink(dir.join("a.vhdx"), dir.join("in.vhdx")).unwrap();
+        std::os::unix::fs::symlink(out.path().join("t.vhdx"), dir.join("out.vhdx")).unwrap();
+        std::os::unix::fs::symlink(dir.join("none"), dir.join("dangling.vhdx")).unwrap();
+        std::fs::create_dir(dir.join("d.vhdx")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dir.join("p.vhdx"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let names: Vec<String> = Store::open(dir)
+            .unwrap()
+            .scan()
+            .unwrap()
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        assert_eq!(names, ["a", "in"]);
     }
 
     #[test]

@@ -75,6 +75,38 @@ pub enum Error {
     /// Sequence number zero.
     #[error("log entry sequence number is zero")]
     ZeroSequence,
+    /// A write of the log ends past what the file may grow to during replay.
+    #[error(
+        "log entry {sequence} descriptor {index}: FileOffset {file_offset:#x} + {len:#x} bytes \
+         ends past the {file_len}-byte file plus the {LOG_GROWTH_MAX}-byte replay growth limit"
+    )]
+    WriteBeyondFile {
+        /// The entry's SequenceNumber.
+        sequence: u64,
+        /// Which descriptor.
+        index: usize,
+        /// Its FileOffset.
+        file_offset: u64,
+        /// Its length.
+        len: u64,
+        /// The file's real length.
+        file_len: u64,
+    },
+    /// LastFileOffset asks for a file longer than the file and the entry's own writes reach.
+    #[error(
+        "log entry {sequence}: LastFileOffset {last_file_offset:#x} lies past both the \
+         {file_len}-byte file and the end of the entry's writes (at most {allowed:#x})"
+    )]
+    LastFileOffsetTooFar {
+        /// The entry's SequenceNumber.
+        sequence: u64,
+        /// LastFileOffset.
+        last_file_offset: u64,
+        /// The file's real length.
+        file_len: u64,
+        /// The largest LastFileOffset accepted.
+        allowed: u64,
+    },
     /// Belongs to another log.
     #[error("log entry belongs to log {found}, not {expected}")]
     WrongLogGuid {
@@ -140,7 +172,60 @@ impl Replay {
     pub fn last_file_offset(&self) -> u64 {
         self.entries.last().map_or(0, |e| e.last_file_offset)
     }
+
+    /// Checks the replay against the file's real length `file_len` and returns the length
+    /// the file has after it (never less than `file_len`). A log may legitimately grow the
+    /// file a little (metadata written to space allocated just before a crash), so every
+    /// write must end within `file_len` + [`LOG_GROWTH_MAX`], and each entry's
+    /// LastFileOffset within the file or its own writes' end (rounded up to 1 MiB, as
+    /// allocations are). A crafted log cannot stretch the file, or a read-only view of it,
+    /// to reach BAT entries far past the real data.
+    ///
+    /// # Errors
+    /// [`Error::WriteBeyondFile`]; [`Error::LastFileOffsetTooFar`].
+    pub fn check_extent(&self, file_len: u64) -> Result<u64, Error> {
+        let limit = file_len.saturating_add(LOG_GROWTH_MAX);
+        let mut reach = file_len;
+        for e in &self.entries {
+            let mut entry_end = 0u64;
+            for (index, w) in e.writes.iter().enumerate() {
+                let (file_offset, len) = match w {
+                    Write::Data { file_offset, .. } => (*file_offset, SECTOR as u64),
+                    Write::Zero { file_offset, len } => (*file_offset, *len),
+                };
+                let end = file_offset.checked_add(len).filter(|&end| end <= limit);
+                let Some(end) = end else {
+                    return Err(Error::WriteBeyondFile {
+                        sequence: e.sequence_number,
+                        index,
+                        file_offset,
+                        len,
+                        file_len,
+                    });
+                };
+                entry_end = entry_end.max(end);
+            }
+            let rounded = entry_end
+                .checked_next_multiple_of(crate::MIB)
+                .unwrap_or(u64::MAX);
+            let allowed = file_len.max(rounded);
+            if e.last_file_offset > allowed {
+                return Err(Error::LastFileOffsetTooFar {
+                    sequence: e.sequence_number,
+                    last_file_offset: e.last_file_offset,
+                    file_len,
+                    allowed,
+                });
+            }
+            reach = reach.max(e.last_file_offset).max(entry_end);
+        }
+        Ok(reach)
+    }
 }
+
+/// The most a log replay may grow a file past its real length (a write's end, or
+/// LastFileOffset): more than one allocation of the largest block plus its bitmap.
+pub const LOG_GROWTH_MAX: u64 = 2 * crate::MAX_BLOCK_SIZE as u64;
 
 fn circular(log: &[u8], off: usize, len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len);
@@ -452,6 +537,75 @@ mod tests {
                 sector: vec![0xab; SECTOR].into()
             }
         );
+    }
+
+    fn replay_of(last_file_offset: u64, data_at: u64) -> Replay {
+        let sector = vec![1u8; SECTOR];
+        let data = [(data_at, sector.as_slice())];
+        let e = NewEntry {
+            sequence_number: 1,
+            tail: 0,
+            log_guid: G,
+            flushed_file_offset: 1 << 22,
+            last_file_offset,
+            data: &data,
+            zeros: &[],
+        }
+        .encode();
+        Replay {
+            entries: vec![parse_entry(&e, 0, G).unwrap()],
+        }
+    }
+
+    #[test]
+    fn log_may_grow_the_file_to_its_writes_reach() {
+        // A write just past the 4 MiB file, and LastFileOffset at the 1 MiB above it.
+        let r = replay_of(5 << 20, 4 << 20);
+        assert_eq!(r.check_extent(4 << 20).unwrap(), 5 << 20);
+        assert_eq!(
+            replay_of(4 << 20, 0).check_extent(4 << 20).unwrap(),
+            4 << 20
+        );
+    }
+
+    #[test]
+    fn last_file_offset_past_file_and_writes_is_refused() {
+        let r = replay_of(1 << 40, 0x20_0000);
+        let e = r.check_extent(4 << 20).unwrap_err();
+        assert!(matches!(e, Error::LastFileOffsetTooFar { .. }), "{e}");
+        assert!(
+            e.to_string().contains("LastFileOffset 0x10000000000"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn write_far_past_the_file_is_refused() {
+        let r = replay_of(4 << 20, 1 << 40);
+        let e = r.check_extent(4 << 20).unwrap_err();
+        assert!(matches!(e, Error::WriteBeyondFile { index: 0, .. }), "{e}");
+    }
+
+    #[test]
+    fn zero_range_that_wraps_is_refused() {
+        let r = Replay {
+            entries: vec![Entry {
+                log_offset: 0,
+                length: 4096,
+                tail: 0,
+                sequence_number: 1,
+                flushed_file_offset: 0,
+                last_file_offset: 0,
+                writes: vec![Write::Zero {
+                    file_offset: u64::MAX - 4095,
+                    len: 8192,
+                }],
+            }],
+        };
+        assert!(matches!(
+            r.check_extent(4 << 20),
+            Err(Error::WriteBeyondFile { .. })
+        ));
     }
 
     #[test]

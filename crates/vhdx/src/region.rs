@@ -78,7 +78,7 @@ pub struct Region {
 impl Region {
     /// One past the last byte.
     pub fn end(&self) -> u64 {
-        self.offset + u64::from(self.length)
+        self.offset.saturating_add(u64::from(self.length))
     }
 }
 

@@ -6,7 +6,6 @@
 //! read again and compared through the same pipeline: the "writer" is a `Verifier` that
 //! compares what it is given with the output instead of writing it.
 
-use std::fs::File;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -97,8 +96,7 @@ pub fn capture(
 /// device's `stat` length is 0), and its logical and physical sector sizes.
 fn open_source(path: &Path) -> Result<(RawDisk, u32, u32)> {
     use std::io::{Seek, SeekFrom};
-    let mut file =
-        File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    let mut file = crate::file::open_file(path, false, crate::file::Accept::RegularOrBlock)?;
     let len = file
         .seek(SeekFrom::End(0))
         .map_err(|e| Error::io(format!("seek to the end of {}", path.display()), e))?;

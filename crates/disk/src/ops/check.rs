@@ -201,6 +201,12 @@ fn audit_vhdx(arc: &Arc<dyn Storage>, report: &mut CheckReport, fix: &mut Fixabl
                 return Ok(());
             }
             Ok(Some(r)) => {
+                if let Err(e) = r.check_extent(file_len) {
+                    // A log stretching the file would let BAT entries far past its data
+                    // pass, and --repair would extend the file to match.
+                    report.errors.push(format!("log: {e}"));
+                    return Ok(());
+                }
                 report.warnings.push(format!(
                     "log is dirty: {} entr{} to replay (readers replay it; --repair writes it)",
                     r.entries.len(),
@@ -364,12 +370,12 @@ fn audit_entries(
             report.errors.push(format!(
                 "bat entry {i} points at {start:#x}, past the end of the {file_len}-byte file"
             ));
-        } else if start + len > file_len {
+        } else if start.checked_add(len).is_none_or(|end| end > file_len) {
             report.warnings.push(format!(
                 "bat entry {i}: block at {start:#x} extends past the end of the file"
             ));
         }
-        used.push((start, start + len, format!("bat entry {i}")));
+        used.push((start, start.saturating_add(len), format!("bat entry {i}")));
     }
 }
 

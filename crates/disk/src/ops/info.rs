@@ -10,7 +10,6 @@
 //! parent does this file want?" is exactly what one asks `info` when a chain is broken.
 
 use std::fmt::Write as _;
-use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::path::Path;
 
@@ -155,7 +154,7 @@ fn identity(layer: &Layer) -> Result<(Option<bool>, Option<String>)> {
 /// The length of a file, or of a block device (whose metadata says 0), by seeking to its end.
 fn file_size(path: &Path) -> Result<u64> {
     let io = |e| crate::Error::io(format!("measure {}", path.display()), e);
-    let mut f = File::open(path).map_err(io)?;
+    let mut f = crate::file::open_file(path, false, crate::file::Accept::RegularOrBlock)?;
     f.seek(SeekFrom::End(0)).map_err(io)
 }
 

@@ -124,7 +124,12 @@ impl VhdxImage {
                 regions.bat.offset, regions.bat.length, entries
             )));
         }
-        if regions.bat.offset + bat_bytes > file_len {
+        if regions
+            .bat
+            .offset
+            .checked_add(bat_bytes)
+            .is_none_or(|end| end > file_len)
+        {
             return Err(corrupt(format!(
                 "bat at {:#x} needs {bat_bytes} bytes but the file ends at {file_len} (truncated?)",
                 regions.bat.offset
@@ -208,13 +213,21 @@ fn find_replay(
     }
     let buf = read(storage, hdr.log_offset, len)?;
     let replay = log::find_active(&buf, hdr.log_guid).map_err(|e| invalid("log", e))?;
-    if let Some(r) = &replay
-        && file_len < r.flushed_file_offset()
-    {
-        return Err(corrupt(format!(
-            "file is {file_len} bytes but the log says {} were flushed (truncated file)",
-            r.flushed_file_offset()
-        )));
+    if let Some(r) = &replay {
+        if file_len < r.flushed_file_offset() {
+            return Err(corrupt(format!(
+                "file is {file_len} bytes but the log says {} were flushed (truncated file)",
+                r.flushed_file_offset()
+            )));
+        }
+        // Bounds the replayed file (and the read-only view of it) by the real length.
+        r.check_extent(file_len).map_err(|e| {
+            Error::with_source(
+                ErrorKind::Corrupt,
+                format!("log at {:#x}: {e}", hdr.log_offset),
+                e,
+            )
+        })?;
     }
     Ok(replay)
 }
@@ -232,6 +245,7 @@ pub(crate) fn apply_replay(storage: &dyn Storage, r: &Replay) -> Result<()> {
             }
         }
     }
+    // `find_replay` bounded LastFileOffset by the file's real length and the log's writes.
     if storage.len()? < r.last_file_offset() {
         storage.set_len(r.last_file_offset())?;
     }
@@ -289,7 +303,8 @@ pub(crate) fn fixed_structures(
     if hdr.log_length > 0 {
         used.push((
             hdr.log_offset,
-            hdr.log_offset + u64::from(hdr.log_length),
+            // Saturating: a log whose end wraps overlaps everything after it.
+            hdr.log_offset.saturating_add(u64::from(hdr.log_length)),
             "log".into(),
         ));
     }
@@ -323,13 +338,14 @@ fn validate_placement(
             u64::from(layout.block_size)
         };
         let start = e.file_offset();
-        if start + len > file_len {
+        // Checked: an offset near 2^64 must not wrap round to pass.
+        let Some(end) = start.checked_add(len).filter(|&end| end <= file_len) else {
             return Err(corrupt(format!(
                 "bat entry {i} points at {start:#x}, a block ending past the end of the \
                  {file_len}-byte file (truncated?)"
             )));
-        }
-        used.push((start, start + len, format!("bat entry {i}")));
+        };
+        used.push((start, end, format!("bat entry {i}")));
     }
     used.sort_by_key(|u| u.0);
     for w in used.windows(2) {
