@@ -1,25 +1,35 @@
-//! Device login, target side: a challenge and a proof of the farm key against the farm's
-//! REST API, which answers with what to attach (docs/farm.md, "Device login").
+//! Device login, target side: a challenge and a proof of the device's key against the
+//! farm's REST API, which answers with what to attach (docs/farm.md, "Device login").
 //!
 //! ```text
 //!   target                                   farm (ferry farm serve / ferry server --farm)
 //!   POST /api/v1/login/challenge {mac}  ──►  {nonce, expires_at_ms}
 //!   hmac = HMAC-SHA256(key, nonce ‖ mac)
 //!   POST /api/v1/login {mac, nonce, hmac} ─► LoginGrant: servers, vDisk, version, cache
-//!                                            mode, RAM size, session export, token
+//!                                            mode, RAM size, session export, token,
+//!                                            device certificate (and, at enrolment,
+//!                                            the device secret)
 //! ```
 //!
-//! `key` is the farm key's bytes (hex-decoded from `DATA/farm.key`), `nonce` the nonce's
-//! text as received and `mac` the normalized MAC (`aa:bb:cc:dd:ee:ff`), concatenated as
-//! UTF-8; `hmac` goes out as lowercase hex. The key never crosses the wire. The bodies,
-//! the MAC's normalization and the proof are `contract::login`'s and `contract::Mac`'s,
-//! the same code the farm answers with.
+//! `key` is the device secret's bytes, kept in the target's state file
+//! ([`DeviceState`]); at the first login, when there is none yet, the farm key's bytes
+//! (`DATA/secrets/farm.key`), which enrol the device: that grant carries the device's
+//! secret, which [`login_device`] stores before anything else. `nonce` is the nonce's text
+//! as received and `mac` the normalized MAC (`aa:bb:cc:dd:ee:ff`), concatenated as UTF-8;
+//! `hmac` goes out as lowercase hex. No key crosses the wire. The bodies, the MAC's
+//! normalization and the proof are `contract::login`'s and `contract::Mac`'s, the same code
+//! the farm answers with.
+//!
+//! The API is `https://` with its certificate verified against the farm's CA only (a file
+//! given by the caller, `--farm-ca`); plain `http://` is allowed to a loopback address only.
 //!
 //! The client is blocking (reqwest's blocking client): call [`login`] before starting an
 //! async runtime, or from `spawn_blocking`.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use contract::login::DeviceTls;
 use contract::login::{
     CHALLENGE_PATH, Challenge, ChallengeRequest, DeviceRef, LOGIN_PATH, LoginRequest,
 };
@@ -40,6 +50,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most bytes of an API error message kept in a [`LoginError`].
 const MESSAGE_BYTES_MAX: usize = 1024;
+/// Most bytes of a device secret file read (64 hex digits and a newline).
+const SECRET_FILE_BYTES_MAX: u64 = 1024;
 
 /// Why a login failed. Every variant names what failed; the farm's own message (its
 /// `{"error": ...}` body) is kept where there is one.
@@ -59,6 +71,30 @@ pub enum LoginError {
     /// The farm key is not hex (or empty).
     #[error("invalid farm key: {0}")]
     BadKey(&'static str),
+    /// The device has no secret in its state directory and no farm key was given to enrol.
+    #[error("device {mac} has no device secret in {dir} and no farm key was given to enrol it")]
+    NoCredential {
+        /// The MAC.
+        mac: String,
+        /// The state directory.
+        dir: String,
+    },
+    /// The state directory or the device secret in it cannot be read or written.
+    #[error("device state {path}: {reason}")]
+    State {
+        /// The file or directory.
+        path: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The farm's CA certificate cannot be used, or is missing for an `https://` API.
+    #[error("farm CA for {url}: {reason}")]
+    FarmCa {
+        /// The API's URL.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// No answer from the API (connection refused, timeout, DNS).
     #[error("farm API {url} is unreachable: {reason}")]
     Unreachable {
@@ -67,8 +103,12 @@ pub enum LoginError {
         /// The transport error.
         reason: String,
     },
-    /// 401: a wrong farm key (or a nonce that expired on the way).
-    #[error("login refused by {url} (wrong farm key?): {message}")]
+    /// 401: a wrong key: a wrong farm key, a farm-key login of a device already enrolled,
+    /// or a device secret an administrator has reset (or a nonce that expired on the way).
+    #[error(
+        "login refused by {url} (wrong farm key, device already enrolled, or device secret \
+         reset?): {message}"
+    )]
     BadProof {
         /// The API's URL.
         url: String,
@@ -152,6 +192,11 @@ pub struct LoginGrant {
     pub expires_at_ms: i64,
     /// True in private mode: the export writes to the version itself.
     pub writable: bool,
+    /// The device's client certificate, its key and the farm's CA, for the NBD servers
+    /// (when the farm has a CA).
+    pub tls: Option<DeviceTls>,
+    /// The device secret of this login's enrolment (a login with the farm key), once.
+    pub device_secret: Option<String>,
 }
 
 /// Parses a MAC as the farm does (`contract::Mac`): 12 hex digits, optionally separated
@@ -178,8 +223,9 @@ pub fn parse_farm_key(text: &str) -> Result<Vec<u8>, LoginError> {
     hex::decode(t).map_err(|_| LoginError::BadKey("it is not hex"))
 }
 
-/// Parses the API's base URL: `http://HOST[:PORT]` (a path prefix is kept). `HOST[:PORT]`
-/// without a scheme means `http://HOST:PORT`, port [`DEFAULT_API_PORT`] by default.
+/// Parses the API's base URL: `https://HOST[:PORT]` or `http://HOST[:PORT]` (a path
+/// prefix is kept). `HOST[:PORT]` without a scheme means `http://HOST:PORT`, port
+/// [`DEFAULT_API_PORT`] by default. (Which of them may be used is [`api_client`]'s call.)
 ///
 /// # Errors
 /// [`LoginError::BadUrl`].
@@ -199,8 +245,10 @@ pub fn parse_api_url(url: &str) -> Result<Url, LoginError> {
         u.set_port(Some(DEFAULT_API_PORT))
             .map_err(|()| bad("cannot set the port"))?;
     }
-    if u.scheme() != "http" {
-        return Err(bad("only http:// is supported"));
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err(bad(
+            "only https:// (or http:// to a loopback address) is supported",
+        ));
     }
     if u.host_str().is_none_or(str::is_empty) {
         return Err(bad("no host"));
@@ -220,20 +268,70 @@ struct ErrorAnswer {
     error: String,
 }
 
-/// Logs device `mac` in at the farm API `api_url` with the farm `key` (its bytes).
+/// True when `u` names a loopback host (`localhost`, 127.0.0.0/8, ::1).
+fn is_loopback(u: &Url) -> bool {
+    let host = u.host_str().unwrap_or_default();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A blocking HTTP client builder for the farm API at `base` (from [`parse_api_url`]):
+/// for `https://`, trusting only the farm's CA `ca_pem` (no built-in roots); `http://` only
+/// to a loopback address.
+///
+/// # Errors
+/// [`LoginError::FarmCa`]: `https://` without a CA, a CA that does not parse, or `http://`
+/// to another host.
+pub fn api_client(
+    base: &Url,
+    ca_pem: Option<&str>,
+) -> Result<reqwest::blocking::ClientBuilder, LoginError> {
+    let shown = base.as_str().trim_end_matches('/').to_string();
+    let fail = |reason: &str| LoginError::FarmCa {
+        url: shown.clone(),
+        reason: reason.to_string(),
+    };
+    let builder = reqwest::blocking::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(REQUEST_TIMEOUT)
+        .tls_built_in_root_certs(false);
+    if base.scheme() == "http" {
+        if !is_loopback(base) {
+            return Err(fail(
+                "plain http:// is allowed to a loopback address only; use https:// and \
+                 --farm-ca FILE",
+            ));
+        }
+        return Ok(builder);
+    }
+    let pem =
+        ca_pem.ok_or_else(|| fail("https:// needs the farm's CA certificate (--farm-ca FILE)"))?;
+    let ca = reqwest::Certificate::from_pem(pem.as_bytes())
+        .map_err(|e| fail(&format!("not a PEM certificate: {}", ErrorChain(&e))))?;
+    Ok(builder.add_root_certificate(ca).https_only(true))
+}
+
+/// Logs device `mac` in at the farm API `api_url`, proving with `key` (the device secret's
+/// bytes, or the farm key's to enrol), trusting `ca_pem` for an `https://` API.
 ///
 /// # Errors
 /// [`LoginError`]: each failure names its step and keeps the API's message.
-pub fn login(api_url: &str, mac: &str, key: &[u8]) -> Result<LoginGrant, LoginError> {
+pub fn login(
+    api_url: &str,
+    mac: &str,
+    key: &[u8],
+    ca_pem: Option<&str>,
+) -> Result<LoginGrant, LoginError> {
     let base = parse_api_url(api_url)?;
     let mac = parse_mac(mac)?;
     if key.is_empty() {
         return Err(LoginError::BadKey("it is empty"));
     }
     let shown = base.as_str().trim_end_matches('/').to_string();
-    let client = reqwest::blocking::Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(REQUEST_TIMEOUT)
+    let client = api_client(&base, ca_pem)?
         .build()
         .map_err(|e| LoginError::Unreachable {
             url: shown.clone(),
@@ -294,7 +392,132 @@ pub fn login(api_url: &str, mac: &str, key: &[u8]) -> Result<LoginGrant, LoginEr
         session_token: g.session_token,
         expires_at_ms: g.expires_at_ms,
         writable: g.writable,
+        tls: g.tls,
+        device_secret: g.device_secret,
     })
+}
+
+/// A target's state directory (0700): its device secret, one file per MAC
+/// (`device-aa-bb-cc-dd-ee-ff.secret`, 0600, the secret's hex text), written at enrolment
+/// or by hand after an administrator's reset (`ferry device credential`).
+#[derive(Debug, Clone)]
+pub struct DeviceState {
+    dir: PathBuf,
+}
+
+impl DeviceState {
+    /// The state directory `dir` (made 0700 when it is first written).
+    pub fn new(dir: &Path) -> DeviceState {
+        DeviceState {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file of `mac`'s secret.
+    pub fn secret_file(&self, mac: Mac) -> PathBuf {
+        let dashed = mac.to_string().replace(':', "-");
+        self.dir.join(format!("device-{dashed}.secret"))
+    }
+
+    /// `mac`'s device secret (bytes), or `None` when there is none yet.
+    ///
+    /// # Errors
+    /// [`LoginError::State`]: the file cannot be read or is not hex.
+    pub fn secret(&self, mac: Mac) -> Result<Option<Vec<u8>>, LoginError> {
+        use std::io::Read as _;
+        let p = self.secret_file(mac);
+        let state = |reason: String| LoginError::State {
+            path: p.display().to_string(),
+            reason,
+        };
+        let f = match std::fs::File::open(&p) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(state(e.to_string())),
+        };
+        let mut text = String::new();
+        f.take(SECRET_FILE_BYTES_MAX)
+            .read_to_string(&mut text)
+            .map_err(|e| state(e.to_string()))?;
+        match hex::decode(text.trim()) {
+            Ok(k) if !k.is_empty() => Ok(Some(k)),
+            _ => Err(state("does not hold a hex device secret".into())),
+        }
+    }
+
+    /// Stores `mac`'s device secret (hex), replacing the file atomically: the directory
+    /// 0700, the file 0600.
+    ///
+    /// # Errors
+    /// [`LoginError::State`].
+    pub fn store(&self, mac: Mac, secret_hex: &str) -> Result<(), LoginError> {
+        use std::io::Write as _;
+        use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+        let p = self.secret_file(mac);
+        let state = |e: std::io::Error| LoginError::State {
+            path: p.display().to_string(),
+            reason: e.to_string(),
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(state)?;
+        std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(state)?;
+        let tmp = p.with_extension("secret.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::File::options()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(state)?;
+        f.write_all(format!("{}\n", secret_hex.trim()).as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(state)?;
+        std::fs::rename(&tmp, &p).map_err(state)
+    }
+}
+
+/// Logs device `mac` in with its device secret from `state`; without one, enrols it with
+/// `farm_key` and stores the secret the grant carries before returning.
+///
+/// # Errors
+/// [`LoginError::NoCredential`] with neither; [`LoginError::State`] when the secret cannot
+/// be stored; else as [`login`].
+pub fn login_device(
+    api_url: &str,
+    mac: &str,
+    farm_key: Option<&[u8]>,
+    state: &DeviceState,
+    ca_pem: Option<&str>,
+) -> Result<LoginGrant, LoginError> {
+    let parsed = parse_mac(mac)?;
+    if let Some(secret) = state.secret(parsed)? {
+        return login(api_url, mac, &secret, ca_pem);
+    }
+    let key = farm_key.ok_or_else(|| LoginError::NoCredential {
+        mac: parsed.to_string(),
+        dir: state.path().display().to_string(),
+    })?;
+    let grant = login(api_url, mac, key, ca_pem)?;
+    if let Some(secret) = &grant.device_secret {
+        if let Err(e) = state.store(parsed, secret) {
+            // The farm will not enrol it again: the secret must not be lost.
+            tracing::error!(mac = %parsed, file = %state.secret_file(parsed).display(),
+                device_secret = %secret, "could not store the new device secret; store it by hand");
+            return Err(e);
+        }
+        tracing::info!(mac = %parsed, file = %state.secret_file(parsed).display(),
+            "enrolled with the farm; stored the device secret");
+    }
+    Ok(grant)
 }
 
 /// Where the login's POSTs go.
@@ -419,8 +642,12 @@ mod tests {
             parse_api_url("http://farm/ferry").unwrap().as_str(),
             "http://farm/ferry/"
         );
+        assert_eq!(
+            parse_api_url("https://farm:8443").unwrap().as_str(),
+            "https://farm:8443/"
+        );
         assert!(matches!(
-            parse_api_url("https://farm:8443"),
+            parse_api_url("ftp://farm"),
             Err(LoginError::BadUrl { .. })
         ));
         assert!(matches!(
@@ -440,6 +667,7 @@ mod tests {
             &format!("http://127.0.0.1:{port}"),
             "aabbcc000001",
             &[1; 32],
+            None,
         )
         .unwrap_err();
         assert!(matches!(e, LoginError::Unreachable { .. }), "{e}");
@@ -508,7 +736,7 @@ mod tests {
         for (status, message) in cases {
             let body = format!(r#"{{"error":"{message}"}}"#);
             let url = fake_api(vec![challenge(), (status, body)]);
-            let e = login(&url, "aabbcc000001", &[7; 32]).unwrap_err();
+            let e = login(&url, "aabbcc000001", &[7; 32], None).unwrap_err();
             let ok = match status {
                 401 => matches!(e, LoginError::BadProof { .. }),
                 403 => matches!(e, LoginError::UnknownDevice { .. }),
@@ -528,7 +756,7 @@ mod tests {
             "version":2,"access":"production","cache_mode":"ram_overflow",
             "ram_bytes":65536,"writable":false}"#;
         let url = fake_api(vec![challenge(), (200, grant.to_string())]);
-        let g = login(&url, "AA:BB:CC:00:00:01", &[7; 32]).unwrap();
+        let g = login(&url, "AA:BB:CC:00:00:01", &[7; 32], None).unwrap();
         assert_eq!(g.servers, vec!["127.0.0.1:10809".to_string()]);
         assert!(g.servers_defaulted);
         assert_eq!(g.cache_mode, CacheMode::RamOverflow);
@@ -544,7 +772,7 @@ mod tests {
         let grant = r#"{"error":"stop here"}"#.to_string();
         let (url, bodies) = fake_api_seen(vec![challenge(), (401, grant)]);
         let key = [7; 32];
-        let _ = login(&url, "AA-BB-CC-00-00-01", &key);
+        let _ = login(&url, "AA-BB-CC-00-00-01", &key, None);
         let sent: Vec<serde_json::Value> = bodies
             .iter()
             .map(|b| serde_json::from_str(&b).unwrap())
@@ -558,6 +786,79 @@ mod tests {
         assert_eq!(
             sent,
             [serde_json::json!({"mac": "aa:bb:cc:00:00:01"}), want]
+        );
+    }
+
+    #[test]
+    fn plain_http_goes_to_loopback_only_and_https_needs_the_farm_ca() {
+        for ok in [
+            "http://127.0.0.1:8080",
+            "http://localhost",
+            "http://[::1]:80",
+        ] {
+            assert!(
+                api_client(&parse_api_url(ok).unwrap(), None).is_ok(),
+                "{ok}"
+            );
+        }
+        let e = login("http://10.0.0.1:8080", "aabbcc000001", &[1; 32], None).unwrap_err();
+        assert!(matches!(e, LoginError::FarmCa { .. }), "{e}");
+        assert!(e.to_string().contains("loopback"), "{e}");
+        let e = login("https://farm:8443", "aabbcc000001", &[1; 32], None).unwrap_err();
+        assert!(e.to_string().contains("--farm-ca"), "{e}");
+        let e = login("https://farm:8443", "aabbcc000001", &[1; 32], Some("junk")).unwrap_err();
+        assert!(matches!(e, LoginError::FarmCa { .. }), "{e}");
+    }
+
+    fn grant_json(secret: Option<&str>) -> String {
+        let extra = secret
+            .map(|s| format!(r#","device_secret":"{s}""#))
+            .unwrap_or_default();
+        format!(
+            r#"{{"session_id":"s","session_token":"fs_1","export_name":"ferry-s-00",
+            "expires_at_ms":5,"device":{{"id":1,"name":"pc1","mac":"aa:bb:cc:00:00:01"}},
+            "servers":[],"vdisk_id":1,"vdisk_name":"golden","size_bytes":1048576,
+            "version":2,"access":"production","cache_mode":"ram_overflow",
+            "ram_bytes":65536,"writable":false{extra}}}"#
+        )
+    }
+
+    #[test]
+    fn the_first_login_enrols_with_the_farm_key_and_later_ones_prove_with_the_stored_secret() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let state = DeviceState::new(&dir.path().join("state"));
+        let mac = parse_mac("aa:bb:cc:00:00:01").unwrap();
+        let secret = "5a".repeat(32);
+        let (url, bodies) = fake_api_seen(vec![
+            challenge(),
+            (200, grant_json(Some(&secret))),
+            challenge(),
+            (200, grant_json(None)),
+        ]);
+        let farm_key = [7u8; 32];
+        let e = login_device(&url, "aabbcc000001", None, &state, None).unwrap_err();
+        assert!(matches!(e, LoginError::NoCredential { .. }), "{e}");
+        let g = login_device(&url, "aabbcc000001", Some(&farm_key), &state, None).unwrap();
+        assert_eq!(g.device_secret.as_deref(), Some(secret.as_str()));
+        let file = state.secret_file(mac);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&file), 0o600);
+        assert_eq!(mode(state.path()), 0o700);
+        assert_eq!(state.secret(mac).unwrap(), Some(vec![0x5a; 32]));
+        login_device(&url, "aabbcc000001", Some(&farm_key), &state, None).unwrap();
+        let sent: Vec<serde_json::Value> = bodies
+            .iter()
+            .take(4)
+            .map(|b| serde_json::from_str(&b).unwrap())
+            .collect();
+        assert_eq!(
+            sent[1]["hmac"],
+            contract::login::proof(&farm_key, "ab12", mac)
+        );
+        assert_eq!(
+            sent[3]["hmac"],
+            contract::login::proof(&[0x5a; 32], "ab12", mac)
         );
     }
 }

@@ -65,7 +65,7 @@ pub struct AppState {
         routes::list_collections, routes::create_collection, routes::get_collection,
         routes::delete_collection,
         routes::list_devices, routes::create_device, routes::get_device, routes::patch_device,
-        routes::delete_device,
+        routes::delete_device, routes::reset_device_credential,
         routes::list_sessions, routes::end_session, routes::login_challenge, routes::login,
         vdisks::list_vdisks, vdisks::create_vdisk, vdisks::get_vdisk, vdisks::patch_vdisk,
         vdisks::delete_vdisk, vdisks::list_versions, vdisks::new_version, vdisks::get_version,
@@ -130,6 +130,7 @@ pub fn router(state: AppState) -> Router {
                 .patch(r::patch_device)
                 .delete(r::delete_device),
         )
+        .route("/devices/{id}/credential", post(r::reset_device_credential))
         .route("/sessions", get(r::list_sessions))
         .route("/sessions/{id}", delete(r::end_session))
         .route("/login/challenge", post(r::login_challenge))

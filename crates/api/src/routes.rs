@@ -4,11 +4,12 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use farm::credentials::DeviceCredential;
 use farm::input::{
     DevicePatch, NewCollection, NewDevice, NewServer, NewSite, NewStore, NewToken, SettingsPatch,
     StorePath,
 };
-use farm::login::{Challenge, ChallengeRequest, LoginGrant, LoginRequest, LoginServer};
+use farm::login::{Challenge, ChallengeRequest, DeviceTls, LoginGrant, LoginRequest, LoginServer};
 use farm::model::{
     AccessMode, AuditEntry, CacheMode, Collection, Device, FarmSettings, Page, Server, Session,
     Site, Store, StorePathOverride, Token, Version,
@@ -432,6 +433,18 @@ pub async fn delete_device(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Gives a device a new credential: its next secret, shown once; the old one stops working.
+#[utoipa::path(post, path = "/api/v1/devices/{id}/credential", tag = "devices",
+    params(("id" = i64, Path, description = "device id")),
+    responses((status = 200, body = DeviceCredential), Errors))]
+pub async fn reset_device_credential(
+    Admin(c): Admin,
+    State(s): State<AppState>,
+    ApiPath(id): ApiPath<i64>,
+) -> ApiResult<Json<DeviceCredential>> {
+    Ok(Json(s.farm.reset_device_credential(id, &c.name).await?))
+}
+
 // ---- sessions and login ----------------------------------------------------------------
 
 /// Live device sessions.
@@ -469,7 +482,9 @@ pub async fn login_challenge(
     Ok(Json(s.farm.challenge(&b).await?))
 }
 
-/// Device login, step 2: the proof, HMAC-SHA256(farm key, nonce ‖ mac) in hex.
+/// Device login, step 2: the proof, HMAC-SHA256(key, nonce ‖ mac) in hex, under the device
+/// secret, or the farm key to enrol a device not enrolled yet (its grant then carries the
+/// device secret, once).
 #[utoipa::path(post, path = "/api/v1/login", tag = "login", request_body = LoginRequest,
     security(()), responses((status = 200, body = LoginGrantSchema), Errors))]
 pub async fn login(
@@ -518,6 +533,11 @@ pub struct LoginGrantSchema {
     ram_bytes: i64,
     /// True in private mode (maintenance): the export writes to the version itself.
     writable: bool,
+    /// The device's new secret (64 hex digits), only in the grant of the login that enrolled
+    /// it (made with the farm key): keep it; later logins prove with it.
+    device_secret: Option<String>,
+    /// The device's client certificate for the NBD servers, when the farm has a CA.
+    tls: Option<DeviceTls>,
 }
 
 #[cfg(test)]
@@ -557,6 +577,13 @@ mod tests {
             cache_mode: CacheMode::Ram,
             ram_bytes: 512,
             writable: false,
+            device_secret: Some("00".into()),
+            tls: Some(DeviceTls {
+                ca_pem: String::new(),
+                cert_pem: String::new(),
+                key_pem: String::new(),
+                not_after_ms: 1,
+            }),
         }
     }
 
@@ -570,6 +597,7 @@ mod tests {
         let mut sent: Vec<&String> = json.as_object().unwrap().keys().collect();
         sent.sort();
         assert_eq!(documented, sent);
-        assert_eq!(schema.required.len(), sent.len());
+        // All but the two optional ones (device_secret and tls) are always sent.
+        assert_eq!(schema.required.len(), sent.len() - 2);
     }
 }

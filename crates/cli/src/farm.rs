@@ -17,9 +17,6 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::farm_client::{Client, Conn, Paging, cell, vdisk_id};
 use crate::{Global, print_json};
 
-/// The file in the data directory that holds the farm key (mode 0600), for targets.
-pub const FARM_KEY_FILE: &str = "farm.key";
-
 /// `ferry farm`.
 #[derive(Debug, Args)]
 pub struct FarmArgs {
@@ -30,7 +27,7 @@ pub struct FarmArgs {
 /// Where the farm's data lives.
 #[derive(Debug, Clone, Args)]
 struct DataArgs {
-    /// The data directory (SQLite database, store root, farm key).
+    /// The data directory (SQLite database, store root, secrets/: farm key and CA).
     #[arg(long, value_name = "DIR", default_value = "ferry-data")]
     data: PathBuf,
     /// A PostgreSQL database instead of SQLite (`postgres://user:pass@host/db`).
@@ -50,7 +47,8 @@ impl DataArgs {
 
 #[derive(Debug, Subcommand)]
 enum FarmCommand {
-    /// Create a farm: its database (SQLite in DIR unless --db), a farm key and an admin token.
+    /// Create a farm: its database (SQLite in DIR unless --db), its secrets (DIR/secrets/: the
+    /// farm key and the CA) and an admin token.
     #[command(after_help = "Example:\n  ferry farm init --data /srv/ferry")]
     Init {
         #[command(flatten)]
@@ -97,6 +95,14 @@ enum FarmCommand {
         #[command(flatten)]
         paging: Paging,
     },
+    /// Issue certificates from the farm's CA (local: reads DIR/secrets/).
+    #[command(after_help = "Examples:\n  \
+        ferry farm cert admin alice --data /srv/ferry --out ~/.ferry/alice --days 30\n  \
+        qemu-img info --image-opts --object tls-creds-x509,id=t,dir=$HOME/.ferry/alice,\
+endpoint=client \\\n    driver=nbd,host=pvs1,port=10809,export=golden,tls-creds=t\n  \
+        nbdinfo 'nbds://pvs1/golden?tls-certificates=/home/alice/.ferry/alice'\n  \
+        ferry farm cert server pvs1 --host pvs1.example.com --host 10.0.0.5 --out /etc/ferry/tls")]
+    Cert(CertArgs),
     /// Show or change the farm settings.
     #[command(after_help = "Example:\n  ferry farm settings --auto-merge-chain-max 5")]
     Settings {
@@ -116,6 +122,7 @@ pub fn run(a: FarmArgs, global: Global) -> anyhow::Result<ExitCode> {
     match a.command {
         FarmCommand::Init { data, name, json } => init(&data, &name, json),
         FarmCommand::Serve { data, listen } => serve(&data, listen, global),
+        FarmCommand::Cert(c) => cert(c),
         FarmCommand::Vdisk(v) => vdisk(v),
         FarmCommand::Server(s) => server(s),
         FarmCommand::Token(t) => token(t),
@@ -162,22 +169,29 @@ fn init(data: &DataArgs, name: &str, as_json: bool) -> anyhow::Result<ExitCode> 
             .context("open farm database")?;
         farm.init(name).await.context("initialize farm")
     })?;
-    let key_path = data.data.join(FARM_KEY_FILE);
-    write_private(&key_path, &secrets.farm_key_hex)?;
+    let key_path = secrets.farm_key_file.clone();
+    let secrets_dir = data.data.join(farm::secrets::SECRETS_DIR);
+    let ca_cert = secrets_dir.join(farm::secrets::CA_CERT_FILE);
     if as_json {
         print_json(&json!({
             "admin_token": secrets.admin_token,
             "farm_key": secrets.farm_key_hex,
             "farm_key_file": key_path,
+            "secrets_dir": secrets_dir,
+            "ca_cert_file": ca_cert,
             "data_dir": data.data,
         }))?;
     } else {
         outln!("created farm {name:?} in {}", data.data.display());
         outln!("admin token (shown once): {}", secrets.admin_token);
         outln!(
-            "farm key (targets need it): {} (also in {})",
+            "farm key (targets enrol with it): {} (also in {})",
             secrets.farm_key_hex,
             key_path.display()
+        );
+        outln!(
+            "CA certificate (targets and clients trust it): {}",
+            ca_cert.display()
         );
         outln!();
         outln!("Next: ferry farm serve --data {}", data.data.display());
@@ -237,6 +251,124 @@ fn serve(data: &DataArgs, listen: SocketAddr, global: Global) -> anyhow::Result<
             .context("serve farm API")?;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// `ferry farm cert`.
+#[derive(Debug, Args)]
+pub struct CertArgs {
+    #[command(subcommand)]
+    command: CertCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum CertCommand {
+    /// An administrator's client certificate (urn:ferry:admin:NAME), which may open any
+    /// export: writes ca-cert.pem, client-cert.pem and client-key.pem into --out (0700, files
+    /// 0600), the layout of qemu's tls-creds-x509 dir= and libnbd's tls-certificates=.
+    Admin {
+        /// The administrator's name (letters, digits, '.', '_', '-').
+        name: String,
+        #[command(flatten)]
+        data: DataArgs,
+        /// The directory to write.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Days of validity.
+        #[arg(long, default_value_t = farm::credentials::ADMIN_CERT_DAYS_DEFAULT)]
+        days: u32,
+        /// Print the paths and expiry as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A server's certificate (urn:ferry:server:NAME) for the host names and addresses
+    /// clients dial: writes ca-cert.pem, server-cert.pem and server-key.pem into --out.
+    Server {
+        /// The server's name.
+        name: String,
+        #[command(flatten)]
+        data: DataArgs,
+        /// A host name or IP address clients use (repeat).
+        #[arg(long = "host", value_name = "HOST", required = true)]
+        hosts: Vec<String>,
+        /// The directory to write.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Print the paths and expiry as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The actor of local certificate commands in the audit log.
+fn local_actor() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    format!("cli:{user}")
+}
+
+fn cert(a: CertArgs) -> anyhow::Result<ExitCode> {
+    let (data, out, as_json) = match &a.command {
+        CertCommand::Admin {
+            data, out, json, ..
+        }
+        | CertCommand::Server {
+            data, out, json, ..
+        } => (data.clone(), out.clone(), *json),
+    };
+    let (kind, name, ca, issued, files) = runtime()?.block_on(async {
+        let farm = farm::Farm::open(&data.config())
+            .await
+            .context("open farm database")?;
+        if !farm.is_initialized().await? {
+            anyhow::bail!(
+                "no farm in {}; run `ferry farm init` first",
+                data.data.display()
+            );
+        }
+        Ok(match &a.command {
+            CertCommand::Admin { name, days, .. } => {
+                let (ca, issued) = farm
+                    .issue_admin_cert(name, *days, &local_actor())
+                    .await
+                    .context("issue the administrator certificate")?;
+                let files = (pki::CLIENT_CERT, pki::CLIENT_KEY);
+                ("admin", name.clone(), ca, issued, files)
+            }
+            CertCommand::Server { name, hosts, .. } => {
+                let (ca, issued) = farm
+                    .issue_server_cert(name, hosts, &local_actor())
+                    .await
+                    .context("issue the server certificate")?;
+                let files = (pki::SERVER_CERT, pki::SERVER_KEY);
+                ("server", name.clone(), ca, issued, files)
+            }
+        })
+    })?;
+    let dir = pki::CertDir::create(&out).with_context(|| format!("create {}", out.display()))?;
+    let write = |file: &str, text: &str| {
+        dir.write(file, text)
+            .with_context(|| format!("write {}", dir.file(file).display()))
+    };
+    write(pki::CA_CERT, &ca)?;
+    write(files.1, &issued.key_pem)?;
+    write(files.0, &issued.cert_pem)?;
+    let identity = format!("urn:ferry:{kind}:{name}");
+    if as_json {
+        print_json(&json!({
+            "identity": identity,
+            "dir": dir.path(),
+            "ca_cert": dir.file(pki::CA_CERT),
+            "cert": dir.file(files.0),
+            "key": dir.file(files.1),
+            "not_after_unix": issued.not_after_unix,
+        }))?;
+    } else {
+        outln!(
+            "wrote the certificate of {identity} to {} (valid until Unix time {})",
+            dir.path().display(),
+            issued.not_after_unix
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `ferry farm vdisk`.

@@ -3,6 +3,7 @@
 
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -319,6 +320,37 @@ enum DeviceCommand {
         /// Its id.
         id: i64,
     },
+    /// Give a device a new credential: its next device secret, printed once; the old one
+    /// stops working. Put it in the target's state file (docs/target.md).
+    #[command(after_help = "Example:\n  ferry device credential pc1 --json")]
+    Credential {
+        /// Its id, name or MAC.
+        device: String,
+    },
+}
+
+/// The id of a device given by id, name or MAC.
+fn device_id(c: &Client, device: &str) -> anyhow::Result<i64> {
+    if let Ok(id) = device.parse::<i64>() {
+        return Ok(id);
+    }
+    let mac = device.parse::<contract::Mac>().ok().map(|m| m.to_string());
+    let mut offset = 0;
+    loop {
+        let page = c.get(&format!("/devices?limit=1000&offset={offset}"))?;
+        let items = page["items"].as_array().cloned().unwrap_or_default();
+        for d in &items {
+            let hit = d["name"].as_str() == Some(device)
+                || (mac.is_some() && d["mac"].as_str() == mac.as_deref());
+            if hit {
+                return d["id"].as_i64().context("device without an id");
+            }
+        }
+        if items.len() < 1000 {
+            anyhow::bail!("no device named {device:?}");
+        }
+        offset += 1000;
+    }
 }
 
 fn device_body(c: &Client, f: DeviceFields, body: &mut Value) -> anyhow::Result<()> {
@@ -408,6 +440,20 @@ pub fn device(a: DeviceArgs) -> anyhow::Result<ExitCode> {
         DeviceCommand::Remove { id } => {
             let v = c.call(Method::DELETE, &format!("/devices/{id}"), None)?;
             c.done(&v, &format!("removed device {id}"))?;
+        }
+        DeviceCommand::Credential { device } => {
+            let id = device_id(&c, &device)?;
+            let v = c.post(&format!("/devices/{id}/credential"), None)?;
+            c.done(
+                &v,
+                &format!(
+                    "device {device} (mac {}) credential generation {}; device secret, shown \
+                     once: {}",
+                    cell(&v["mac"]),
+                    cell(&v["generation"]),
+                    cell(&v["device_secret"])
+                ),
+            )?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -109,10 +109,19 @@ pub struct RunArgs {
     /// name). Without --vdisk: this device's MAC, which logs in to the farm at --server.
     #[arg(long, value_name = "NAME|MAC")]
     pub device: Option<String>,
-    /// Device login: the file holding the farm key (DATA/farm.key of `ferry farm init`);
-    /// else the key's hex text from FERRY_FARM_KEY.
+    /// Device login: the file holding the farm key (DATA/secrets/farm.key of `ferry farm
+    /// init`); else the key's hex text from FERRY_FARM_KEY. Needed only to enrol (the first
+    /// login); later logins prove with the device secret in --state-dir.
     #[arg(long, value_name = "FILE", conflicts_with = "vdisk")]
     pub farm_key: Option<PathBuf>,
+    /// Device login: where the device secret is kept (0700; the file 0600), written at
+    /// enrolment (default: ferry-state under --overflow).
+    #[arg(long, value_name = "DIR", conflicts_with = "vdisk")]
+    pub state_dir: Option<PathBuf>,
+    /// Device login: the farm's CA certificate (DATA/secrets/ca-cert.pem), which an
+    /// https:// farm API's certificate must chain to (http:// only to loopback).
+    #[arg(long, value_name = "FILE", conflicts_with = "vdisk")]
+    pub farm_ca: Option<PathBuf>,
     /// Where to export the disk: unix:PATH.
     #[arg(long, value_name = "unix:PATH", default_value = DEFAULT_EXPORT)]
     pub export: String,
@@ -223,7 +232,7 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
                      device (ferry device set --cache-mode/--ram-bytes) or on its vDisk"
                 );
             }
-            let (grant, api) = device_login(&a.server, mac, a.farm_key.as_deref())?;
+            let (grant, api) = device_login(a, mac)?;
             reporter = Some((api, grant.export_name.to_string()));
             config_from_grant(&grant, export_socket.clone())
         }
@@ -240,7 +249,11 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
         cfg.control_socket = c.clone();
     }
     if let Some((api, export)) = reporter {
-        start_reporter(&api, export, cfg.control_socket.clone());
+        let ca = match &a.farm_ca {
+            Some(f) => std::fs::read_to_string(f).ok(),
+            None => None,
+        };
+        start_reporter(&api, ca, export, cfg.control_socket.clone());
     }
     if let Some(dir) = export_socket.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -274,7 +287,7 @@ const REPORT_EVERY: Duration = Duration::from_secs(2);
 /// live status: bytes read and written, retries and the write cache's use, read from the
 /// agent's own control socket and posted to `/api/v1/status/report` with the session export
 /// as the credential, with the address of the server in use (the console's Server column). Failures are logged, never fatal: status is not the data path.
-fn start_reporter(api: &str, export_name: String, control: PathBuf) {
+fn start_reporter(api: &str, ca: Option<String>, export_name: String, control: PathBuf) {
     let url = match login::parse_api_url(api).and_then(|u| {
         u.join("api/v1/status/report")
             .map_err(|e| LoginError::BadUrl {
@@ -291,9 +304,9 @@ fn start_reporter(api: &str, export_name: String, control: PathBuf) {
     let spawned = std::thread::Builder::new()
         .name("ferry-target-report".into())
         .spawn(move || {
-            let client = match reqwest::blocking::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
+            let client = match login::api_client(&url, ca.as_deref())
+                .map_err(anyhow::Error::from)
+                .and_then(|b| Ok(b.timeout(Duration::from_secs(5)).build()?))
             {
                 Ok(c) => c,
                 Err(e) => {
@@ -341,32 +354,56 @@ fn report_body(export_name: &str, v: &serde_json::Value) -> serde_json::Value {
     })
 }
 
-/// Logs in at the first reachable farm API of `urls` with the farm key from `key_file` or
-/// [`FARM_KEY_ENV`].
-fn device_login(
-    urls: &[String],
-    mac: &str,
-    key_file: Option<&Path>,
-) -> anyhow::Result<(LoginGrant, String)> {
-    let key_text = match key_file {
-        Some(f) => std::fs::read_to_string(f)
-            .with_context(|| format!("read the farm key {}", f.display()))?,
-        None => std::env::var(FARM_KEY_ENV).map_err(|_| {
-            anyhow!(
-                "device login needs the farm key: --farm-key FILE (DATA/farm.key of ferry farm \
-                 init) or {FARM_KEY_ENV}=HEX"
-            )
-        })?,
+/// The directory of the device secret under --overflow unless --state-dir.
+const STATE_DIR_NAME: &str = "ferry-state";
+
+/// Logs in at the first reachable farm API of `--server` with the device secret in the
+/// state directory, or (to enrol) the farm key from `--farm-key` or [`FARM_KEY_ENV`].
+fn device_login(a: &RunArgs, mac: &str) -> anyhow::Result<(LoginGrant, String)> {
+    let state = login::DeviceState::new(
+        &a.state_dir
+            .clone()
+            .unwrap_or_else(|| a.overflow.join(STATE_DIR_NAME)),
+    );
+    let enrolled = state.secret(login::parse_mac(mac)?)?.is_some();
+    let key = if enrolled {
+        None
+    } else {
+        let key_text = match &a.farm_key {
+            Some(f) => std::fs::read_to_string(f)
+                .with_context(|| format!("read the farm key {}", f.display()))?,
+            None => std::env::var(FARM_KEY_ENV).map_err(|_| {
+                anyhow!(
+                    "device login needs the farm key to enrol (no device secret in {}): \
+                     --farm-key FILE (DATA/secrets/farm.key of ferry farm init) or \
+                     {FARM_KEY_ENV}=HEX",
+                    state.path().display()
+                )
+            })?,
+        };
+        Some(login::parse_farm_key(&key_text)?)
     };
-    let key = login::parse_farm_key(&key_text)?;
+    let ca = match &a.farm_ca {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("read the farm CA {}", f.display()))?,
+        ),
+        None => None,
+    };
     let mut unreachable = None;
-    for url in urls {
-        match login::login(url, mac, &key) {
+    for url in &a.server {
+        match login::login_device(url, mac, key.as_deref(), &state, ca.as_deref()) {
             Ok(g) => {
                 tracing::info!(api = %url, mac = %g.mac, device = %g.device_name,
                     vdisk = %g.vdisk, version = g.version, cache = %g.cache_mode.cli_name(),
                     ram_bytes = g.ram_bytes, export = %g.export_name,
                     servers = %g.servers.join(","), "logged in to the farm");
+                if let Some(tls) = &g.tls {
+                    tracing::info!(
+                        not_after_ms = tls.not_after_ms,
+                        "the farm issued this device's client certificate"
+                    );
+                }
                 if g.servers_defaulted {
                     tracing::warn!(server = %g.servers[0],
                         "the farm lists no NBD server for this device's site; using the API's \

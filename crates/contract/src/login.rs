@@ -8,9 +8,16 @@
 //!                                                 cache mode, sizes, session export, token
 //! ```
 //!
-//! The proof is the lowercase hex HMAC-SHA256, under the farm key's bytes (hex-decoded from
-//! `DATA/farm.key`), of the nonce's text as received followed by the normalized MAC text
-//! (`aa:bb:cc:dd:ee:ff`), both as UTF-8. The key never crosses the wire.
+//! The proof is the lowercase hex HMAC-SHA256, under a key's bytes, of the nonce's text as
+//! received followed by the normalized MAC text (`aa:bb:cc:dd:ee:ff`), both as UTF-8. The
+//! key never crosses the wire. Which key: an enrolled device proves with its own device
+//! secret; the farm key (`DATA/secrets/farm.key`) only *enrols* a device the farm has not
+//! enrolled yet, and that first grant carries the device's new secret
+//! ([`LoginGrant::device_secret`], shown once). The farm derives a device's key from its
+//! master key ([`device_key`]), so it keeps no device key.
+//!
+//! Every grant from a farm with a CA also carries a short-lived client certificate naming
+//! the device ([`DeviceTls`]), which the target presents to the NBD servers.
 //!
 //! The farm sends its whole device record in the grant; [`LoginGrant`] is generic over it,
 //! so the farm serializes `LoginGrant<farm::model::Device>` and a target reads
@@ -49,7 +56,7 @@ pub struct Challenge {
     pub expires_at_ms: i64,
 }
 
-/// A login: the proof of the farm key.
+/// A login: the proof of the device's key (its device secret, or the farm key to enrol).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -58,7 +65,8 @@ pub struct LoginRequest {
     pub mac: String,
     /// The nonce of the challenge.
     pub nonce: String,
-    /// HMAC-SHA256(farm key, nonce ‖ mac), hex.
+    /// HMAC-SHA256(key, nonce ‖ mac), hex, under the device secret (or, to enrol, the farm
+    /// key).
     pub hmac: String,
 }
 
@@ -106,6 +114,36 @@ pub struct LoginGrant<D> {
     pub ram_bytes: i64,
     /// True in private mode (maintenance): the export writes to the version itself.
     pub writable: bool,
+    /// The device's new secret (64 hex digits), only in the grant of the login that enrolled
+    /// it (made with the farm key): keep it; later logins prove with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_secret: Option<String>,
+    /// The device's client certificate for the NBD servers, when the farm has a CA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<DeviceTls>,
+}
+
+/// A device's TLS credentials from its login: a client certificate naming the device
+/// (`urn:ferry:device:MAC`), its key and the farm's CA certificate, all PEM.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct DeviceTls {
+    /// The farm's CA certificate (PEM): the servers' certificates chain to it.
+    pub ca_pem: String,
+    /// The device's client certificate (PEM).
+    pub cert_pem: String,
+    /// Its private key (PEM, PKCS#8).
+    pub key_pem: String,
+    /// When the certificate stops being valid (Unix ms); log in again before.
+    pub not_after_ms: i64,
+}
+
+impl std::fmt::Debug for DeviceTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceTls")
+            .field("not_after_ms", &self.not_after_ms)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The fields of the grant's device record that a target reads.
@@ -117,6 +155,21 @@ pub struct DeviceRef {
     pub mac: String,
     /// Its name in the farm.
     pub name: String,
+}
+
+/// The label that starts the input of [`device_key`].
+const DEVICE_KEY_LABEL: &[u8] = b"ferry device key\0";
+
+/// A device's key (its secret's bytes): HMAC-SHA256(master, "ferry device key" NUL ‖ mac ‖
+/// NUL ‖ generation as decimal text), `mac` the normalized text. A new generation (a reset
+/// credential) makes a new key, and the old one stops proving anything.
+pub fn device_key(master: &[u8], mac: Mac, generation: i64) -> [u8; 32] {
+    let mut m = Hmac::<Sha256>::new_from_slice(master).expect("HMAC takes keys of any length");
+    m.update(DEVICE_KEY_LABEL);
+    m.update(mac.to_string().as_bytes());
+    m.update(b"\0");
+    m.update(generation.to_string().as_bytes());
+    m.finalize().into_bytes().into()
 }
 
 /// The login proof: lowercase hex HMAC-SHA256(key, nonce ‖ mac) (see the module docs).
@@ -171,6 +224,18 @@ mod tests {
     }
 
     #[test]
+    fn device_keys_differ_by_mac_generation_and_master() {
+        let mac: Mac = "aabbcc000001".parse().unwrap();
+        let other: Mac = "aabbcc000002".parse().unwrap();
+        let k = device_key(&key(), mac, 1);
+        assert_eq!(k, device_key(&key(), mac, 1));
+        assert_ne!(k, device_key(&key(), mac, 2));
+        assert_ne!(k, device_key(&key(), other, 1));
+        assert_ne!(k, device_key(&[9; 32], mac, 1));
+        assert_ne!(k.as_slice(), key().as_slice());
+    }
+
+    #[test]
     fn request_json_keeps_its_field_names() {
         let r = LoginRequest {
             mac: "aa:bb:cc:00:00:01".into(),
@@ -194,5 +259,6 @@ mod tests {
         let g: LoginGrant<DeviceRef> = serde_json::from_str(text).unwrap();
         assert_eq!(g.device.name, "pc1");
         assert_eq!(g.cache_mode, CacheMode::RamOverflow);
+        assert_eq!((g.device_secret, g.tls), (None, None));
     }
 }

@@ -14,8 +14,9 @@ use rand::RngCore as _;
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{Any, AnyPool, Transaction};
 
-use crate::error::{FarmError, Result};
+use crate::error::{FarmError, Kind, Result};
 use crate::model::Role;
+use crate::secrets::{Secrets, fingerprint};
 use crate::sessions::SessionTable;
 
 /// The file name of the embedded SQLite database in the data directory.
@@ -24,7 +25,8 @@ pub const SQLITE_FILE_NAME: &str = "farm.db";
 pub const STORE_ROOT_DIR: &str = "stores";
 /// Connections of a PostgreSQL pool.
 pub const PG_CONNECTIONS_MAX: u32 = 8;
-/// Bytes of the farm key (HMAC-SHA256 key of device login).
+/// Bytes of the farm key (the master key of device login: enrols devices and derives each
+/// device's key).
 pub const FARM_KEY_BYTES: usize = 32;
 /// Bytes of an API token's secret.
 pub const TOKEN_BYTES: usize = 32;
@@ -73,13 +75,16 @@ pub struct FarmConfig {
     pub store_root: Option<PathBuf>,
 }
 
-/// What [`Farm::init`] made: shown once, never stored in clear (the key is, for HMAC).
+/// What [`Farm::init`] made: shown once. The database keeps the token's hash and the key's
+/// fingerprint; the key itself is in the secrets directory ([`crate::secrets`]).
 #[derive(Debug, Clone)]
 pub struct InitSecrets {
     /// The first admin token.
     pub admin_token: String,
-    /// The farm key (hex), which target devices hold to log in.
+    /// The farm key (hex), with which target devices enrol.
     pub farm_key_hex: String,
+    /// The file holding the farm key (`DATA/secrets/farm.key`).
+    pub farm_key_file: PathBuf,
 }
 
 /// The farm: the typed data-access API over the database, the lifecycle of versions over
@@ -89,6 +94,7 @@ pub struct Farm {
     pub(crate) pool: AnyPool,
     backend: Backend,
     store_root: PathBuf,
+    secrets: Secrets,
     pub(crate) clock: Arc<dyn Clock>,
     /// One lock per vDisk, held by lifecycle operations for their whole run (file work
     /// included), so two of them never race on one chain within this process.
@@ -159,14 +165,129 @@ impl Farm {
             Backend::Sqlite => SQLITE_MIGRATIONS.run(&pool).await?,
             Backend::Postgres => PG_MIGRATIONS.run(&pool).await?,
         }
-        Ok(Farm {
+        let farm = Farm {
             pool,
             backend,
             store_root,
+            secrets: Secrets::of_data_dir(&config.data_dir),
             clock,
             vdisk_locks: Mutex::new(HashMap::new()),
             sessions: Arc::new(SessionTable::new()),
+        };
+        farm.move_key_out_of_the_database().await?;
+        Ok(farm)
+    }
+
+    /// Moves the farm key of a farm made before the secrets left the database into the
+    /// secrets directory (with a new CA), leaving the key's fingerprint in its place; and
+    /// checks that the secrets directory, when it holds a key, holds this farm's.
+    async fn move_key_out_of_the_database(&self) -> Result<()> {
+        let row: Option<(String, String, String)> =
+            sqlx::query_as("SELECT name, farm_key, key_fingerprint FROM farm WHERE id = 1")
+                .fetch_optional(&self.pool)
+                .await?;
+        let Some((name, key_hex, mut stored)) = row else {
+            return Ok(());
+        };
+        if !key_hex.is_empty() {
+            let key = hex::decode(key_hex.trim())
+                .map_err(|_| FarmError::new(Kind::Secrets, "the database's farm key is not hex"))?;
+            if let Some(on_disk) = self.secrets.farm_key_if_present()? {
+                if on_disk != key {
+                    return Err(FarmError::new(
+                        Kind::Secrets,
+                        format!(
+                            "{} holds another farm's key than this database",
+                            self.secrets.farm_key_path().display()
+                        ),
+                    ));
+                }
+            }
+            self.secrets.write_farm_key(&key_hex)?;
+            self.secrets.ensure_ca(&name, self.system_now())?;
+            stored = fingerprint(&key);
+            if self.backend == Backend::Sqlite {
+                // Overwrite the old row's bytes rather than leave them in free space.
+                sqlx::query("PRAGMA secure_delete = ON")
+                    .execute(&self.pool)
+                    .await?;
+            }
+            sqlx::query("UPDATE farm SET farm_key = '', key_fingerprint = $1 WHERE id = 1")
+                .bind(&stored)
+                .execute(&self.pool)
+                .await?;
+            if self.backend == Backend::Sqlite {
+                sqlx::query("VACUUM").execute(&self.pool).await?;
+            }
+            tracing::info!(file = %self.secrets.farm_key_path().display(),
+                "moved the farm key out of the database into the secrets directory");
+        }
+        if let Some(on_disk) = self.secrets.farm_key_if_present()? {
+            if fingerprint(&on_disk) != stored {
+                return Err(FarmError::new(
+                    Kind::Secrets,
+                    format!(
+                        "{} holds another farm's key than this database (fingerprints differ)",
+                        self.secrets.farm_key_path().display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Now, by the farm's clock, as a [`std::time::SystemTime`] (for certificates).
+    pub(crate) fn system_now(&self) -> std::time::SystemTime {
+        let ms = u64::try_from(self.now_ms()).unwrap_or(0);
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)
+    }
+
+    /// The farm's secrets directory.
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+
+    /// The farm key's bytes, from the secrets directory.
+    ///
+    /// # Errors
+    /// [`Kind::Secrets`] when its file is missing or unreadable.
+    pub fn farm_key(&self) -> Result<Vec<u8>> {
+        self.secrets.farm_key()
+    }
+
+    /// The farm's certificate authority, from the secrets directory.
+    ///
+    /// # Errors
+    /// [`Kind::Secrets`] when the directory holds no CA or it does not load.
+    pub fn authority(&self) -> Result<pki::Authority> {
+        self.secrets.authority_if_present()?.ok_or_else(|| {
+            FarmError::new(
+                Kind::Secrets,
+                format!(
+                    "no CA in {}: copy the secrets directory from the host that ran                      `ferry farm init` (docs/farm.md)",
+                    self.secrets.path().display()
+                ),
+            )
         })
+    }
+
+    /// The TLS identity of the farm's server `server_name`, reachable at `hosts` (host names
+    /// or IP addresses): the CA certificate (PEM) and a server certificate, cached in
+    /// `DATA/secrets/servers/NAME/` and issued again when missing, near its end
+    /// ([`crate::secrets::SERVER_CERT_RENEW_BEFORE`]), for other hosts, or from another CA.
+    ///
+    /// # Errors
+    /// [`Kind::Secrets`] (no CA, files); [`Kind::InvalidInput`] for a bad name or host.
+    pub fn server_tls(&self, server_name: &str, hosts: &[String]) -> Result<(String, pki::Issued)> {
+        let ca = self.authority()?;
+        let (issued, new) = self
+            .secrets
+            .server_cert(&ca, server_name, hosts, self.system_now())?;
+        if new {
+            tracing::info!(server = server_name, hosts = %hosts.join(","),
+                not_after_unix = issued.not_after_unix, "issued a server certificate");
+        }
+        Ok((ca.cert_pem().to_string(), issued))
     }
 
     /// The backend in use.
@@ -200,11 +321,13 @@ impl Farm {
         Ok(n > 0)
     }
 
-    /// Initializes a new farm: its settings, a random farm key and a first admin token
-    /// named `admin`.
+    /// Initializes a new farm: its settings, a random farm key and a new CA in the secrets
+    /// directory (`DATA/secrets/`, see [`crate::secrets`]; the database keeps the key's
+    /// fingerprint), and a first admin token named `admin`.
     ///
     /// # Errors
-    /// [`crate::Kind::Conflict`] when the farm is already initialized.
+    /// [`crate::Kind::Conflict`] when the farm is already initialized; [`Kind::Secrets`]
+    /// when the secrets cannot be written.
     pub async fn init(&self, name: &str) -> Result<InitSecrets> {
         crate::validate::name("name", name)?;
         let mut key = [0u8; FARM_KEY_BYTES];
@@ -218,12 +341,14 @@ impl Farm {
         if exists > 0 {
             return Err(FarmError::conflict("the farm is already initialized"));
         }
+        // Only now, with no farm in the database: the files of an earlier one are replaced.
+        self.secrets.create(name, &key, self.system_now())?;
         sqlx::query(
-            "INSERT INTO farm (id, name, farm_key, auto_merge_chain_max, created_at_ms) \
-             VALUES (1, $1, $2, 0, $3)",
+            "INSERT INTO farm (id, name, farm_key, key_fingerprint, auto_merge_chain_max, \
+             created_at_ms) VALUES (1, $1, '', $2, 0, $3)",
         )
         .bind(name)
-        .bind(&farm_key_hex)
+        .bind(fingerprint(&key))
         .bind(now)
         .execute(&mut *tx)
         .await?;
@@ -244,18 +369,8 @@ impl Farm {
         Ok(InitSecrets {
             admin_token,
             farm_key_hex,
+            farm_key_file: self.secrets.farm_key_path(),
         })
-    }
-
-    /// The farm key (hex). Only the server side of login needs it.
-    ///
-    /// # Errors
-    /// [`crate::Kind::NotFound`] when the farm is not initialized.
-    pub async fn farm_key_hex(&self) -> Result<String> {
-        sqlx::query_scalar("SELECT farm_key FROM farm WHERE id = 1")
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or_else(|| FarmError::not_found("the farm is not initialized"))
     }
 
     /// The lock of one vDisk's lifecycle (see the field's comment).

@@ -22,6 +22,9 @@ pub enum Kind {
     Database,
     /// An image operation in the store failed (HTTP 500).
     Image,
+    /// The farm's secrets (its key, its CA) are missing, unreadable or another farm's
+    /// (HTTP 500).
+    Secrets,
 }
 
 /// A farm error: a [`Kind`], a message, and an optional source.

@@ -5,7 +5,8 @@
 //! # Layout
 //!
 //! ```text
-//! db.rs         Farm: pool, migrations (one set per backend), clock, init, farm key
+//! secrets.rs    DATA/secrets/: the farm key and the CA in files, server certificates
+//! db.rs         Farm: pool, migrations (one set per backend), clock, init, secrets
 //! model.rs      the rows as typed values; enums stored as text
 //! input.rs      the inputs of changes (API bodies)
 //! validate.rs   checks of untrusted input: names, MACs, sizes, store paths, pages
@@ -13,7 +14,9 @@
 //! devices.rs    collections, devices, sessions
 //! vdisks.rs     vDisks: import or create, change, remove (image library)
 //! lifecycle.rs  versions: new, promote, revert, delete, merge, boot version (image library)
-//! login.rs      device login: challenge, HMAC proof, boot version, session
+//! login.rs      device login: challenge, HMAC proof, enrolment, boot version, session,
+//!               device certificate
+//! credentials.rs device credentials: reset; administrator certificates
 //! sessions.rs   SessionTable: the in-process check of session export names
 //! grants.rs     a session's grant rebuilt from the database (other server, restart)
 //! error.rs      FarmError with a Kind the API maps to an HTTP status
@@ -25,6 +28,7 @@
 
 #![warn(missing_docs)]
 
+pub mod credentials;
 pub mod db;
 pub mod devices;
 pub mod error;
@@ -34,6 +38,7 @@ pub mod lifecycle;
 pub mod login;
 pub mod model;
 pub mod repo;
+pub mod secrets;
 pub mod sessions;
 pub mod validate;
 pub mod vdisks;

@@ -1,20 +1,28 @@
 //! Device login, server side: a challenge (a one-time nonce) and a proof (an HMAC of the
-//! nonce and the MAC under the farm key; the key never crosses the wire).
+//! nonce and the MAC under the device's key; no key crosses the wire).
 //!
 //! ```text
 //!   target                                   farm
 //!   POST /login/challenge {mac}        ──►   nonce (random, one use, NONCE_TTL_MS)
 //!   hmac = HMAC-SHA256(key, nonce ‖ mac)
-//!   POST /login {mac, nonce, hmac}     ──►   check nonce + hmac (constant time)
+//!   POST /login {mac, nonce, hmac}     ──►   check nonce + hmac (constant time) under the
+//!                                            device's key, or the farm key to enrol it;
 //!                                            device by MAC (or auto-add), boot version,
 //!                                            one maintenance device at a time
 //!                                      ◄──   servers, vdisk, version, cache mode, sizes,
-//!                                            export name, session token
+//!                                            export name, session token, device
+//!                                            certificate; at enrolment the device secret
 //! ```
 //!
-//! `key` is the farm key's 32 bytes (hex-decoded); `nonce` is the nonce's hex text as sent
-//! and `mac` the normalized MAC text (`aa:bb:cc:dd:ee:ff`), both as UTF-8 bytes; `hmac` is
-//! sent as lowercase hex. [`proof`] computes it.
+//! `key` is 32 bytes: an enrolled device's key, or the farm key for a device not enrolled
+//! yet (`devices.credential_generation` NULL: a MAC auto-add creates now, or a device an
+//! administrator added). The farm key's proof enrols such a device once: its grant carries
+//! the device's secret, [`contract::login::device_key`] of the farm key, the MAC and the
+//! generation, which the farm derives again at each login and never stores. After that the
+//! farm key proves nothing for that MAC; an administrator's reset
+//! (`Farm::reset_device_credential`) makes a new generation and secret. `nonce` is the
+//! nonce's hex text as sent and `mac` the normalized MAC text (`aa:bb:cc:dd:ee:ff`), both
+//! as UTF-8 bytes; `hmac` is sent as lowercase hex. [`proof`] computes it.
 //!
 //! The request and answer bodies and the proof itself are the `contract` crate's
 //! (`contract::login`), which the target's agent uses too.
@@ -23,7 +31,7 @@ use contract::{ExportName, Mac, SessionKey};
 use rand::RngCore as _;
 use serde_json::json;
 
-pub use contract::login::{Challenge, ChallengeRequest, LoginRequest, LoginServer};
+pub use contract::login::{Challenge, ChallengeRequest, DeviceTls, LoginRequest, LoginServer};
 
 use crate::db::{Farm, audit, hash_secret};
 use crate::devices::insert_device;
@@ -46,18 +54,15 @@ pub const SERVER_ALIVE_MS: i64 = 60_000;
 pub type LoginGrant = contract::login::LoginGrant<Device>;
 
 /// The login proof: hex HMAC-SHA256(key, nonce ‖ mac) (see the module documentation), as
-/// `contract::login::proof` computes it, from the farm key's hex text and any accepted MAC
-/// spelling.
+/// `contract::login::proof` computes it, from a key's hex text (the farm key's to enrol,
+/// else the device secret) and any accepted MAC spelling.
 ///
 /// # Errors
 /// [`Kind::InvalidInput`] for a key that is not hex or a malformed MAC.
-pub fn proof(farm_key_hex: &str, nonce: &str, mac: &str) -> Result<String> {
+pub fn proof(key_hex: &str, nonce: &str, mac: &str) -> Result<String> {
     let mac = validate::mac(mac)?;
-    Ok(contract::login::proof(&farm_key(farm_key_hex)?, nonce, mac))
-}
-
-fn farm_key(farm_key_hex: &str) -> Result<Vec<u8>> {
-    hex::decode(farm_key_hex).map_err(|_| FarmError::invalid("farm key is not hex"))
+    let key = hex::decode(key_hex.trim()).map_err(|_| FarmError::invalid("key is not hex"))?;
+    Ok(contract::login::proof(&key, nonce, mac))
 }
 
 /// The cache mode a device runs in: private for a maintenance device (it writes the
@@ -141,15 +146,58 @@ impl Farm {
         if consumed.is_none() {
             return Err(unauthenticated());
         }
-        let key = farm_key(&self.farm_key_hex().await?)?;
+        let master = self.farm_key()?;
+        let known = self.device_by_mac(&mac.to_string()).await?;
+        let generation = match &known {
+            Some(d) => self.credential_generation(d.id).await?,
+            None => None,
+        };
+        let key = match generation {
+            Some(g) => contract::login::device_key(&master, mac, g).to_vec(),
+            None => master.clone(),
+        };
         if !contract::login::verify(&key, &r.nonce, mac, &sent) {
+            if generation.is_some() && contract::login::verify(&master, &r.nonce, mac, &sent) {
+                tracing::warn!(%mac, "refused a farm-key login of an enrolled device");
+            }
             return Err(unauthenticated());
         }
-        let device = match self.device_by_mac(&mac.to_string()).await? {
+        let device = match known {
             Some(d) => d,
             None => self.auto_add(mac).await?,
         };
-        self.grant(device, server_id).await
+        let enrol = generation.is_none().then_some(&master[..]);
+        self.grant(device, server_id, enrol).await
+    }
+
+    /// The generation of a device's credential; `None` when it was never enrolled.
+    pub(crate) async fn credential_generation(&self, device_id: i64) -> Result<Option<i64>> {
+        Ok(
+            sqlx::query_scalar("SELECT credential_generation FROM devices WHERE id = $1")
+                .bind(device_id)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// The device's client certificate for the NBD servers, when the farm has a CA.
+    fn device_tls(&self, mac: Mac) -> Result<Option<DeviceTls>> {
+        let Some(ca) = self.secrets().authority_if_present()? else {
+            return Ok(None);
+        };
+        let issued = ca
+            .issue_client(
+                &pki::Identity::Device(mac),
+                self.system_now(),
+                pki::DEVICE_CERT_VALIDITY,
+            )
+            .map_err(|e| FarmError::new(Kind::Secrets, format!("device certificate: {e}")))?;
+        Ok(Some(DeviceTls {
+            ca_pem: ca.cert_pem().to_string(),
+            cert_pem: issued.cert_pem,
+            key_pem: issued.key_pem,
+            not_after_ms: issued.not_after_unix.saturating_mul(1000),
+        }))
     }
 
     /// Adds an unknown device to the first collection that allows auto-add.
@@ -197,7 +245,14 @@ impl Farm {
         self.device(id).await
     }
 
-    async fn grant(&self, device: Device, server_id: Option<i64>) -> Result<LoginGrant> {
+    /// The grant of a login; `enrol` (the farm key) when the login enrols the device, whose
+    /// secret the grant then carries.
+    async fn grant(
+        &self,
+        device: Device,
+        server_id: Option<i64>,
+        enrol: Option<&[u8]>,
+    ) -> Result<LoginGrant> {
         let vdisk_id = device.vdisk_id.ok_or_else(|| {
             FarmError::conflict(format!("device {} has no vdisk assigned", device.mac))
         })?;
@@ -222,7 +277,38 @@ impl Farm {
         let expires_at_ms = now + SESSION_TTL_MS;
         // Before the transaction: with SQLite the pool has one connection.
         let store_dir = self.store_dir(vdisk.store_id, server_id).await?;
+        let mac: Mac = validate::mac(&device.mac)?;
+        let tls = self.device_tls(mac)?;
+        let actor = format!("device:{}", device.mac);
         let mut tx = self.pool.begin().await?;
+        let device_secret = match enrol {
+            Some(master) => {
+                // Only if still not enrolled: of two farm-key logins at once, one enrols.
+                let done = sqlx::query(
+                    "UPDATE devices SET credential_generation = 1 \
+                     WHERE id = $1 AND credential_generation IS NULL",
+                )
+                .bind(device.id)
+                .execute(&mut *tx)
+                .await?;
+                if done.rows_affected() != 1 {
+                    return Err(unauthenticated());
+                }
+                let detail = json!({ "mac": device.mac, "generation": 1 });
+                audit(
+                    &mut tx,
+                    now,
+                    &actor,
+                    "device.enrol",
+                    "device",
+                    &device.id.to_string(),
+                    &detail,
+                )
+                .await?;
+                Some(hex::encode(contract::login::device_key(master, mac, 1)))
+            }
+            None => None,
+        };
         let old: Vec<String> =
             sqlx::query_scalar("DELETE FROM sessions WHERE device_id = $1 RETURNING export_name")
                 .bind(device.id)
@@ -244,7 +330,6 @@ impl Farm {
         .bind(expires_at_ms)
         .execute(&mut *tx)
         .await?;
-        let actor = format!("device:{}", device.mac);
         let detail =
             json!({ "vdisk_id": vdisk_id, "version": version.number, "session": session_id });
         audit(
@@ -297,6 +382,8 @@ impl Farm {
             cache_mode,
             ram_bytes,
             writable,
+            device_secret,
+            tls,
         })
     }
 

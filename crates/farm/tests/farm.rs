@@ -79,8 +79,17 @@ async fn login(t: &TestFarm, mac: &str) -> farm::Result<farm::login::LoginGrant>
         .farm
         .challenge(&ChallengeRequest { mac: mac.into() })
         .await?;
-    let hmac = proof(&t.secrets.farm_key_hex, &c.nonce, mac)?;
-    t.farm
+    let normalized = farm::validate::mac(mac)?.to_string();
+    let key = t
+        .device_secrets
+        .lock()
+        .unwrap()
+        .get(&normalized)
+        .cloned()
+        .unwrap_or_else(|| t.secrets.farm_key_hex.clone());
+    let hmac = proof(&key, &c.nonce, mac)?;
+    let g = t
+        .farm
         .login(
             &LoginRequest {
                 mac: mac.into(),
@@ -89,7 +98,14 @@ async fn login(t: &TestFarm, mac: &str) -> farm::Result<farm::login::LoginGrant>
             },
             None,
         )
-        .await
+        .await?;
+    if let Some(s) = &g.device_secret {
+        t.device_secrets
+            .lock()
+            .unwrap()
+            .insert(normalized, s.clone());
+    }
+    Ok(g)
 }
 
 async fn audit_len(t: &TestFarm) -> i64 {

@@ -21,6 +21,8 @@ pub enum Which {
 /// A farm made for one test.
 pub struct TestFarm {
     pub farm: Arc<Farm>,
+    /// Device secrets (hex) by MAC, kept by the tests' login helpers after enrolment.
+    pub device_secrets: std::sync::Mutex<std::collections::HashMap<String, String>>,
     pub secrets: InitSecrets,
     pub dir: tempfile::TempDir,
     pub which: Which,
@@ -57,6 +59,22 @@ pub async fn fresh_pg_database() -> Option<String> {
     Some(format!("{prefix}/{name}"))
 }
 
+/// The configuration of a test farm in `dir` (data in `dir/data`).
+pub fn config_of(dir: &std::path::Path, db_url: Option<String>) -> FarmConfig {
+    FarmConfig {
+        data_dir: dir.join("data"),
+        db_url,
+        store_root: None,
+    }
+}
+
+impl TestFarm {
+    /// This farm's configuration (to open it again).
+    pub fn config(&self) -> FarmConfig {
+        config_of(self.dir.path(), self.db_url.clone())
+    }
+}
+
 /// A new initialized farm on `which`, or `None` when the test is skipped.
 pub async fn open(which: Which) -> Option<TestFarm> {
     let dir = tempfile::tempdir().unwrap();
@@ -64,15 +82,12 @@ pub async fn open(which: Which) -> Option<TestFarm> {
         Which::Sqlite => None,
         Which::Postgres => Some(fresh_pg_database().await?),
     };
-    let config = FarmConfig {
-        data_dir: dir.path().join("data"),
-        db_url: db_url.clone(),
-        store_root: None,
-    };
+    let config = config_of(dir.path(), db_url.clone());
     let farm = Farm::open(&config).await.expect("open farm");
     let secrets = farm.init("test").await.expect("init farm");
     Some(TestFarm {
         farm: Arc::new(farm),
+        device_secrets: Default::default(),
         secrets,
         dir,
         which,

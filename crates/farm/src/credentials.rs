@@ -1,0 +1,142 @@
+//! Credentials an administrator hands out: a device's new secret (a reset credential) and
+//! administrator certificates for the NBD tools. Both are audit-logged; neither secret is
+//! stored (a device's key is derived again from the farm key and its generation; a
+//! certificate's key exists only in the directory it is written to).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use utoipa::ToSchema;
+
+use crate::db::{Farm, audit};
+use crate::error::{FarmError, Kind, Result};
+
+/// The longest validity of an administrator certificate.
+pub const ADMIN_CERT_DAYS_MAX: u32 = 3650;
+/// The validity of an administrator certificate unless told.
+pub const ADMIN_CERT_DAYS_DEFAULT: u32 = 30;
+
+/// A device's new credential, shown once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DeviceCredential {
+    /// The device's id.
+    pub device_id: i64,
+    /// Its MAC.
+    pub mac: String,
+    /// The credential's generation (earlier ones stop working).
+    pub generation: i64,
+    /// The device's secret (64 hex digits): the device proves its logins with it. Put it in
+    /// the target's state file (docs/target.md).
+    pub device_secret: String,
+}
+
+impl Farm {
+    /// Gives device `id` a new credential: the next generation, whose secret is returned
+    /// (once); the old secret stops working. A device never enrolled is enrolled by this
+    /// too (the farm key no longer enrols it).
+    ///
+    /// # Errors
+    /// [`Kind::NotFound`]; [`Kind::Secrets`] without the farm key.
+    pub async fn reset_device_credential(&self, id: i64, actor: &str) -> Result<DeviceCredential> {
+        let master = self.farm_key()?;
+        let device = self.device(id).await?;
+        let mac = crate::validate::mac(&device.mac)?;
+        let now = self.now_ms();
+        let mut tx = self.pool.begin().await?;
+        let generation: i64 = sqlx::query_scalar(
+            "UPDATE devices SET credential_generation = COALESCE(credential_generation, 0) + 1 \
+             WHERE id = $1 RETURNING credential_generation",
+        )
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or_else(|| FarmError::not_found(format!("no device {id}")))?;
+        let detail = json!({ "mac": device.mac, "generation": generation });
+        audit(
+            &mut tx,
+            now,
+            actor,
+            "device.credential_reset",
+            "device",
+            &id.to_string(),
+            &detail,
+        )
+        .await?;
+        tx.commit().await?;
+        let key = contract::login::device_key(&master, mac, generation);
+        Ok(DeviceCredential {
+            device_id: id,
+            mac: device.mac,
+            generation,
+            device_secret: hex::encode(key),
+        })
+    }
+
+    /// Issues an administrator's client certificate (`urn:ferry:admin:NAME`), valid for
+    /// `days` (1 to [`ADMIN_CERT_DAYS_MAX`]); the caller writes it out. Returns the CA
+    /// certificate (PEM) with it.
+    ///
+    /// # Errors
+    /// [`Kind::InvalidInput`] for a bad name or validity; [`Kind::Secrets`] without a CA.
+    pub async fn issue_admin_cert(
+        &self,
+        name: &str,
+        days: u32,
+        actor: &str,
+    ) -> Result<(String, pki::Issued)> {
+        let id = pki::Identity::admin(name).map_err(|e| FarmError::invalid(e.to_string()))?;
+        if !(1..=ADMIN_CERT_DAYS_MAX).contains(&days) {
+            return Err(FarmError::invalid(format!(
+                "days must be 1 to {ADMIN_CERT_DAYS_MAX}"
+            )));
+        }
+        let ca = self.authority()?;
+        let validity = Duration::from_secs(u64::from(days) * 24 * 3600);
+        let issued = ca
+            .issue_client(&id, self.system_now(), validity)
+            .map_err(|e| FarmError::new(Kind::Secrets, format!("admin certificate: {e}")))?;
+        let mut tx = self.pool.begin().await?;
+        let detail = json!({ "identity": id.to_string(), "not_after_unix": issued.not_after_unix });
+        audit(
+            &mut tx,
+            self.now_ms(),
+            actor,
+            "cert.admin",
+            "admin",
+            name,
+            &detail,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok((ca.cert_pem().to_string(), issued))
+    }
+
+    /// Issues (or takes from the cache) server `name`'s certificate for `hosts`, as
+    /// [`Farm::server_tls`], and audit-logs it.
+    ///
+    /// # Errors
+    /// As [`Farm::server_tls`].
+    pub async fn issue_server_cert(
+        &self,
+        name: &str,
+        hosts: &[String],
+        actor: &str,
+    ) -> Result<(String, pki::Issued)> {
+        let (ca, issued) = self.server_tls(name, hosts)?;
+        let mut tx = self.pool.begin().await?;
+        let detail = json!({ "hosts": hosts, "not_after_unix": issued.not_after_unix });
+        audit(
+            &mut tx,
+            self.now_ms(),
+            actor,
+            "cert.server",
+            "server",
+            name,
+            &detail,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok((ca, issued))
+    }
+}
