@@ -2,7 +2,7 @@
 // crates/api/tests/console_e2e.rs, which starts the API on a temporary farm, logs a device in
 // and reports its counters, then passes what it made in the environment:
 //
-//   FERRY_URL          the server, e.g. http://127.0.0.1:PORT
+//   FERRY_URL          the server, e.g. https://127.0.0.1:PORT
 //   FERRY_TOKEN        an admin API token
 //   FERRY_VDISK        the demo vDisk's name (version 0, production)
 //   FERRY_DEVICE_MAC   the MAC of the device that logged in
@@ -10,6 +10,8 @@
 //   FERRY_SITE         the site's name; FERRY_COLLECTION the collection's
 //   FERRY_OUT          where screenshots go (one per screen; failure.png on failure)
 //   FERRY_CHROMIUM     the browser (default /usr/bin/chromium)
+//   FERRY_SPKI         over HTTPS: base64 SHA-256 of the server certificate's
+//                      SubjectPublicKeyInfo (--ignore-certificate-errors-spki-list)
 //
 // Exits 0 when every check passed, 1 with the failed check on stderr otherwise.
 
@@ -31,6 +33,9 @@ const SERVER = env('FERRY_SERVER');
 const SITE = env('FERRY_SITE');
 const COLLECTION = env('FERRY_COLLECTION');
 const OUT = env('FERRY_OUT');
+// Over HTTPS: the base64 SHA-256 of the server key's SubjectPublicKeyInfo, the one
+// certificate key Chromium accepts without a trusted chain (not every certificate).
+const SPKI = process.env.FERRY_SPKI;
 const TIMEOUT_MS = 15000;
 
 mkdirSync(OUT, { recursive: true });
@@ -39,7 +44,8 @@ const profile = mkdtempSync(join(tmpdir(), 'ferry-chromium-'));
 const browser = await chromium.launchPersistentContext(profile, {
   executablePath: env('FERRY_CHROMIUM', '/usr/bin/chromium'),
   args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    '--disable-background-networking', '--disable-component-update', '--disable-sync',
+    ...(SPKI ? [`--ignore-certificate-errors-spki-list=${SPKI}`] : [])],
   viewport: { width: 1280, height: 860 },
   timeout: 60000,
 });

@@ -41,6 +41,14 @@
 //! awaiting task's), with the reader task one. The VDI workload in `server` mode: 33,000
 //! IOPS through the pool, 47,000 submitted with a reader thread, 51,000 with the task;
 //! random 4 KiB reads through a `ram` target at queue depth 1: 121, 107 and 48–82 µs.
+//!
+//! With TLS (the farm's data path), the client asks for `NBD_OPT_STARTTLS` right after the
+//! greeting, before any other option, and refuses to go on in the clear if the server
+//! declines. The TLS handshake runs on the connection's runtime (`tokio_rustls`), the rest
+//! of the negotiation is the same blocking code as without TLS, bridged onto the TLS
+//! stream, and transmission reads and writes the two halves of the TLS stream
+//! (`tokio::io::split`). `kill` still shuts the TCP socket itself down, so it cuts a TLS
+//! connection at once too.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -50,10 +58,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{RecvTimeoutError, SyncSender, sync_channel};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::oneshot;
+use tokio_util::io::SyncIoBridge;
 
 use nbd_proto::client::{
     MAX_CHUNK_META_LEN, OFFSET_DATA_PREFIX_LEN, OptionReplyHeader, REPLY_PREFIX_LEN, ReplyHeader,
@@ -63,8 +72,8 @@ use nbd_proto::option::OptionReply;
 use nbd_proto::reply::ChunkPayload;
 use nbd_proto::{
     ClientFlags, ClientOption, Command, CommandFlags, Info, InfoRequest, NBD_FLAG_NO_ZEROES,
-    NBD_INFO_BLOCK_SIZE, NBD_INFO_DESCRIPTION, NBD_OPT_GO, NBD_OPT_STRUCTURED_REPLY,
-    NBD_REPLY_TYPE_OFFSET_DATA, Request, ServerGreeting,
+    NBD_INFO_BLOCK_SIZE, NBD_INFO_DESCRIPTION, NBD_OPT_GO, NBD_OPT_STARTTLS,
+    NBD_OPT_STRUCTURED_REPLY, NBD_REPLY_TYPE_OFFSET_DATA, Request, ServerGreeting,
 };
 use parking_lot::Mutex;
 
@@ -169,18 +178,27 @@ struct Shared {
     dead: AtomicBool,
 }
 
-/// The sending side: the socket's write half and the buffer a request is assembled in.
-#[derive(Debug)]
+/// The write half of the transmission stream: the TCP socket's, or the TLS stream's.
+type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// The sending side: the stream's write half and the buffer a request is assembled in.
 struct Writer {
-    half: OwnedWriteHalf,
+    half: WriteHalf,
     buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").finish_non_exhaustive()
+    }
 }
 
 /// A connected, negotiated NBD client connection.
 #[derive(Debug)]
 pub struct Connection {
     server: String,
-    /// A handle on the socket for `kill` (shutdown wakes the reader and any sender).
+    /// A handle on the TCP socket for `kill` (shutdown wakes the reader and any sender,
+    /// with or without TLS over it).
     socket: TcpStream,
     /// The runtime whose reactor drives the socket (see the module docs).
     rt: Handle,
@@ -204,6 +222,11 @@ impl Connection {
     /// Connects to `server` (`host[:port]`, port 10809 by default), negotiates structured
     /// replies and opens `export` with `NBD_OPT_GO`.
     ///
+    /// With `tls`, the connection is TLS from the first option on (`NBD_OPT_STARTTLS`),
+    /// the server's certificate verified for the host part of `server` (an IP address or
+    /// a DNS name); a server that declines TLS is refused. Like the blocking calls, this
+    /// must not be called on a reactor thread when `tls` is given (see the module docs).
+    ///
     /// # Errors
     /// [`ClientError::Handshake`].
     pub fn connect(
@@ -211,6 +234,7 @@ impl Connection {
         export: &str,
         connect_timeout: Duration,
         request_timeout: Duration,
+        tls: Option<&Arc<rustls::ClientConfig>>,
     ) -> Result<Connection, ClientError> {
         let err = |r: &dyn std::fmt::Display| hs(server, export, r);
         let addr = with_default_port(server);
@@ -225,17 +249,42 @@ impl Connection {
             .set_read_timeout(Some(request_timeout))
             .map_err(|e| err(&e))?;
         let mut s = socket.try_clone().map_err(|e| err(&e))?;
-        let info = negotiate(&mut s, export).map_err(|e| err(&e))?;
-        // Transmission: the runtime's reactor drives the socket; requests time out.
-        socket.set_read_timeout(None).map_err(|e| err(&e))?;
-        socket.set_nonblocking(true).map_err(|e| err(&e))?;
         let shared = Arc::new(Shared::default());
-        let (rt, half) = spawn_reader(
-            socket.try_clone().map_err(|e| err(&e))?,
-            Arc::clone(&shared),
-            server.to_string(),
-        )
-        .map_err(|e| err(&e))?;
+        let (info, rt, half) = match tls {
+            None => {
+                let info = negotiate(&mut s, export).map_err(|e| err(&e))?;
+                // Transmission: the runtime's reactor drives the socket; requests time out.
+                socket.set_read_timeout(None).map_err(|e| err(&e))?;
+                socket.set_nonblocking(true).map_err(|e| err(&e))?;
+                let (rt, start) = io_runtime().map_err(|e| err(&e))?;
+                let stream = {
+                    let _entered = rt.enter();
+                    tokio::net::TcpStream::from_std(s).map_err(|e| err(&e))?
+                };
+                let (r, w) = stream.into_split();
+                start_reader(&rt, start, r, Arc::clone(&shared), server);
+                (info, rt, Box::new(w) as WriteHalf)
+            }
+            Some(config) => {
+                let name = server_name(&addr).map_err(|e| err(&e))?;
+                start_tls(&mut s).map_err(|e| err(&e))?;
+                socket.set_read_timeout(None).map_err(|e| err(&e))?;
+                socket.set_nonblocking(true).map_err(|e| err(&e))?;
+                let (rt, start) = io_runtime().map_err(|e| err(&e))?;
+                let (info, stream) = tls_negotiate(
+                    &rt,
+                    s,
+                    Arc::clone(config),
+                    name,
+                    export,
+                    connect_timeout.max(request_timeout),
+                )
+                .map_err(|e| err(&e))?;
+                let (r, w) = tokio::io::split(stream);
+                start_reader(&rt, start, r, Arc::clone(&shared), server);
+                (info, rt, Box::new(w) as WriteHalf)
+            }
+        };
         Ok(Connection {
             server: server.to_string(),
             socket,
@@ -435,6 +484,11 @@ impl Connection {
         if sent.is_ok() && !together {
             sent = half.write_all(payload).await;
         }
+        if sent.is_ok() {
+            // TLS may hold the end of a request back in its record buffer until flushed
+            // (a TCP socket's flush does nothing).
+            sent = half.flush().await;
+        }
         step.0 = None;
         if sent.is_err() {
             self.shared.pending.lock().remove(&cookie);
@@ -463,42 +517,38 @@ impl Drop for OutOfStep<'_> {
     }
 }
 
-/// Starts the reader of `socket` (non-blocking, transmission phase) and returns the
-/// runtime that drives the socket with the write half. Inside a multi-threaded runtime
-/// (the agent) the reader is a task on it; otherwise it is a thread of its own running a
-/// one-thread runtime, which the blocking calls then use through its handle.
-fn spawn_reader(
-    socket: TcpStream,
-    shared: Arc<Shared>,
-    server: String,
-) -> std::io::Result<(Handle, OwnedWriteHalf)> {
+/// Hands a connection's reader to the runtime that runs it (see [`io_runtime`]).
+type ReaderStart = oneshot::Sender<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>;
+
+/// The runtime whose reactor drives a new connection's socket. Inside a multi-threaded
+/// runtime (the agent) it is that runtime, and the reader will be a task on it; otherwise it
+/// is a one-thread runtime on a thread of the connection's own, already driving its reactor
+/// (so the TLS handshake can run on it), which runs the reader once it is handed over
+/// through the returned sender. The blocking calls use the runtime through its handle.
+fn io_runtime() -> std::io::Result<(Handle, Option<ReaderStart>)> {
     if let Ok(h) = Handle::try_current()
         && h.runtime_flavor() == RuntimeFlavor::MultiThread
     {
-        let _entered = h.enter();
-        let (r, w) = tokio::net::TcpStream::from_std(socket)?.into_split();
-        h.spawn(read_replies(r, shared, server));
-        return Ok((h, w));
+        return Ok((h, None));
     }
     let (tx, rx) = sync_channel(1);
+    let (start_tx, start_rx): (ReaderStart, _) = oneshot::channel();
     std::thread::Builder::new()
         .name("nbd-client-reader".into())
         .spawn(move || {
-            let stream = tokio::runtime::Builder::new_current_thread()
+            match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
-                .and_then(|rt| {
-                    let s = {
-                        let _entered = rt.enter();
-                        tokio::net::TcpStream::from_std(socket)?
-                    };
-                    Ok((rt, s))
-                });
-            match stream {
-                Ok((rt, s)) => {
-                    let (r, w) = s.into_split();
-                    if tx.send(Ok((rt.handle().clone(), w))).is_ok() {
-                        rt.block_on(read_replies(r, shared, server));
+            {
+                Ok(rt) => {
+                    if tx.send(Ok(rt.handle().clone())).is_ok() {
+                        rt.block_on(async {
+                            // A connection that failed before its reader started drops
+                            // the sender, and the thread ends.
+                            if let Ok(reader) = start_rx.await {
+                                reader.await;
+                            }
+                        });
                     }
                 }
                 Err(e) => {
@@ -506,8 +556,78 @@ fn spawn_reader(
                 }
             }
         })?;
-    rx.recv()
-        .map_err(|_| std::io::Error::other("the reader thread ended"))?
+    let h = rx
+        .recv()
+        .map_err(|_| std::io::Error::other("the reader thread ended"))??;
+    Ok((h, Some(start_tx)))
+}
+
+/// Starts the reader of the transmission stream's read half on `rt`.
+fn start_reader<R: AsyncRead + Send + Unpin + 'static>(
+    rt: &Handle,
+    start: Option<ReaderStart>,
+    half: R,
+    shared: Arc<Shared>,
+    server: &str,
+) {
+    let reader = read_replies(half, shared, server.to_string());
+    match start {
+        None => drop(rt.spawn(reader)),
+        // The thread only ends early if its runtime failed; the reader's `FailRest` then
+        // marks the connection dead as it is dropped.
+        Some(tx) => drop(tx.send(Box::pin(reader))),
+    }
+}
+
+/// The name the server's certificate must carry: the host part of `host:port`, an IP
+/// address or a DNS name (`[v6]:port` without its brackets).
+pub fn server_name(addr: &str) -> Result<ServerName<'static>, String> {
+    let host = match addr.rsplit_once(':') {
+        Some((host, port)) if port.parse::<u16>().is_ok() => host,
+        _ => addr,
+    };
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    ServerName::try_from(host.to_string())
+        .map_err(|e| format!("{host:?} cannot name a TLS server: {e}"))
+}
+
+/// The TLS stream a connection's transmission runs over.
+type TlsStream = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// After `NBD_OPT_STARTTLS` was acknowledged on `socket` (non-blocking now): the TLS
+/// handshake on `rt`, then the remaining options over TLS. The whole exchange must end
+/// within `timeout`, else the socket is shut down (which fails it).
+fn tls_negotiate(
+    rt: &Handle,
+    socket: TcpStream,
+    config: Arc<rustls::ClientConfig>,
+    name: ServerName<'static>,
+    export: &str,
+    timeout: Duration,
+) -> Result<(ExportInfo, TlsStream), String> {
+    let raw = socket.try_clone().map_err(io("clone socket"))?;
+    let watchdog = rt.spawn(async move {
+        tokio::time::sleep(timeout).await;
+        tracing::warn!(?timeout, "NBD TLS negotiation timed out");
+        let _ = raw.shutdown(Shutdown::Both);
+    });
+    let r = (|| {
+        let stream = {
+            let _entered = rt.enter();
+            tokio::net::TcpStream::from_std(socket).map_err(io("register socket"))?
+        };
+        let tls = rt
+            .block_on(tokio_rustls::TlsConnector::from(config).connect(name, stream))
+            .map_err(io("TLS handshake"))?;
+        let mut bridge = SyncIoBridge::new_with_handle(tls, rt.clone());
+        let info = go(&mut bridge, export, Vec::new())?;
+        Ok((info, bridge.into_inner()))
+    })();
+    watchdog.abort();
+    r
 }
 
 /// `host` → `host:10809`; `host:port` and `[v6]:port` unchanged.
@@ -529,7 +649,7 @@ fn io<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
     move |e| format!("{what}: {e}")
 }
 
-fn read_option_reply(s: &mut TcpStream) -> Result<(u32, OptionReply), String> {
+fn read_option_reply(s: &mut impl Read) -> Result<(u32, OptionReply), String> {
     let mut msg = vec![0u8; nbd_proto::option::OPTION_REPLY_HEADER_LEN];
     s.read_exact(&mut msg).map_err(io("read option reply"))?;
     let h = OptionReplyHeader::parse(&msg).map_err(io("option reply"))?;
@@ -539,7 +659,8 @@ fn read_option_reply(s: &mut TcpStream) -> Result<(u32, OptionReply), String> {
     OptionReply::parse(&msg).map_err(io("option reply"))
 }
 
-fn negotiate(s: &mut TcpStream, export: &str) -> Result<ExportInfo, String> {
+/// Reads the greeting and returns the client flags to answer it with.
+fn greet(s: &mut TcpStream) -> Result<Vec<u8>, String> {
     let mut greeting = [0u8; nbd_proto::handshake::GREETING_LEN];
     s.read_exact(&mut greeting).map_err(io("read greeting"))?;
     let g = ServerGreeting::parse(&greeting).map_err(io("greeting"))?;
@@ -549,8 +670,39 @@ fn negotiate(s: &mut TcpStream, export: &str) -> Result<ExportInfo, String> {
         no_zeroes: g.handshake_flags & NBD_FLAG_NO_ZEROES != 0,
     }
     .encode(&mut out);
+    Ok(out)
+}
+
+/// The whole negotiation in the clear.
+fn negotiate(s: &mut TcpStream, export: &str) -> Result<ExportInfo, String> {
+    let flags = greet(s)?;
+    go(s, export, flags)
+}
+
+/// The greeting and `NBD_OPT_STARTTLS`, in the clear: what comes next is the TLS
+/// handshake.
+fn start_tls(s: &mut TcpStream) -> Result<(), String> {
+    let mut out = greet(s)?;
+    ClientOption::StartTls.encode(&mut out);
+    s.write_all(&out).map_err(io("send NBD_OPT_STARTTLS"))?;
+    match read_option_reply(s)? {
+        (NBD_OPT_STARTTLS, OptionReply::Ack) => Ok(()),
+        (NBD_OPT_STARTTLS, OptionReply::Error { code, message }) => Err(format!(
+            "the server refused TLS (NBD_OPT_STARTTLS answered {code:#x}: {message}); \
+             this client does not fall back to plain NBD"
+        )),
+        (opt, r) => Err(format!(
+            "unexpected reply to NBD_OPT_STARTTLS (option {opt}): {r:?}"
+        )),
+    }
+}
+
+/// Structured replies and `NBD_OPT_GO`, in the clear or over TLS, sent after `out` (what
+/// is still to send before them).
+fn go<S: Read + Write>(s: &mut S, export: &str, mut out: Vec<u8>) -> Result<ExportInfo, String> {
     ClientOption::StructuredReply.encode(&mut out);
     s.write_all(&out).map_err(io("send options"))?;
+    s.flush().map_err(io("send options"))?;
     match read_option_reply(s)? {
         (NBD_OPT_STRUCTURED_REPLY, OptionReply::Ack) => {}
         (_, other) => return Err(format!("structured replies refused: {other:?}")),
@@ -562,6 +714,7 @@ fn negotiate(s: &mut TcpStream, export: &str) -> Result<ExportInfo, String> {
     })
     .encode(&mut out);
     s.write_all(&out).map_err(io("send NBD_OPT_GO"))?;
+    s.flush().map_err(io("send NBD_OPT_GO"))?;
     let (mut size, mut flags, mut description) = (None, 0u16, String::new());
     for _ in 0..GO_REPLIES_MAX {
         match read_option_reply(s)? {
@@ -596,7 +749,7 @@ fn negotiate(s: &mut TcpStream, export: &str) -> Result<ExportInfo, String> {
 
 /// The reader: completes requests until the socket fails, then fails the rest (also when
 /// its runtime drops it).
-async fn read_replies(half: OwnedReadHalf, shared: Arc<Shared>, server: String) {
+async fn read_replies<R: AsyncRead + Unpin>(half: R, shared: Arc<Shared>, server: String) {
     let mut end = FailRest {
         shared: &shared,
         server: &server,

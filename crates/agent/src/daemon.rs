@@ -70,6 +70,9 @@ pub struct AgentConfig {
     pub failover_timeout: Duration,
     /// Most bytes of writes kept for replay after a failover (server modes).
     pub replay_bytes_max: u64,
+    /// TLS on the connections to the servers: the farm's CA and this device's certificate
+    /// (from its login grant, or `ferry target --tls-dir`); `None` for plain NBD.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl AgentConfig {
@@ -95,6 +98,7 @@ impl AgentConfig {
             request_timeout: Duration::from_secs(30),
             failover_timeout: Duration::from_secs(60),
             replay_bytes_max: 256 << 20,
+            tls: None,
         }
     }
 }
@@ -192,6 +196,7 @@ impl Agent {
             failover_timeout: cfg.failover_timeout,
             replay,
             replay_bytes_max: cfg.replay_bytes_max,
+            tls: cfg.tls.clone(),
         })
         .map_err(AgentError::Attach)?;
         let cache = match crate::local_mode(cfg.mode) {

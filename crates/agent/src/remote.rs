@@ -85,6 +85,9 @@ pub struct RemoteConfig {
     pub replay: Replay,
     /// Most bytes of write data the replay log holds.
     pub replay_bytes_max: u64,
+    /// TLS for every connection (the farm's CA and the device's certificate), or `None`
+    /// for plain NBD.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Failover counters.
@@ -157,6 +160,7 @@ impl Remote {
                 &cfg.export,
                 cfg.connect_timeout,
                 cfg.request_timeout,
+                cfg.tls.as_ref(),
             ) {
                 Ok(conn) => {
                     let info = conn.info.clone();
@@ -283,6 +287,7 @@ impl Remote {
                 &self.cfg.export,
                 self.cfg.connect_timeout,
                 self.cfg.request_timeout,
+                self.cfg.tls.as_ref(),
             ) {
                 Ok(c) if c.info.size == self.size => c,
                 Ok(c) => {

@@ -158,6 +158,7 @@ fn connect(addr: &str) -> Connection {
         "golden",
         Duration::from_secs(5),
         Duration::from_secs(10),
+        None,
     )
     .unwrap()
 }
@@ -175,6 +176,7 @@ fn remote_with_log(servers: Vec<String>, replay: Replay, replay_bytes_max: u64) 
         failover_timeout: Duration::from_secs(10),
         replay,
         replay_bytes_max,
+        tls: None,
     })
     .unwrap()
 }
@@ -197,6 +199,7 @@ fn unknown_export_is_a_handshake_error() {
         "nope",
         Duration::from_secs(5),
         Duration::from_secs(5),
+        None,
     )
     .unwrap_err();
     assert!(e.to_string().contains("refused"), "{e}");
@@ -302,6 +305,7 @@ fn no_server_left_fails_the_request() {
         failover_timeout: Duration::from_millis(500),
         replay: Replay::None,
         replay_bytes_max: 0,
+        tls: None,
     })
     .unwrap();
     a.stop();
@@ -468,6 +472,7 @@ fn a_send_to_a_server_that_stopped_reading_times_out() {
             "golden",
             Duration::from_secs(5),
             Duration::from_secs(1),
+            None,
         )
         .unwrap();
         let mut buf = vec![0u8; 4096];
@@ -517,6 +522,7 @@ fn a_dropped_runtime_fails_the_requests_waiting_on_its_reader() {
                 "golden",
                 Duration::from_secs(5),
                 Duration::from_secs(600),
+                None,
             )
         }))
         .unwrap()
@@ -560,6 +566,7 @@ fn a_submit_dropped_mid_send_shuts_the_connection_down() {
         "golden",
         Duration::from_secs(5),
         Duration::from_secs(600),
+        None,
     )
     .unwrap();
     let mut buf = vec![0u8; 4096];

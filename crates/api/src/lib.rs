@@ -10,10 +10,12 @@
 //! routes.rs   farm, tokens, audit, sites, servers, stores, collections, devices, sessions,
 //!             login
 //! vdisks.rs   vDisks and the version lifecycle
+//! tls.rs      HTTPS: TlsListener (TLS handshakes in front of axum); plain HTTP on loopback only
 //! ```
 //!
 //! [`router`] returns a plain `axum::Router`, so `ferry server` can mount it beside its own
-//! routes; [`serve`] runs it alone (`ferry farm serve`).
+//! routes; [`serve_tls`] runs it alone over HTTPS, [`serve`] in plain HTTP on a loopback
+//! address only.
 
 #![warn(missing_docs)]
 
@@ -22,6 +24,7 @@ pub mod error;
 pub mod extract;
 pub mod routes;
 pub mod status;
+pub mod tls;
 pub mod vdisks;
 
 use std::future::Future;
@@ -163,16 +166,52 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(BODY_BYTES_MAX))
 }
 
-/// Serves [`router`] on `listener` until `shutdown` completes.
+/// Serves [`router`] in plain HTTP on `listener` until `shutdown` completes. Only on a
+/// loopback address (see [`tls::check_plain_listen`]); use [`serve_tls`] for any other.
 ///
 /// # Errors
-/// I/O errors of the listener.
+/// I/O errors of the listener; `PermissionDenied` ([`tls::PlainHttpRefused`]) when the
+/// listener is not on a loopback address.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    tls::check_plain_listen(listener.local_addr()?)?;
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// Serves [`router`] over HTTPS with `tls` (see [`tls::TlsListener`]) until `shutdown`
+/// completes; connections still open then finish their requests first.
+///
+/// # Errors
+/// I/O errors of the listener.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tls::TlsListener::new(listener, tls)?;
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// [`serve_tls`] with `tls`, else [`serve`] (plain HTTP, loopback only).
+///
+/// # Errors
+/// As theirs.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    match tls {
+        Some(tls) => serve_tls(listener, state, tls, shutdown).await,
+        None => serve(listener, state, shutdown).await,
+    }
 }

@@ -1,9 +1,11 @@
-//! The web console end to end: the API (with the console) on a loopback port over a
-//! temporary SQLite farm with a demo vDisk, a device logged in through the real device-login
+//! The web console end to end: the API (with the console) over HTTPS on a loopback port,
+//! its certificate issued by a test farm CA, over a temporary SQLite farm with a demo vDisk, a device logged in through the real device-login
 //! API (HMAC of the challenge under the farm key) whose counters are reported while the test
 //! runs, and Debian's headless Chromium driven by playwright-core (web/e2e/console.e2e.mjs):
 //! log in with a token, create a version, promote it twice, see the device connected with its
 //! server, version, cache mode and growing byte counters, and the throughput chart.
+//! Chromium trusts exactly the server's key (`--ignore-certificate-errors-spki-list` with
+//! the SHA-256 of its SubjectPublicKeyInfo), not every certificate.
 //!
 //! Needs /usr/bin/chromium (or FERRY_CHROMIUM), node, and web/e2e/node_modules (scripts/test.sh
 //! runs `npm ci` there). A missing one skips the test with a printed reason on a developer's
@@ -13,11 +15,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use api::AppState;
+use base64::Engine as _;
 use farm::{Farm, FarmConfig};
 use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
 
 const MAC: &str = "52:54:00:12:34:56";
 const VDISK: &str = "golden";
@@ -66,6 +70,24 @@ fn tools() -> Option<PathBuf> {
             None
         }
     }
+}
+
+/// Chromium's `--ignore-certificate-errors-spki-list` entry for a certificate: the base64
+/// SHA-256 of its SubjectPublicKeyInfo.
+fn spki_sha256_base64(cert_pem: &str) -> String {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes()).unwrap();
+    let cert = pem.parse_x509().unwrap();
+    let spki = cert.tbs_certificate.subject_pki.raw;
+    base64::engine::general_purpose::STANDARD.encode(Sha256::digest(spki))
+}
+
+/// A client that trusts only the farm's CA.
+fn https_client(ca_pem: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap())
+        .build()
+        .unwrap()
 }
 
 struct Client {
@@ -181,15 +203,21 @@ async fn console_in_chromium_logs_in_promotes_a_new_version_and_shows_a_connecte
         farm: Arc::new(farm),
         server_id: None,
     };
+    let now = SystemTime::now();
+    let ca = pki::Authority::create("e2e", now).unwrap();
+    let cert = ca
+        .issue_server("console", &["127.0.0.1".to_string()], now)
+        .unwrap();
+    let tls = pki::server_config(ca.cert_pem(), &cert.cert_pem, &cert.key_pem).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
+    let base = format!("https://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(api::serve(listener, state, async {
+    let server = tokio::spawn(api::serve_tls(listener, state, tls, async {
         let _ = stopped.await;
     }));
 
     let admin = Client {
-        http: reqwest::Client::new(),
+        http: https_client(ca.cert_pem()),
         base: base.clone(),
         token: secrets.admin_token.clone(),
     };
@@ -212,6 +240,7 @@ async fn console_in_chromium_logs_in_promotes_a_new_version_and_shows_a_connecte
         .env("FERRY_SITE", SITE)
         .env("FERRY_COLLECTION", COLLECTION)
         .env("FERRY_OUT", &out)
+        .env("FERRY_SPKI", spki_sha256_base64(&cert.cert_pem))
         .env("FERRY_CHROMIUM", &chromium);
     let run = tokio::task::spawn_blocking(move || cmd.output());
     let output = tokio::time::timeout(BROWSER_TIMEOUT, run)
@@ -232,7 +261,7 @@ async fn console_in_chromium_logs_in_promotes_a_new_version_and_shows_a_connecte
 
     // What the browser did landed in the farm, made by the browser's token.
     let check = Client {
-        http: reqwest::Client::new(),
+        http: https_client(ca.cert_pem()),
         base,
         token: secrets.admin_token.clone(),
     };
