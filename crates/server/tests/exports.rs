@@ -543,7 +543,7 @@ fn parents_outside_the_store_are_refused() {
         }
     }
     // A symlink out of the store is not a vDisk of it: the scan skips it.
-    assert!(is_not_found(reg.open("link")));
+    assert!(is_not_found(reg.open("link", &Peer::new(None, true))));
     // The store's own chains are unaffected.
     assert!(read_all(open(&reg, "golden").device.as_ref()) == fx.expected[2]);
 }

@@ -114,7 +114,7 @@ impl Fixture {
 fn open_err(reg: &Arc<Registry>, name: &str) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     let (r, n) = (reg.clone(), name.to_string());
-    std::thread::spawn(move || tx.send(r.open(&n).map(|_| ())));
+    std::thread::spawn(move || tx.send(r.open(&n, &nbd_server::Peer::new(None, true)).map(|_| ())));
     match rx.recv_timeout(HANG_GUARD) {
         Ok(Err(OpenError::Other(m) | OpenError::NotFound(m))) => m,
         Ok(Err(e)) => panic!("{name}: unexpected error {e}"),
@@ -206,6 +206,6 @@ fn symlink_out_of_the_store_is_refused_without_opening_it() {
         let e = open_err(&reg, name);
         assert!(e.contains("plink.avhdx.tmp: outside"), "{name}: {e}");
     }
-    let h = reg.open("golden").unwrap();
+    let h = reg.open("golden", &nbd_server::Peer::new(None, true)).unwrap();
     assert_eq!(h.device.size(), 8 * MIB);
 }
