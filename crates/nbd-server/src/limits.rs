@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 /// The most bytes of a client-sent string (an export name) a log line shows.
 pub const CLIENT_STRING_LOG_MAX: usize = 256;
-/// Log lines of one [`LogKind`] written per [`LOG_WINDOW`]; the rest are counted and
-/// reported as one "suppressed" line.
+/// Log lines of one kind (refusals, protocol errors, capacity) written per [`LOG_WINDOW`];
+/// the rest are counted and reported as one "suppressed" line, written with the kind's next
+/// line after the window.
 pub const LOG_LINES_PER_WINDOW: u32 = 10;
 /// The window of [`LOG_LINES_PER_WINDOW`].
 pub const LOG_WINDOW: Duration = Duration::from_secs(1);
