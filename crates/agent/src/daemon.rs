@@ -73,6 +73,9 @@ pub struct AgentConfig {
     /// TLS on the connections to the servers: the farm's CA and this device's certificate
     /// (from its login grant, or `ferry target --tls-dir`); `None` for plain NBD.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// Device login again when the servers refuse the session (see
+    /// [`crate::remote::Relogin`]).
+    pub relogin: Option<crate::remote::Relogin>,
 }
 
 impl AgentConfig {
@@ -99,6 +102,7 @@ impl AgentConfig {
             failover_timeout: Duration::from_secs(60),
             replay_bytes_max: 256 << 20,
             tls: None,
+            relogin: None,
         }
     }
 }
@@ -197,6 +201,7 @@ impl Agent {
             replay,
             replay_bytes_max: cfg.replay_bytes_max,
             tls: cfg.tls.clone(),
+            relogin: cfg.relogin.clone(),
         })
         .map_err(AgentError::Attach)?;
         let cache = match crate::local_mode(cfg.mode) {

@@ -88,7 +88,34 @@ pub struct RemoteConfig {
     /// TLS for every connection (the farm's CA and the device's certificate), or `None`
     /// for plain NBD.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// How to get a new session when every server refuses this one (a farm that forgot it,
+    /// or ended it): device login again. `None`: the export is fixed.
+    pub relogin: Option<Relogin>,
 }
+
+/// A new session from the farm: the export to attach now and the TLS to attach it with.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// The new session export.
+    pub export: String,
+    /// TLS with the new grant's client certificate.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+/// Logs the device in again (blocking; called from a failover). It must refuse (`Err`
+/// with why) a grant of another vDisk, version or cache mode than the one attached: the
+/// device keeps reading the version it booted until it restarts.
+#[derive(Clone)]
+pub struct Relogin(pub Arc<dyn Fn() -> std::result::Result<Session, String> + Send + Sync>);
+
+impl std::fmt::Debug for Relogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Relogin")
+    }
+}
+
+/// The least time between two logins of one failover.
+const RELOGIN_EVERY: Duration = Duration::from_secs(2);
 
 /// Failover counters.
 #[derive(Debug, Default)]
@@ -127,6 +154,10 @@ struct Active {
 #[derive(Debug)]
 pub struct Remote {
     cfg: RemoteConfig,
+    /// The session attached now (the configured export, or the last re-login's).
+    session: Mutex<Session>,
+    /// Re-logins done.
+    relogins: AtomicU64,
     active: RwLock<Active>,
     size: u64,
     flags: u16,
@@ -177,6 +208,11 @@ impl Remote {
                         log: Mutex::new(Log::default()),
                         counters: Arc::default(),
                         me: me.clone(),
+                        session: Mutex::new(Session {
+                            export: cfg.export.clone(),
+                            tls: cfg.tls.clone(),
+                        }),
+                        relogins: AtomicU64::new(0),
                         cfg,
                     }));
                 }
@@ -275,19 +311,26 @@ impl Remote {
         let n = self.cfg.servers.len();
         let deadline = Instant::now() + self.cfg.failover_timeout;
         let mut k = 1;
+        let mut refused = false;
+        let mut last_login: Option<Instant> = None;
         while Instant::now() < deadline {
             let index = (active.index + k) % n;
             let server = &self.cfg.servers[index];
             k += 1;
             if k % n == 1 {
+                if refused {
+                    self.relogin(&mut last_login);
+                }
+                refused = false;
                 std::thread::sleep(ROUND_PAUSE);
             }
+            let session = self.session.lock().clone();
             let conn = match Connection::connect(
                 server,
-                &self.cfg.export,
+                &session.export,
                 self.cfg.connect_timeout,
                 self.cfg.request_timeout,
-                self.cfg.tls.as_ref(),
+                session.tls.as_ref(),
             ) {
                 Ok(c) if c.info.size == self.size => c,
                 Ok(c) => {
@@ -296,6 +339,10 @@ impl Remote {
                     continue;
                 }
                 Err(e) => {
+                    // A server that answered and refused the export (not one that is down):
+                    // the session may be gone from the farm.
+                    refused |= matches!(&e, ClientError::Handshake { reason, .. }
+                        if !reason.contains("onnect"));
                     tracing::debug!(%server, error = %e, "failover candidate unavailable");
                     continue;
                 }
@@ -319,6 +366,34 @@ impl Remote {
             ErrorKind::Io,
             format!("no server answered within {:?}", self.cfg.failover_timeout),
         ))
+    }
+
+    /// Logs in again (at most every [`RELOGIN_EVERY`]) and attaches the new session from
+    /// then on.
+    fn relogin(&self, last: &mut Option<Instant>) {
+        let Some(relogin) = &self.cfg.relogin else {
+            return;
+        };
+        if last.is_some_and(|t| t.elapsed() < RELOGIN_EVERY) {
+            return;
+        }
+        *last = Some(Instant::now());
+        match (relogin.0)() {
+            Ok(s) => {
+                tracing::warn!(export = %s.export, "the servers refused the session: logged in again");
+                *self.session.lock() = s;
+                self.relogins.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(why) => tracing::warn!(
+                why,
+                "the servers refused the session and login again failed"
+            ),
+        }
+    }
+
+    /// Times the device logged in again after its session was refused.
+    pub fn relogins(&self) -> u64 {
+        self.relogins.load(Ordering::Relaxed)
     }
 
     fn replay(&self, conn: &Connection) -> std::result::Result<u64, ClientError> {

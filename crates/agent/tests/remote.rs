@@ -177,6 +177,7 @@ fn remote_with_log(servers: Vec<String>, replay: Replay, replay_bytes_max: u64) 
         replay,
         replay_bytes_max,
         tls: None,
+        relogin: None,
     })
     .unwrap()
 }
@@ -306,6 +307,7 @@ fn no_server_left_fails_the_request() {
         replay: Replay::None,
         replay_bytes_max: 0,
         tls: None,
+        relogin: None,
     })
     .unwrap();
     a.stop();

@@ -150,7 +150,11 @@ pub const SESSION_RECHECK_EVERY: Duration = Duration::from_secs(10);
 /// # Errors
 /// The farm has no authority (an old farm: `ferry farm init` made none), or issuing failed.
 pub async fn tls_material(handle: &FarmHandle) -> anyhow::Result<crate::server_tls::TlsMaterial> {
-    let mut hosts = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+    let mut hosts = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
     let host = handle
         .advertise
         .rsplit_once(':')

@@ -56,7 +56,10 @@ impl TlsMaterial {
 ///
 /// # Errors
 /// Unreadable or invalid certificates; `required` without TLS.
-pub fn apply(r: &mut Resolved, material: Option<TlsMaterial>) -> anyhow::Result<Option<TlsMaterial>> {
+pub fn apply(
+    r: &mut Resolved,
+    material: Option<TlsMaterial>,
+) -> anyhow::Result<Option<TlsMaterial>> {
     let material = match (material, &r.tls_dir) {
         (Some(m), _) => Some(m),
         (None, Some(dir)) => Some(TlsMaterial::from_dir(dir)?),
@@ -70,7 +73,9 @@ pub fn apply(r: &mut Resolved, material: Option<TlsMaterial>) -> anyhow::Result<
             }
         }
         None if r.tls_required => {
-            anyhow::bail!("[tls] required is set but no certificate is configured ([tls] dir or --tls-dir)")
+            anyhow::bail!(
+                "[tls] required is set but no certificate is configured ([tls] dir or --tls-dir)"
+            )
         }
         None => {}
     }

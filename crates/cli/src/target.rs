@@ -76,7 +76,7 @@ pub enum Command {
 }
 
 /// Arguments of the agent itself.
-#[derive(Debug, ClapArgs)]
+#[derive(Debug, Clone, ClapArgs)]
 pub struct RunArgs {
     /// With --vdisk: NBD servers in failover order, HOST[:PORT][,HOST2[:PORT]...] (port 10809
     /// by default). With --device MAC alone: the farm's API, http://HOST:PORT[,...] (tried in
@@ -234,7 +234,9 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
             }
             let (grant, api) = device_login(a, mac)?;
             reporter = Some((api, grant.export_name.to_string()));
-            config_from_grant(&grant, export_socket.clone())
+            let mut cfg = config_from_grant(&grant, export_socket.clone())?;
+            cfg.relogin = Some(relogin(a, &grant));
+            cfg
         }
     };
     cfg.overflow_dir = Some(a.overflow.clone());
@@ -425,13 +427,56 @@ fn device_login(a: &RunArgs, mac: &str) -> anyhow::Result<(LoginGrant, String)> 
 
 /// The agent's configuration after device login: the grant's servers, vDisk, cache mode
 /// and RAM, and its session export (opened instead of the vDisk, on failover too).
-fn config_from_grant(g: &LoginGrant, export_socket: PathBuf) -> AgentConfig {
+fn config_from_grant(g: &LoginGrant, export_socket: PathBuf) -> anyhow::Result<AgentConfig> {
     let mut cfg = AgentConfig::new(g.servers.clone(), &g.vdisk, g.cache_mode, export_socket);
     cfg.device = g.device_name.clone();
     cfg.export_name = Some(g.export_name.clone());
     cfg.mac = Some(g.mac);
     cfg.ram_bytes = g.ram_bytes;
-    cfg
+    cfg.tls = grant_tls(g)?;
+    Ok(cfg)
+}
+
+/// TLS with the client certificate the farm issued at login (and its CA), if it issued one.
+fn grant_tls(g: &LoginGrant) -> anyhow::Result<Option<std::sync::Arc<rustls::ClientConfig>>> {
+    g.tls
+        .as_ref()
+        .map(|t| pki::client_config(&t.ca_pem, Some((&t.cert_pem, &t.key_pem))))
+        .transpose()
+        .context("the login grant's TLS certificate")
+}
+
+/// Device login again, for a failover whose servers all refuse the session (a farm that
+/// lost or ended it): accepted only for the vDisk, version and cache mode attached now.
+fn relogin(a: &RunArgs, first: &LoginGrant) -> ::agent::remote::Relogin {
+    let a = a.clone();
+    let mac = first.mac.to_string();
+    let want = (first.vdisk.clone(), first.version, first.cache_mode);
+    ::agent::remote::Relogin(std::sync::Arc::new(move || {
+        let (a, mac, want) = (a.clone(), mac.clone(), want.clone());
+        // Its own thread: the blocking HTTP client must not run inside the runtime.
+        let login = std::thread::spawn(move || -> Result<::agent::remote::Session, String> {
+            let (g, _) = device_login(&a, &mac).map_err(|e| format!("{e:#}"))?;
+            let got = (g.vdisk.clone(), g.version, g.cache_mode);
+            if got != want {
+                return Err(format!(
+                    "the farm now grants {} version {} ({}); this device keeps {} version {} until it restarts",
+                    got.0,
+                    got.1,
+                    got.2.cli_name(),
+                    want.0,
+                    want.1
+                ));
+            }
+            Ok(::agent::remote::Session {
+                export: g.export_name.to_string(),
+                tls: grant_tls(&g).map_err(|e| format!("{e:#}"))?,
+            })
+        });
+        login
+            .join()
+            .map_err(|_| "login thread panicked".to_string())?
+    }))
 }
 
 fn status(

@@ -206,6 +206,8 @@ fn symlink_out_of_the_store_is_refused_without_opening_it() {
         let e = open_err(&reg, name);
         assert!(e.contains("plink.avhdx.tmp: outside"), "{name}: {e}");
     }
-    let h = reg.open("golden", &nbd_server::Peer::new(None, true)).unwrap();
+    let h = reg
+        .open("golden", &nbd_server::Peer::new(None, true))
+        .unwrap();
     assert_eq!(h.device.size(), 8 * MIB);
 }
