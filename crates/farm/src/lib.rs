@@ -6,9 +6,11 @@
 //!
 //! ```text
 //! db.rs         Farm: pool, migrations (one set per backend), clock, init, farm key
+//! private.rs    owner-only modes: data directory 0700, database files 0600
 //! model.rs      the rows as typed values; enums stored as text
 //! input.rs      the inputs of changes (API bodies)
 //! validate.rs   checks of untrusted input: names, MACs, sizes, store paths, pages
+//! confine.rs    the store-root rule: store paths, store dirs and chains stay inside
 //! repo.rs       row helpers; settings, tokens, audit, sites, servers, stores
 //! devices.rs    collections, devices, sessions
 //! vdisks.rs     vDisks: import or create, change, remove (image library)
@@ -24,6 +26,7 @@
 
 #![warn(missing_docs)]
 
+mod confine;
 pub mod db;
 pub mod devices;
 pub mod error;
@@ -31,6 +34,7 @@ pub mod input;
 pub mod lifecycle;
 pub mod login;
 pub mod model;
+pub mod private;
 pub mod repo;
 pub mod sessions;
 pub mod validate;
