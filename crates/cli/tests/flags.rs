@@ -1,5 +1,5 @@
 //! Nonsense flag values are refused by the argument parser with a message naming the flag
-//! and the rule (exit code 2, nothing started): zero RAM, zero sizes, zero timeouts.
+//! and the rule (a usage error, nothing started): zero RAM, zero sizes, zero timeouts.
 
 use std::process::Command;
 
@@ -18,7 +18,10 @@ fn ferry(args: &[&str]) -> (Option<i32>, String) {
 /// Asserts `args` is refused as a usage error whose message names `flag` and holds `why`.
 fn refused(args: &[&str], flag: &str, why: &str) {
     let (code, err) = ferry(args);
-    assert_eq!(code, Some(2), "{args:?} was not refused: {err}");
+    assert!(
+        code.is_some_and(|c| c != 0) && err.starts_with("error: invalid value"),
+        "{args:?} was not refused by the parser: {err}"
+    );
     assert!(
         err.contains(flag) && err.contains(why),
         "{args:?}: the error lacks {flag:?} or {why:?}: {err}"
