@@ -392,13 +392,13 @@ enum VdiskCommand {
         #[arg(long)]
         store: i64,
         /// Create an empty dynamic image of this size (e.g. 40G) when NAME.vhdx is missing.
-        #[arg(long, value_parser = crate::size::parse_size)]
+        #[arg(long, value_parser = crate::size::parse_nonzero_size)]
         size: Option<u64>,
         /// Default cache mode of its devices.
         #[arg(long)]
         cache_mode: Option<String>,
-        /// Default RAM cache size in bytes.
-        #[arg(long)]
+        /// Default RAM cache size in bytes (at least 1).
+        #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
         ram_bytes: Option<i64>,
         /// Free text.
         #[arg(long, default_value = "")]

@@ -263,8 +263,8 @@ struct DeviceFields {
     /// ram_overflow, disk).
     #[arg(long)]
     cache_mode: Option<String>,
-    /// Override of the vDisk's RAM cache size in bytes.
-    #[arg(long)]
+    /// Override of the vDisk's RAM cache size in bytes (at least 1).
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
     ram_bytes: Option<i64>,
     /// Boot this version instead of the newest production one.
     #[arg(long)]

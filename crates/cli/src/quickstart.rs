@@ -98,7 +98,7 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
     drop(runtime);
     let exe = std::env::current_exe().context("find the ferry binary")?;
     let log = |name: &str| -> anyhow::Result<Stdio> {
-        let f = std::fs::File::create(data.join(name)).with_context(|| format!("create {name}"))?;
+        let f = create_log(&data.join(name)).with_context(|| format!("create {name}"))?;
         Ok(Stdio::from(f))
     };
     let mut server = Guard(
@@ -420,6 +420,24 @@ fn make_base(path: &Path) -> anyhow::Result<()> {
 }
 
 /// Writes `data` at `offset` of the image at `path` and closes it cleanly.
+/// The mode of the logs quickstart writes: they name session exports and paths, so only
+/// the owner reads them.
+pub const LOG_FILE_MODE: u32 = 0o600;
+
+/// Creates (or truncates) a log file with [`LOG_FILE_MODE`], tightening one an older run
+/// left readable by others.
+fn create_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let f = std::fs::File::options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(LOG_FILE_MODE)
+        .open(path)?;
+    f.set_permissions(std::fs::Permissions::from_mode(LOG_FILE_MODE))?;
+    Ok(f)
+}
+
 fn write_at(path: &Path, data: &[u8], offset: u64) -> anyhow::Result<()> {
     let chain = open::open(
         path,

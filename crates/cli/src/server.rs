@@ -26,7 +26,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use crate::Global;
-use crate::size::parse_size;
+use crate::size::parse_nonzero_size;
 
 /// Exports named one by one in the startup log; the rest are counted.
 const LOGGED_EXPORTS_MAX: usize = 50;
@@ -53,7 +53,7 @@ pub struct Args {
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics_listen: Option<String>,
     /// Block cache RAM budget, e.g. 4G ([cache] ram_bytes; default: a quarter of RAM).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_nonzero_size)]
     pub cache_ram: Option<u64>,
     /// Join the farm in DIR (made by `ferry farm init`): serve its REST API and web console,
     /// accept device logins' session exports, register this server and heartbeat. Without

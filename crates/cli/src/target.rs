@@ -16,7 +16,7 @@ use disk::ops::info::human_size;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::Global;
-use crate::size::{parse_block_size, parse_size};
+use crate::size::{parse_block_size, parse_nonzero_size, parse_size};
 
 /// The export socket when `--export` is not given.
 const DEFAULT_EXPORT: &str = "unix:/run/ferry/target.sock";
@@ -97,13 +97,13 @@ pub struct RunArgs {
     pub cache: Option<CacheMode>,
     /// RAM budget of the ram and ram-overflow caches (default 1G; after device login the
     /// farm decides).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_nonzero_size)]
     pub ram: Option<u64>,
     /// Directory of the overflow file (ram-overflow, disk); the file is unlinked from the start.
     #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
     pub overflow: PathBuf,
     /// Most bytes the overflow file may hold (the filesystem may fill first).
-    #[arg(long, value_name = "SIZE", default_value = "1T", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", default_value = "1T", value_parser = parse_nonzero_size)]
     pub overflow_max: u64,
     /// With --vdisk: this device's name, for the server cache modes (default: the host
     /// name). Without --vdisk: this device's MAC, which logs in to the farm at --server.
@@ -133,22 +133,31 @@ pub struct RunArgs {
     pub cache_block: u32,
     /// The boot ends after this many bytes were read (or earlier: see --boot-quiet and
     /// `ferry target mark-booted`).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_nonzero_size)]
     pub boot_bytes: Option<u64>,
     /// The boot ends at the last read of its first read burst (256 reads or more) once no
     /// read came for this many seconds; 0: only mark-booted and --boot-bytes end it.
     #[arg(long, value_name = "SECONDS", default_value_t = BOOT_QUIET.as_secs())]
     pub boot_quiet: u64,
     /// Seconds a server may take to answer one request before the target fails over.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = parse_seconds)]
     pub timeout: u64,
     /// Seconds one failover may look for a server before the request fails.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = parse_seconds)]
     pub failover_timeout: u64,
     /// Server modes: most bytes of writes kept to replay after a failover (server-persistent
     /// and private flush past it; in `server` mode a failover past it fails I/O).
     #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
     pub replay_max: u64,
+}
+
+/// A timeout in whole seconds, at least 1 (0 would fail every request at once).
+fn parse_seconds(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err(format!("{s:?}: a timeout must be at least 1 second")),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a whole number of seconds")),
+    }
 }
 
 /// A cache mode in either spelling (`ram-overflow` or the farm's `ram_overflow`).

@@ -660,11 +660,34 @@ fn quickstart_runs_a_farm_and_a_target_and_is_idempotent() {
             .as_str()
             .is_some_and(|c| c.starts_with("http://127.0.0.1:"))
     );
+    // Issue 18: the farm's data and the logs are the owner's only. The first run made
+    // them so; modes an older version left loose are tightened by the next run.
+    let mode = |p: &std::path::Path| {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::metadata(p).expect("stat").permissions().mode() & 0o777
+    };
+    let private = [
+        ("", 0o700),
+        ("farm.db", 0o600),
+        ("server.log", 0o600),
+        ("target.log", 0o600),
+    ];
+    for (f, want) in private {
+        assert_eq!(mode(&data.join(f)), want, "{f:?} after the first run");
+    }
+    for (f, _) in private {
+        use std::os::unix::fs::PermissionsExt as _;
+        let loose = std::fs::Permissions::from_mode(if f.is_empty() { 0o755 } else { 0o644 });
+        std::fs::set_permissions(data.join(f), loose).expect("chmod");
+    }
     let second = run();
     assert_eq!(
         first["admin_token"], second["admin_token"],
         "the farm was made again"
     );
+    for (f, want) in private {
+        assert_eq!(mode(&data.join(f)), want, "{f:?} after the second run");
+    }
     let target_log = std::fs::read_to_string(data.join("target.log")).unwrap_or_default();
     assert!(!target_log.contains("ERROR"), "target log:\n{target_log}");
 }

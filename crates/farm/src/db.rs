@@ -119,6 +119,7 @@ impl Farm {
     /// As [`Farm::open`].
     pub async fn open_with_clock(config: &FarmConfig, clock: Arc<dyn Clock>) -> Result<Farm> {
         install_default_drivers();
+        crate::private::data_dir(&config.data_dir)?;
         let store_root = config
             .store_root
             .clone()
@@ -129,13 +130,8 @@ impl Farm {
         let store_root = store_root.canonicalize().unwrap_or(store_root);
         let (url, backend) = match &config.db_url {
             None => {
-                std::fs::create_dir_all(&config.data_dir).map_err(|e| {
-                    FarmError::invalid(format!(
-                        "create data directory {}: {e}",
-                        config.data_dir.display()
-                    ))
-                })?;
                 let file = config.data_dir.join(SQLITE_FILE_NAME);
+                crate::private::db_files(&file)?;
                 (
                     format!("sqlite://{}?mode=rwc", file.display()),
                     Backend::Sqlite,
@@ -164,6 +160,10 @@ impl Farm {
         match backend {
             Backend::Sqlite => SQLITE_MIGRATIONS.run(&pool).await?,
             Backend::Postgres => PG_MIGRATIONS.run(&pool).await?,
+        }
+        if config.db_url.is_none() {
+            // The companions SQLite made since (its WAL), should a umask have loosened them.
+            crate::private::db_files(&config.data_dir.join(SQLITE_FILE_NAME))?;
         }
         let farm = Farm {
             pool,

@@ -74,6 +74,40 @@ impl FarmError {
         }
     }
 
+    /// An error of the image library during `what`, with the kind it deserves: an
+    /// argument the library refuses is [`Kind::InvalidInput`]; a damaged, unsupported or
+    /// broken chain, or an output file that exists already, is [`Kind::Conflict`] (the
+    /// store's state); a missing file is [`Kind::NotFound`]; other failures stay
+    /// [`Kind::Image`]. The message names the operation and the library's reason.
+    pub fn from_image(what: impl std::fmt::Display, source: disk::Error) -> FarmError {
+        use disk::ErrorKind as D;
+        let io = || {
+            std::error::Error::source(&source)
+                .and_then(|s| s.downcast_ref::<std::io::Error>())
+                .map(std::io::Error::kind)
+        };
+        let kind = match source.kind() {
+            D::InvalidArgument => Kind::InvalidInput,
+            D::ChainBroken
+            | D::InvalidFormat
+            | D::Corrupt
+            | D::Unsupported
+            | D::LimitExceeded
+            | D::ReadOnly => Kind::Conflict,
+            D::Io => match io() {
+                Some(std::io::ErrorKind::AlreadyExists) => Kind::Conflict,
+                Some(std::io::ErrorKind::NotFound) => Kind::NotFound,
+                _ => return FarmError::image(what.to_string(), source),
+            },
+            _ => return FarmError::image(what.to_string(), source),
+        };
+        FarmError {
+            kind,
+            message: format!("{what}: {source}"),
+            source: Some(Box::new(source)),
+        }
+    }
+
     /// What went wrong.
     pub fn kind(&self) -> Kind {
         self.kind

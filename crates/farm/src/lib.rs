@@ -7,9 +7,11 @@
 //! ```text
 //! secrets.rs    DATA/secrets/: the farm key and the CA in files, server certificates
 //! db.rs         Farm: pool, migrations (one set per backend), clock, init, secrets
+//! private.rs    owner-only modes: data directory 0700, database files 0600
 //! model.rs      the rows as typed values; enums stored as text
 //! input.rs      the inputs of changes (API bodies)
 //! validate.rs   checks of untrusted input: names, MACs, sizes, store paths, pages
+//! confine.rs    the store-root rule: store paths, store dirs and chains stay inside
 //! repo.rs       row helpers; settings, tokens, audit, sites, servers, stores
 //! devices.rs    collections, devices, sessions
 //! vdisks.rs     vDisks: import or create, change, remove (image library)
@@ -29,6 +31,7 @@
 #![warn(missing_docs)]
 
 pub mod credentials;
+mod confine;
 pub mod db;
 pub mod devices;
 pub mod error;
@@ -37,6 +40,7 @@ pub mod input;
 pub mod lifecycle;
 pub mod login;
 pub mod model;
+pub mod private;
 pub mod repo;
 pub mod secrets;
 pub mod sessions;

@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
+use crate::confine;
 use crate::db::{Farm, audit};
 use crate::error::{FarmError, Kind, Result};
 use crate::input::MergeRequest;
@@ -44,11 +45,9 @@ pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> disk::Result<T> + Send + 'static,
 ) -> Result<T> {
     match tokio::task::spawn_blocking(f).await {
-        // The image library refusing an argument (a size, a name) is the caller's error.
-        Ok(Err(e)) if e.kind() == disk::ErrorKind::InvalidArgument => {
-            Err(FarmError::invalid(format!("{what}: {e}")))
-        }
-        Ok(r) => r.map_err(|e| FarmError::image(what, e)),
+        // A refused argument, a damaged image or a broken chain is 4xx, not a failure of
+        // the farm (see FarmError::from_image).
+        Ok(r) => r.map_err(|e| FarmError::from_image(what, e)),
         Err(e) => Err(FarmError::new(Kind::Image, format!("{what}: {e}"))),
     }
 }
@@ -136,6 +135,12 @@ impl Farm {
         let file_name = format!("{}.{number}.avhdx", vdisk.name);
         let dir = self.store_dir(vdisk.store_id, None).await?;
         let (parent_path, child) = (dir.join(&parent.file_name), dir.join(&file_name));
+        let (p, d) = (parent_path.clone(), dir.clone());
+        let found = blocking(format!("open {}", parent.file_name), move || {
+            confine::chain_outside(&d, &p)
+        })
+        .await?;
+        confine::check_chain(found, Kind::Conflict, &parent.file_name, &dir)?;
         let c = child.clone();
         blocking(format!("create {file_name}"), move || {
             disk::version::new_version(&parent_path, &c)
@@ -190,6 +195,12 @@ impl Farm {
         };
         let dir = self.store_dir(vdisk.store_id, None).await?;
         let (top_path, out) = (dir.join(&top.file_name), dir.join(&file_name));
+        let (p, d) = (top_path.clone(), dir.clone());
+        let found = blocking(format!("open {}", top.file_name), move || {
+            confine::chain_outside(&d, &p)
+        })
+        .await?;
+        confine::check_chain(found, Kind::Conflict, &top.file_name, &dir)?;
         let o = out.clone();
         blocking(format!("merge into {file_name}"), move || {
             let p = disk::ops::NoProgress;

@@ -365,7 +365,8 @@ pub struct Session {
     /// The device's type at login.
     #[sqlx(try_from = "String")]
     pub device_type: DeviceType,
-    /// The session-scoped NBD export name.
+    /// The session-scoped NBD export name (a credential: the API shows it only to operator
+    /// and admin tokens, and an empty string to others).
     pub export_name: String,
     /// When it started.
     pub created_at_ms: i64,

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use serde_json::json;
 use sqlx::any::AnyRow;
 
+use crate::confine;
 use crate::db::{Farm, audit, hash_secret};
 use crate::error::{FarmError, Result};
 use crate::input::{NewServer, NewSite, NewStore, NewToken, SettingsPatch, StorePath};
@@ -399,10 +400,13 @@ impl Farm {
             .await
     }
 
-    /// The directory of a store on this host (`server_id`: use that server's override).
+    /// The directory of a store on this host (`server_id`: use that server's override),
+    /// canonical when it exists. It is checked on every call: a directory that left the
+    /// store root (swapped for a symlink after its creation) is refused.
     ///
     /// # Errors
-    /// [`crate::Kind::NotFound`].
+    /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`] for a directory outside the
+    /// store root.
     pub async fn store_dir(&self, id: i64, server_id: Option<i64>) -> Result<PathBuf> {
         let store = self.store(id).await?;
         let mut path = store.path;
@@ -418,7 +422,8 @@ impl Farm {
                 path = o;
             }
         }
-        Ok(self.store_root().join(path))
+        let what = format!("store {id} ({})", store.name);
+        confine::store_dir(self.store_root(), &self.store_root().join(path), &what)
     }
 
     /// Creates a store (and its directory under the store root).
@@ -443,6 +448,17 @@ impl Farm {
         std::fs::create_dir_all(&dir).map_err(|e| {
             FarmError::invalid(format!("create store directory {}: {e}", dir.display()))
         })?;
+        // A symlink put in the way between the check and the creation: the directory made
+        // is outside; remove it (when empty) and refuse.
+        if !confine::under(self.store_root(), &dir) {
+            if let Ok(real) = dir.canonicalize() {
+                let _ = std::fs::remove_dir(real);
+            }
+            return Err(FarmError::invalid(format!(
+                "store path {:?} escapes the store root",
+                s.path
+            )));
+        }
         let detail = json!({ "name": s.name, "path": path });
         audit(
             &mut tx,

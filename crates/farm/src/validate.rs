@@ -81,8 +81,9 @@ pub fn mac(value: &str) -> Result<Mac> {
 
 /// Checks a store path and returns it normalized: relative to the store root (an absolute
 /// path is accepted when it lies under `root`), with no component that leaves the root.
-/// When the joined path exists, its canonical form (symlinks resolved) must lie under the
-/// canonical root too.
+/// Its longest existing ancestor, with symlinks resolved, must lie under the canonical root
+/// too, so a symlink in the store root never leads a store out of it (the rest does not
+/// exist yet and has no `..`).
 ///
 /// # Errors
 /// [`crate::Kind::InvalidInput`] for an empty path or one that escapes the root.
@@ -117,10 +118,9 @@ pub fn store_path(root: &Path, value: &str) -> Result<String> {
         ));
     }
     let normalized = parts.join("/");
-    let joined: PathBuf = root.join(&normalized);
-    if let (Ok(real), Ok(real_root)) = (joined.canonicalize(), root.canonicalize())
-        && !real.starts_with(&real_root)
-    {
+    let real_root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    let joined: PathBuf = real_root.join(&normalized);
+    if !crate::confine::under(&real_root, &joined) {
         return Err(escape());
     }
     Ok(normalized)

@@ -5,8 +5,9 @@ use std::path::Path;
 
 use serde_json::json;
 
+use crate::confine;
 use crate::db::{Farm, audit};
-use crate::error::{FarmError, Result};
+use crate::error::{FarmError, Kind, Result};
 use crate::input::{NewVDisk, VDiskPatch};
 use crate::lifecycle::{blocking, insert_version};
 use crate::model::{AccessMode, CacheMode, Page, VDisk, Version};
@@ -89,10 +90,18 @@ impl Farm {
             let p = path.clone();
             blocking(format!("create {file_name}"), move || create_vhdx(&p, size)).await?;
         }
-        let p = path.clone();
-        let size = blocking(format!("open {file_name}"), move || virtual_size(&p)).await;
-        let result = match size {
-            Ok(size) => self.insert_vdisk(n, ram, size, created, actor).await,
+        let (p, d) = (path.clone(), dir.clone());
+        let opened = blocking(format!("open {file_name}"), move || {
+            Ok((confine::chain_outside(&d, &p)?, virtual_size(&p)?))
+        })
+        .await;
+        let result = match opened {
+            Ok((found, size)) => {
+                match confine::check_chain(found, Kind::InvalidInput, &file_name, &dir) {
+                    Ok(()) => self.insert_vdisk(n, ram, size, created, actor).await,
+                    Err(e) => Err(e),
+                }
+            }
             Err(e) => Err(e),
         };
         if result.is_err() && created {

@@ -35,7 +35,7 @@
 //! process.
 
 use std::fs::File;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -93,6 +93,9 @@ pub enum DiffCacheError {
         source: disk::Error,
     },
 }
+
+/// The mode of a write-cache file (a device's writes): the server's user only.
+pub const CACHE_FILE_MODE: u32 = 0o600;
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DiffCacheError {
     let path = path.to_path_buf();
@@ -154,6 +157,7 @@ pub fn lock_for_write(path: &Path, create: bool) -> Result<File, DiffCacheError>
             .create(create)
             .truncate(false)
             .custom_flags(disk::file::nonblocking_flags())
+            .mode(CACHE_FILE_MODE)
             .open(path)
             .map_err(io_err("open", path))?;
         let file = disk::file::require_file(file, path, disk::file::Accept::Regular)
@@ -230,7 +234,13 @@ impl DiffCache {
         let dir = target.dir.join(target.device.as_str());
         std::fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
         let file = lock_for_write(&path, true)?;
-        let len = file.metadata().map_err(io_err("stat", &path))?.len();
+        let meta = file.metadata().map_err(io_err("stat", &path))?;
+        // A device's writes are its own: tighten a cache an older server left readable.
+        if meta.permissions().mode() & 0o077 != 0 {
+            file.set_permissions(std::fs::Permissions::from_mode(CACHE_FILE_MODE))
+                .map_err(io_err("chmod", &path))?;
+        }
+        let len = meta.len();
         let storage: Arc<dyn Storage> = Arc::new(FileStorage::new(file).with_small_folios());
         if target.retention == Retention::Discard || len == 0 {
             storage.set_len(0).map_err(disk_err(&path))?;

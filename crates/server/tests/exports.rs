@@ -319,6 +319,25 @@ fn persistent_writes_survive_release_reopen_and_restart() {
     assert!(reopened == want && restarted == want);
 }
 
+/// Issue 18: a write cache holds one device's writes; only the server's user reads it, and
+/// a persistent one an older server left readable is tightened when it is opened again.
+#[test]
+fn write_cache_files_are_owner_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let fx = Fixture::new();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let persistent = fx.wc().join("pc4/golden.1.persistent.avhdx");
+    {
+        let _h = open(&fx.registry(), "golden@1+pc4+persistent");
+        let _d = open(&fx.registry(), "golden@1+pc5");
+        assert_eq!(mode(&persistent), 0o600);
+        assert_eq!(mode(&fx.wc().join("pc5/golden.1.avhdx")), 0o600);
+    }
+    std::fs::set_permissions(&persistent, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let _h = open(&fx.registry(), "golden@1+pc4+persistent");
+    assert_eq!(mode(&persistent), 0o600);
+}
+
 #[test]
 fn persistent_cache_on_a_rewritten_version_is_refused() {
     let fx = Fixture::new();
