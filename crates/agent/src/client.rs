@@ -67,8 +67,8 @@ use nbd_proto::client::{
 use nbd_proto::reply::ChunkPayload;
 use nbd_proto::{Command, CommandFlags, NBD_REPLY_TYPE_OFFSET_DATA, Request};
 
+pub use crate::handshake::{ExportInfo, server_name, with_default_port};
 use crate::handshake::{io, negotiate, start_tls, tls_negotiate};
-pub use crate::handshake::{server_name, with_default_port};
 use parking_lot::Mutex;
 
 /// Bytes of the socket's read buffer.
@@ -121,17 +121,6 @@ impl ClientError {
                 | ClientError::Protocol { .. }
         )
     }
-}
-
-/// What the server said about the export.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExportInfo {
-    /// Size in bytes.
-    pub size: u64,
-    /// Transmission flags (`NBD_FLAG_*`).
-    pub flags: u16,
-    /// `NBD_INFO_DESCRIPTION`, or empty.
-    pub description: String,
 }
 
 type Completion = Result<Vec<u8>, ClientError>;

@@ -18,7 +18,16 @@ use rustls::pki_types::ServerName;
 use tokio::runtime::Handle;
 use tokio_util::io::SyncIoBridge;
 
-use crate::client::ExportInfo;
+/// What the server said about the export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportInfo {
+    /// Size in bytes.
+    pub size: u64,
+    /// Transmission flags (`NBD_FLAG_*`).
+    pub flags: u16,
+    /// `NBD_INFO_DESCRIPTION`, or empty.
+    pub description: String,
+}
 
 /// The most option replies one `NBD_OPT_GO` may produce before the client gives up.
 const GO_REPLIES_MAX: usize = 64;

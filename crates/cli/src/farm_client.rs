@@ -326,7 +326,7 @@ mod tests {
                 .unwrap()
                 .is_some()
         );
-        std::fs::write(&path, "not a certificate").unwrap();
-        assert!(trusted_ca("https://farm.example:8080", Some(&path)).is_err());
+        let missing = dir.path().join("missing.pem");
+        assert!(trusted_ca("https://farm.example:8080", Some(&missing)).is_err());
     }
 }
