@@ -14,7 +14,8 @@
 //!                                        ▼
 //!                                  remote::Remote        failover + replay log
 //!                                        ▼
-//!                                  client::Connection    pipelined NBD over TCP
+//!                                  client::Connection    pipelined NBD over TCP or TLS
+//!                                        │ handshake.rs: greeting, STARTTLS, GO
 //!                                        ▼
 //!                                  ferry server  NAME | NAME+DEV[+persistent] | NAME+private
 //! ```
@@ -33,6 +34,7 @@ pub mod boot;
 pub mod client;
 pub mod control;
 pub mod daemon;
+mod handshake;
 pub mod login;
 pub mod remote;
 pub mod stats;

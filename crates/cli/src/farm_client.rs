@@ -1,6 +1,11 @@
 //! The HTTP client of the farm commands: `--api URL` (env FERRY_API), `--token` (env
-//! FERRY_TOKEN), `--json`; JSON in, JSON out; an error answer becomes
-//! `error: api: 409 Conflict: <message>`. Also the text rendering of answers.
+//! FERRY_TOKEN), `--farm-ca FILE` (env FERRY_FARM_CA), `--json`; JSON in, JSON out; an
+//! error answer becomes `error: api: 409 Conflict: <message>`. Also the text rendering of
+//! answers.
+//!
+//! An `https://` API is verified against the farm's CA (`--farm-ca`) and nothing else (no
+//! built-in roots); plain `http://` is only for a loopback address, since the token would
+//! otherwise cross the network in the clear.
 
 use anyhow::{Context, bail};
 use clap::Args;
@@ -27,9 +32,65 @@ pub struct Conn {
         help_heading = "Farm API"
     )]
     pub token: Option<String>,
+    /// The farm CA's certificate (PEM), which an https:// API's certificate must chain to.
+    #[arg(
+        long,
+        env = "FERRY_FARM_CA",
+        value_name = "FILE",
+        global = true,
+        help_heading = "Farm API"
+    )]
+    pub farm_ca: Option<std::path::PathBuf>,
     /// Print the API's answer as JSON on stdout.
     #[arg(long, global = true, help_heading = "Farm API")]
     pub json: bool,
+}
+
+/// Checks `api`'s scheme and returns the CA an https API must chain to: `https://` needs
+/// `--farm-ca`; `http://` is allowed only to a loopback host (the token would cross the
+/// network in the clear).
+///
+/// # Errors
+/// Another scheme, plain HTTP to a remote host, https without a CA, an unreadable CA.
+pub fn trusted_ca(
+    api: &str,
+    farm_ca: Option<&std::path::Path>,
+) -> anyhow::Result<Option<reqwest::Certificate>> {
+    let url = reqwest::Url::parse(api).with_context(|| format!("--api {api:?} is not a URL"))?;
+    let ca = match farm_ca {
+        Some(path) => {
+            let pem = std::fs::read(path)
+                .with_context(|| format!("--farm-ca: read {}", path.display()))?;
+            Some(reqwest::Certificate::from_pem(&pem).with_context(|| {
+                format!("--farm-ca {} is not a PEM certificate", path.display())
+            })?)
+        }
+        None => None,
+    };
+    match url.scheme() {
+        "https" if ca.is_none() => bail!(
+            "--api {api}: https needs the farm's CA certificate (--farm-ca FILE or FERRY_FARM_CA)"
+        ),
+        "https" => Ok(ca),
+        "http" if is_loopback(&url) => Ok(ca),
+        "http" => bail!(
+            "--api {api}: plain http only to a loopback address (the API token would cross \
+             the network in the clear); use https:// with --farm-ca FILE"
+        ),
+        other => bail!("--api {api}: scheme {other:?} is neither https nor http"),
+    }
+}
+
+/// True when `url`'s host is a loopback address or `localhost`.
+fn is_loopback(url: &reqwest::Url) -> bool {
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A blocking client of the farm API.
@@ -48,10 +109,13 @@ impl Client {
     /// # Errors
     /// When the HTTP client cannot be built.
     pub fn new(conn: &Conn) -> anyhow::Result<Client> {
-        let http = reqwest::blocking::Client::builder()
+        let mut builder = reqwest::blocking::Client::builder()
             .timeout(std::time::Duration::from_secs(TIMEOUT_SECS))
-            .build()
-            .context("build HTTP client")?;
+            .tls_built_in_root_certs(false);
+        if let Some(ca) = trusted_ca(&conn.api, conn.farm_ca.as_deref())? {
+            builder = builder.add_root_certificate(ca);
+        }
+        let http = builder.build().context("build HTTP client")?;
         Ok(Client {
             base: format!("{}/api/v1", conn.api.trim_end_matches('/')),
             token: conn.token.clone(),
@@ -229,5 +293,40 @@ pub fn vdisk_id(c: &Client, vdisk: &str) -> anyhow::Result<i64> {
             bail!("no vdisk named {vdisk:?} in the farm");
         }
         offset += 1000;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_http_is_for_loopback_only() {
+        for ok in [
+            "http://127.0.0.1:8080",
+            "http://localhost:8080",
+            "http://[::1]:8080",
+        ] {
+            assert!(trusted_ca(ok, None).unwrap().is_none(), "{ok}");
+        }
+        let e = trusted_ca("http://10.0.0.5:8080", None).unwrap_err();
+        assert!(e.to_string().contains("loopback"), "{e}");
+    }
+
+    #[test]
+    fn https_needs_the_farm_ca() {
+        let e = trusted_ca("https://farm.example:8080", None).unwrap_err();
+        assert!(e.to_string().contains("--farm-ca"), "{e}");
+        let ca = pki::Authority::create("t", std::time::SystemTime::now()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ca-cert.pem");
+        std::fs::write(&path, ca.cert_pem()).unwrap();
+        assert!(
+            trusted_ca("https://farm.example:8080", Some(&path))
+                .unwrap()
+                .is_some()
+        );
+        let missing = dir.path().join("missing.pem");
+        assert!(trusted_ca("https://farm.example:8080", Some(&missing)).is_err());
     }
 }

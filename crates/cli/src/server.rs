@@ -77,6 +77,11 @@ pub struct Args {
         requires = "farm"
     )]
     pub api_listen: SocketAddr,
+    /// Serve the farm API and console over HTTPS with the certificates in DIR:
+    /// server-cert.pem, server-key.pem and ca-cert.pem. Without it the API is plain HTTP,
+    /// which only a loopback --api-listen allows.
+    #[arg(long, value_name = "DIR", requires = "farm")]
+    pub api_tls_dir: Option<PathBuf>,
     /// The site this server joins (default: the farm's first, or a new "default" site).
     #[arg(long, value_name = "ID", requires = "farm")]
     pub site: Option<i64>,
@@ -138,6 +143,15 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         .build()
         .context("start async runtime")?;
     let mut config = a.config()?;
+    // Before anything else: the API's TLS, or the plain-HTTP-on-loopback rule.
+    let api_tls = match (&a.farm, &a.api_tls_dir) {
+        (Some(_), Some(dir)) => Some(crate::server_farm::api_tls_from_dir(dir)?),
+        (Some(_), None) => {
+            api::tls::check_plain_listen(a.api_listen)?;
+            None
+        }
+        (None, _) => None,
+    };
     let farm = match &a.farm {
         Some(dir) => {
             // The NBD address as configured (the store is not known yet: any will do).
@@ -182,7 +196,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         )));
         crate::server_farm::close_ended_sessions(f, &registry, runtime.handle());
     }
-    let api = farm.map(|f| (f, a.api_listen));
+    let api = farm.map(|f| (f, a.api_listen, api_tls));
     let result = runtime.block_on(serve(resolved, registry, Arc::new(Metrics::new()), api));
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     result?;
@@ -202,7 +216,11 @@ async fn serve(
     r: Resolved,
     registry: Registry,
     metrics: Arc<Metrics>,
-    farm: Option<(crate::server_farm::FarmHandle, SocketAddr)>,
+    farm: Option<(
+        crate::server_farm::FarmHandle,
+        SocketAddr,
+        Option<Arc<rustls::ServerConfig>>,
+    )>,
 ) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     watch_signals(stop_tx)?;
@@ -210,20 +228,21 @@ async fn serve(
         .await
         .context("bind NBD listener")?;
     let api_task = match farm {
-        Some((handle, addr)) => {
+        Some((handle, addr, tls)) => {
             let l = TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("bind farm API {addr}"))?;
             let at = l.local_addr()?;
+            let scheme = if tls.is_some() { "https" } else { "http" };
             tracing::info!(
-                api = %format!("http://{at}/api/v1"),
-                console = %format!("http://{at}/"),
+                api = %format!("{scheme}://{at}/api/v1"),
+                console = %format!("{scheme}://{at}/"),
                 server_id = handle.server_id,
                 "serving the farm API and console"
             );
             let stop = stopped(stop_rx.clone());
             Some(tokio::spawn(async move {
-                if let Err(e) = crate::server_farm::serve_api(&handle, l, stop).await {
+                if let Err(e) = crate::server_farm::serve_api(&handle, l, tls, stop).await {
                     tracing::error!(error = %ErrorChain(e.as_ref()), "farm API stopped");
                 }
             }))

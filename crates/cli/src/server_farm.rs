@@ -1,7 +1,8 @@
 //! `ferry server --farm DIR`: the server as a member of a farm.
 //!
 //! On top of the store's NBD exports, the server then
-//! * serves the farm's REST API and web console (`--api-listen`, default 0.0.0.0:8080);
+//! * serves the farm's REST API and web console (`--api-listen`, default 0.0.0.0:8080),
+//!   over HTTPS with `--api-tls-dir` ([`api_tls`]); plain HTTP only on a loopback address;
 //! * resolves the session-scoped export names of device login (`ferry-s-…`) through the
 //!   farm's session table ([`FarmSessions`]), so a logged-in target reads exactly the version
 //!   its device type boots, in its cache mode;
@@ -283,10 +284,43 @@ pub async fn open(
     ))
 }
 
-/// Serves the farm API and console on `listener` and heartbeats until `stop` completes.
+/// The API's TLS from the three PEMs: the farm CA's certificate (client certificates, when
+/// presented, must chain to it), this server's certificate and its key.
+///
+/// # Errors
+/// A PEM that does not parse, or a key that does not match its certificate.
+pub fn api_tls(
+    ca_pem: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    pki::server_config(ca_pem, cert_pem, key_pem).context("farm API TLS")
+}
+
+/// [`api_tls`] from a certificate directory: `ca-cert.pem`, `server-cert.pem` and
+/// `server-key.pem` (`--api-tls-dir`).
+///
+/// # Errors
+/// A file cannot be read, or as [`api_tls`].
+pub fn api_tls_from_dir(dir: &Path) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    let read = |name: &str| {
+        let p = dir.join(name);
+        std::fs::read_to_string(&p).with_context(|| format!("--api-tls-dir: read {}", p.display()))
+    };
+    api_tls(
+        &read(pki::CA_CERT)?,
+        &read(pki::SERVER_CERT)?,
+        &read(pki::SERVER_KEY)?,
+    )
+    .with_context(|| format!("--api-tls-dir {}", dir.display()))
+}
+
+/// Serves the farm API and console on `listener` (HTTPS with `tls`, else plain HTTP, which
+/// only a loopback listener allows) and heartbeats until `stop` completes.
 pub async fn serve_api(
     handle: &FarmHandle,
     listener: tokio::net::TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let state = api::AppState {
@@ -304,7 +338,7 @@ pub async fn serve_api(
             }
         }
     });
-    let r = api::serve(listener, state, stop).await;
+    let r = api::serve_with(listener, state, tls, stop).await;
     beat.abort();
     r.context("serve farm API")
 }

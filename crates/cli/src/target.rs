@@ -149,6 +149,12 @@ pub struct RunArgs {
     /// and private flush past it; in `server` mode a failover past it fails I/O).
     #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
     pub replay_max: u64,
+    /// NBD over TLS with the certificates in DIR: ca-cert.pem (the farm's CA, which the
+    /// servers' certificates must chain to) and this device's client-cert.pem and
+    /// client-key.pem (without them the connection is encrypted but anonymous). A server
+    /// that does not offer TLS is then refused.
+    #[arg(long, value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
 }
 
 /// A timeout in whole seconds, at least 1 (0 would fail every request at once).
@@ -256,6 +262,9 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
     cfg.request_timeout = Duration::from_secs(a.timeout.max(1));
     cfg.failover_timeout = Duration::from_secs(a.failover_timeout.max(1));
     cfg.replay_bytes_max = a.replay_max;
+    if let Some(dir) = &a.tls_dir {
+        cfg.tls = Some(nbd_tls_from_dir(dir)?);
+    }
     if let Some(c) = &a.control {
         cfg.control_socket = c.clone();
     }
@@ -289,6 +298,29 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     result?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The NBD client's TLS from a certificate directory (`--tls-dir`, the layout of
+/// `pki::CertDir`, which qemu, libnbd and nbdkit read too).
+fn nbd_tls_from_dir(dir: &Path) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
+    let read = |name: &str| {
+        let p = dir.join(name);
+        std::fs::read_to_string(&p).with_context(|| format!("--tls-dir: read {}", p.display()))
+    };
+    let ca = read(pki::CA_CERT)?;
+    let (cert, key) = (dir.join(pki::CLIENT_CERT), dir.join(pki::CLIENT_KEY));
+    let client = match (cert.exists(), key.exists()) {
+        (true, true) => Some((read(pki::CLIENT_CERT)?, read(pki::CLIENT_KEY)?)),
+        (false, false) => None,
+        _ => bail!(
+            "--tls-dir {}: {} and {} go together (give both or neither)",
+            dir.display(),
+            pki::CLIENT_CERT,
+            pki::CLIENT_KEY
+        ),
+    };
+    pki::client_config(&ca, client.as_ref().map(|(c, k)| (c.as_str(), k.as_str())))
+        .with_context(|| format!("--tls-dir {}", dir.display()))
 }
 
 /// How often a logged-in target reports its counters to the farm (the console's live status).

@@ -414,6 +414,23 @@ fn server_without_store_exits_1_asking_for_one() {
 }
 
 #[test]
+fn farm_api_in_plain_http_on_a_non_loopback_address_exits_1_before_anything_starts() {
+    let out = run_ferry(&[
+        "server",
+        "--farm",
+        "/nonexistent/ferry-farm",
+        "--api-listen",
+        "0.0.0.0:0",
+        "--nbd-listen=127.0.0.1:0",
+        "--metrics-listen=",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("not a loopback address"), "{stderr}");
+    assert!(stderr.contains("--api-tls-dir"), "{stderr}");
+}
+
+#[test]
 fn server_help_shows_an_example() {
     let out = run_ferry(&["server", "--help"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
