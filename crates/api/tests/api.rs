@@ -153,10 +153,13 @@ impl Api {
             .await;
         assert_eq!(s, StatusCode::OK, "{c}");
         let nonce = c["nonce"].as_str().unwrap();
-        let hmac = farm::login::proof(&self.t.secrets.farm_key_hex, nonce, mac).unwrap();
+        let hmac = farm::login::proof(&self.t.login_key(mac), nonce, mac).unwrap();
         let body = json!({"mac": mac, "nonce": nonce, "hmac": hmac}).to_string();
-        self.raw(Method::POST, "/api/v1/login", None, Some(&body))
-            .await
+        let (s, g) = self
+            .raw(Method::POST, "/api/v1/login", None, Some(&body))
+            .await;
+        self.t.keep_secret(mac, g["device_secret"].as_str());
+        (s, g)
     }
 }
 
@@ -233,9 +236,53 @@ async fn openapi_document_describes_every_route(t: TestFarm) {
     ] {
         assert!(paths.contains_key(p), "{p} missing");
     }
-    // Every route of api::router but openapi.json itself (28, and the console's 2 status
+    // Every route of api::router but openapi.json itself (29, and the console's 2 status
     // routes).
-    assert_eq!(paths.len(), 30);
+    assert_eq!(paths.len(), 31);
+    assert!(paths.contains_key("/api/v1/devices/{id}/credential"));
+}
+
+async fn a_device_credential_reset_over_the_api_replaces_its_secret(t: TestFarm) {
+    let a = Api::new(t);
+    let (vdisk, coll) = a.fixture().await;
+    let mac = "aa:bb:cc:00:03:01";
+    let id = a.device(coll, vdisk, mac, "production").await;
+    let (s, g) = a.login(mac).await;
+    assert_eq!(s, StatusCode::OK, "{g}");
+    let old = g["device_secret"].as_str().expect("enrolment").to_string();
+    let v = a
+        .ok(
+            Method::POST,
+            &format!("/api/v1/devices/{id}/credential"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (v["device_id"].as_i64(), v["generation"].as_i64()),
+        (Some(id), Some(2))
+    );
+    let new = v["device_secret"].as_str().unwrap().to_string();
+    assert_ne!(new, old);
+    // The old secret (kept by the login helper) is refused; the new one logs in.
+    let (s, _) = a.login(mac).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    a.t.keep_secret(mac, Some(&new));
+    let (s, g) = a.login(mac).await;
+    assert_eq!(s, StatusCode::OK, "{g}");
+    assert!(g.get("device_secret").is_none());
+    let (s, _) = a
+        .call(Method::POST, "/api/v1/devices/9999/credential", None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = a
+        .raw(
+            Method::POST,
+            &format!("/api/v1/devices/{id}/credential"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "no token, no reset");
 }
 
 async fn tokens_and_roles(t: TestFarm) {
@@ -511,6 +558,7 @@ async fn bad_input_is_refused_and_changes_nothing(t: TestFarm) {
 }
 
 dual_tests!(
+    a_device_credential_reset_over_the_api_replaces_its_secret,
     farm_flow_and_login,
     openapi_document_describes_every_route,
     tokens_and_roles,
