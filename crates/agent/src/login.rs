@@ -23,6 +23,9 @@
 //! The API is `https://` with its certificate verified against the farm's CA only (a file
 //! given by the caller, `--farm-ca`); plain `http://` is allowed to a loopback address only.
 //!
+//! This file is longer than 800 lines because its tests (about half of it) drive a fake
+//! farm API over real HTTP.
+//!
 //! The client is blocking (reqwest's blocking client): call [`login`] before starting an
 //! async runtime, or from `spawn_blocking`.
 
