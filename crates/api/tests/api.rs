@@ -85,9 +85,53 @@ async fn openapi_document_describes_every_route(t: TestFarm) {
     ] {
         assert!(paths.contains_key(p), "{p} missing");
     }
-    // Every route of api::router but openapi.json itself (28, and the console's 2 status
+    // Every route of api::router but openapi.json itself (29, and the console's 2 status
     // routes).
-    assert_eq!(paths.len(), 30);
+    assert_eq!(paths.len(), 31);
+    assert!(paths.contains_key("/api/v1/devices/{id}/credential"));
+}
+
+async fn a_device_credential_reset_over_the_api_replaces_its_secret(t: TestFarm) {
+    let a = Api::new(t);
+    let (vdisk, coll) = a.fixture().await;
+    let mac = "aa:bb:cc:00:03:01";
+    let id = a.device(coll, vdisk, mac, "production").await;
+    let (s, g) = a.login(mac).await;
+    assert_eq!(s, StatusCode::OK, "{g}");
+    let old = g["device_secret"].as_str().expect("enrolment").to_string();
+    let v = a
+        .ok(
+            Method::POST,
+            &format!("/api/v1/devices/{id}/credential"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (v["device_id"].as_i64(), v["generation"].as_i64()),
+        (Some(id), Some(2))
+    );
+    let new = v["device_secret"].as_str().unwrap().to_string();
+    assert_ne!(new, old);
+    // The old secret (kept by the login helper) is refused; the new one logs in.
+    let (s, _) = a.login(mac).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    a.t.keep_secret(mac, Some(&new));
+    let (s, g) = a.login(mac).await;
+    assert_eq!(s, StatusCode::OK, "{g}");
+    assert!(g.get("device_secret").is_none());
+    let (s, _) = a
+        .call(Method::POST, "/api/v1/devices/9999/credential", None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = a
+        .raw(
+            Method::POST,
+            &format!("/api/v1/devices/{id}/credential"),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "no token, no reset");
 }
 
 async fn tokens_and_roles(t: TestFarm) {
@@ -363,6 +407,7 @@ async fn bad_input_is_refused_and_changes_nothing(t: TestFarm) {
 }
 
 dual_tests!(
+    a_device_credential_reset_over_the_api_replaces_its_secret,
     farm_flow_and_login,
     openapi_document_describes_every_route,
     tokens_and_roles,

@@ -114,9 +114,10 @@ impl Api {
             )
             .await;
         let nonce = c["nonce"].as_str().unwrap();
-        let hmac = farm::login::proof(&self.t.secrets.farm_key_hex, nonce, MAC).unwrap();
+        let hmac = farm::login::proof(&self.t.login_key(MAC), nonce, MAC).unwrap();
         let body = json!({"mac": MAC, "nonce": nonce, "hmac": hmac});
         let g = self.ok(Method::POST, "/api/v1/login", Some(body)).await;
+        self.t.keep_secret(MAC, g["device_secret"].as_str());
         g["export_name"].as_str().unwrap().to_string()
     }
 

@@ -353,3 +353,67 @@ fn help_of_every_farm_command_exits_zero_with_an_example() {
         );
     }
 }
+
+/// `ferry farm cert admin` writes a 0700 directory of 0600 files in the qemu/libnbd layout,
+/// whose certificate names the administrator and chains to the farm's CA, and audits it.
+#[test]
+fn farm_cert_admin_writes_a_private_cert_dir_naming_the_admin() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data_s = data.to_str().unwrap();
+    ok(&["farm", "init", "--data", data_s, "--json"], None);
+    let out = dir.path().join("alice");
+    let args = [
+        "farm",
+        "cert",
+        "admin",
+        "alice",
+        "--data",
+        data_s,
+        "--out",
+        out.to_str().unwrap(),
+        "--days",
+        "3",
+        "--json",
+    ];
+    let v: Value = serde_json::from_slice(&ok(&args, None).stdout).unwrap();
+    assert_eq!(v["identity"], "urn:ferry:admin:alice");
+    assert!(v["not_after_unix"].as_i64().unwrap() > 0);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&out), 0o700);
+    for f in [pki::CA_CERT, pki::CLIENT_CERT, pki::CLIENT_KEY] {
+        assert_eq!(mode(&out.join(f)), 0o600, "{f}");
+    }
+    let ca = std::fs::read_to_string(data.join("secrets").join(pki::CA_CERT)).unwrap();
+    assert_eq!(std::fs::read_to_string(out.join(pki::CA_CERT)).unwrap(), ca);
+    let pem = std::fs::read(out.join(pki::CLIENT_CERT)).unwrap();
+    let (_, der) = x509_der(&pem);
+    assert_eq!(
+        pki::identity_of(&der),
+        Some(pki::Identity::admin("alice").unwrap())
+    );
+}
+
+/// The DER of the first certificate in `pem`.
+fn x509_der(pem: &[u8]) -> ((), Vec<u8>) {
+    let text = std::str::from_utf8(pem).unwrap();
+    let b64: String = text.lines().filter(|l| !l.starts_with("-----")).collect();
+    ((), base64_decode(&b64))
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    const T: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in s.bytes().filter(|&c| c != b'=') {
+        let v = T.iter().position(|&t| t == c).expect("base64") as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}

@@ -56,7 +56,7 @@ impl Farm {
         let out = run_ok(ferry().args(["farm", "init", "--data", path_str(&data), "--json"]));
         let init: Value = serde_json::from_str(&out).expect("init JSON");
         let key_file = PathBuf::from(init["farm_key_file"].as_str().unwrap());
-        assert_eq!(key_file, data.join("farm.key"));
+        assert_eq!(key_file, data.join("secrets").join("farm.key"));
         Farm {
             api: String::new(),
             token: init["admin_token"].as_str().unwrap().to_string(),
@@ -180,6 +180,7 @@ impl Farm {
         ferry()
             .args(["target", "--server", &self.api, "--device", mac])
             .args(["--farm-key", path_str(key_file)])
+            .args(["--state-dir", path_str(&self.scratch("state"))])
             .arg(format!("--export=unix:{}", path_str(&socket)))
             .args(["--overflow", path_str(self.dir.path())])
             .args(["--timeout", "2", "--failover-timeout", "2"])
@@ -197,6 +198,7 @@ impl Farm {
         let mut cmd = ferry();
         cmd.args(["target", "--server", &self.api, "--device", mac])
             .args(["--farm-key", path_str(&self.key_file)])
+            .args(["--state-dir", path_str(&self.scratch("state"))])
             .arg(format!("--export=unix:{}", path_str(&socket)))
             .args(["--overflow", path_str(&overflow)]);
         let mut proc = Proc::spawn(&mut cmd, self.scratch(&format!("target-{name}.log")));

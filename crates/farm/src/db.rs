@@ -192,8 +192,10 @@ impl Farm {
         if !key_hex.is_empty() {
             let key = hex::decode(key_hex.trim())
                 .map_err(|_| FarmError::new(Kind::Secrets, "the database's farm key is not hex"))?;
-            if let Some(on_disk) = self.secrets.farm_key_if_present()? {
-                if on_disk != key {
+            if let Some(on_disk) = self.secrets.farm_key_if_present()?
+                && on_disk != key
+            {
+                {
                     return Err(FarmError::new(
                         Kind::Secrets,
                         format!(
@@ -222,8 +224,10 @@ impl Farm {
             tracing::info!(file = %self.secrets.farm_key_path().display(),
                 "moved the farm key out of the database into the secrets directory");
         }
-        if let Some(on_disk) = self.secrets.farm_key_if_present()? {
-            if fingerprint(&on_disk) != stored {
+        if let Some(on_disk) = self.secrets.farm_key_if_present()?
+            && fingerprint(&on_disk) != stored
+        {
+            {
                 return Err(FarmError::new(
                     Kind::Secrets,
                     format!(

@@ -79,15 +79,7 @@ async fn login(t: &TestFarm, mac: &str) -> farm::Result<farm::login::LoginGrant>
         .farm
         .challenge(&ChallengeRequest { mac: mac.into() })
         .await?;
-    let normalized = farm::validate::mac(mac)?.to_string();
-    let key = t
-        .device_secrets
-        .lock()
-        .unwrap()
-        .get(&normalized)
-        .cloned()
-        .unwrap_or_else(|| t.secrets.farm_key_hex.clone());
-    let hmac = proof(&key, &c.nonce, mac)?;
+    let hmac = proof(&t.login_key(mac), &c.nonce, mac)?;
     let g = t
         .farm
         .login(
@@ -99,12 +91,7 @@ async fn login(t: &TestFarm, mac: &str) -> farm::Result<farm::login::LoginGrant>
             None,
         )
         .await?;
-    if let Some(s) = &g.device_secret {
-        t.device_secrets
-            .lock()
-            .unwrap()
-            .insert(normalized, s.clone());
-    }
+    t.keep_secret(mac, g.device_secret.as_deref());
     Ok(g)
 }
 

@@ -156,9 +156,12 @@ impl Api {
             .await;
         assert_eq!(s, StatusCode::OK, "{c}");
         let nonce = c["nonce"].as_str().unwrap();
-        let hmac = farm::login::proof(&self.t.secrets.farm_key_hex, nonce, mac).unwrap();
+        let hmac = farm::login::proof(&self.t.login_key(mac), nonce, mac).unwrap();
         let body = json!({"mac": mac, "nonce": nonce, "hmac": hmac}).to_string();
-        self.raw(Method::POST, "/api/v1/login", None, Some(&body))
-            .await
+        let (s, g) = self
+            .raw(Method::POST, "/api/v1/login", None, Some(&body))
+            .await;
+        self.t.keep_secret(mac, g["device_secret"].as_str());
+        (s, g)
     }
 }

@@ -69,6 +69,27 @@ pub fn config_of(dir: &std::path::Path, db_url: Option<String>) -> FarmConfig {
 }
 
 impl TestFarm {
+    /// The key `mac` proves its login with (hex): its device secret once enrolled (kept by
+    /// [`TestFarm::keep_secret`]), else the farm key.
+    pub fn login_key(&self, mac: &str) -> String {
+        let mac = farm::validate::mac(mac)
+            .map(|m| m.to_string())
+            .unwrap_or_default();
+        let secrets = self.device_secrets.lock().unwrap();
+        secrets
+            .get(&mac)
+            .cloned()
+            .unwrap_or_else(|| self.secrets.farm_key_hex.clone())
+    }
+
+    /// Keeps the device secret of an enrolling grant (`device_secret`, if any) for `mac`.
+    pub fn keep_secret(&self, mac: &str, device_secret: Option<&str>) {
+        if let (Ok(mac), Some(s)) = (farm::validate::mac(mac), device_secret) {
+            let mut secrets = self.device_secrets.lock().unwrap();
+            secrets.insert(mac.to_string(), s.to_string());
+        }
+    }
+
     /// This farm's configuration (to open it again).
     pub fn config(&self) -> FarmConfig {
         config_of(self.dir.path(), self.db_url.clone())
