@@ -47,6 +47,8 @@ mod server_farm;
 mod server_tls;
 mod size;
 mod target;
+mod target_args;
+mod target_farm;
 mod vdisk;
 
 use std::io::Write as _;

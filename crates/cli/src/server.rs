@@ -143,14 +143,10 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         .build()
         .context("start async runtime")?;
     let mut config = a.config()?;
-    // Before anything else: the API's TLS, or the plain-HTTP-on-loopback rule.
-    let api_tls = match (&a.farm, &a.api_tls_dir) {
+    // Before anything else: the API's own certificate, if given.
+    let api_tls_given = match (&a.farm, &a.api_tls_dir) {
         (Some(_), Some(dir)) => Some(crate::server_farm::api_tls_from_dir(dir)?),
-        (Some(_), None) => {
-            api::tls::check_plain_listen(a.api_listen)?;
-            None
-        }
-        (None, _) => None,
+        _ => None,
     };
     let farm = match &a.farm {
         Some(dir) => {
@@ -178,7 +174,20 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         Some(f) => Some(runtime.block_on(crate::server_farm::tls_material(f))?),
         None => None,
     };
-    crate::server_tls::apply(&mut resolved, farm_tls)?;
+    let nbd_tls = crate::server_tls::apply(&mut resolved, farm_tls)?;
+    // The API: the given certificate; else, off loopback, HTTPS with this server's
+    // certificate from the farm; plain HTTP only on a loopback address.
+    let api_tls = match (&farm, api_tls_given, &nbd_tls) {
+        (None, _, _) => None,
+        (Some(_), Some(t), _) => Some(t),
+        (Some(_), None, Some(m)) if !a.api_listen.ip().is_loopback() => Some(
+            crate::server_farm::api_tls(&m.ca_pem, &m.cert_pem, &m.key_pem)?,
+        ),
+        (Some(_), None, _) => {
+            api::tls::check_plain_listen(a.api_listen)?;
+            None
+        }
+    };
     let cache = resolved.block_cache().context("build block cache")?;
     let registry = Registry::new(resolved.registry.clone(), cache)
         .with_context(|| format!("serve store {}", resolved.registry.store_dir.display()))?;

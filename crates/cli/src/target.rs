@@ -7,25 +7,24 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use ::agent::boot::{BOOT_QUIET, BootEnd};
-use ::agent::login::{self, LoginError, LoginGrant};
+use ::agent::boot::BootEnd;
 use ::agent::{AgentConfig, CacheMode, Status};
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, bail};
 use clap::{Args as ClapArgs, Subcommand};
 use disk::ops::info::human_size;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::Global;
-use crate::size::{parse_block_size, parse_nonzero_size, parse_size};
+use crate::target_args::DEFAULT_EXPORT;
+pub use crate::target_args::RunArgs;
+use crate::target_farm::{
+    config_from_grant, device_login, nbd_tls_from_dir, relogin, start_reporter,
+};
 
-/// The export socket when `--export` is not given.
-const DEFAULT_EXPORT: &str = "unix:/run/ferry/target.sock";
 /// The cache mode when neither --cache nor a farm sets one.
 const DEFAULT_MODE: CacheMode = CacheMode::RamOverflow;
 /// The RAM budget when neither --ram nor a farm sets one.
 const DEFAULT_RAM_BYTES: u64 = 1 << 30;
-/// The environment variable that may hold the farm key (hex) for device login.
-const FARM_KEY_ENV: &str = "FERRY_FARM_KEY";
 /// How long the runtime waits for disk calls still running after the export stopped.
 const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -73,105 +72,6 @@ pub enum Command {
         #[arg(long, value_name = "PATH")]
         control: Option<PathBuf>,
     },
-}
-
-/// Arguments of the agent itself.
-#[derive(Debug, Clone, ClapArgs)]
-pub struct RunArgs {
-    /// With --vdisk: NBD servers in failover order, HOST[:PORT][,HOST2[:PORT]...] (port 10809
-    /// by default). With --device MAC alone: the farm's API, http://HOST:PORT[,...] (tried in
-    /// order for the login; the farm then names the NBD servers).
-    #[arg(
-        long,
-        value_name = "HOST[:PORT],...|URL,...",
-        value_delimiter = ',',
-        required = true
-    )]
-    pub server: Vec<String>,
-    /// The vDisk to attach (without it, --device MAC logs in to the farm).
-    #[arg(long, value_name = "NAME", required_unless_present = "device")]
-    pub vdisk: Option<String>,
-    /// Write-cache mode: ram, ram-overflow, disk, server, server-persistent, private
-    /// (default ram-overflow; after device login the farm decides).
-    #[arg(long, value_name = "MODE", value_parser = parse_mode)]
-    pub cache: Option<CacheMode>,
-    /// RAM budget of the ram and ram-overflow caches (default 1G; after device login the
-    /// farm decides).
-    #[arg(long, value_name = "SIZE", value_parser = parse_nonzero_size)]
-    pub ram: Option<u64>,
-    /// Directory of the overflow file (ram-overflow, disk); the file is unlinked from the start.
-    #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
-    pub overflow: PathBuf,
-    /// Most bytes the overflow file may hold (the filesystem may fill first).
-    #[arg(long, value_name = "SIZE", default_value = "1T", value_parser = parse_nonzero_size)]
-    pub overflow_max: u64,
-    /// With --vdisk: this device's name, for the server cache modes (default: the host
-    /// name). Without --vdisk: this device's MAC, which logs in to the farm at --server.
-    #[arg(long, value_name = "NAME|MAC")]
-    pub device: Option<String>,
-    /// Device login: the file holding the farm key (DATA/secrets/farm.key of `ferry farm
-    /// init`); else the key's hex text from FERRY_FARM_KEY. Needed only to enrol (the first
-    /// login); later logins prove with the device secret in --state-dir.
-    #[arg(long, value_name = "FILE", conflicts_with = "vdisk")]
-    pub farm_key: Option<PathBuf>,
-    /// Device login: where the device secret is kept (0700; the file 0600), written at
-    /// enrolment (default: ferry-state under --overflow).
-    #[arg(long, value_name = "DIR", conflicts_with = "vdisk")]
-    pub state_dir: Option<PathBuf>,
-    /// Device login: the farm's CA certificate (DATA/secrets/ca-cert.pem), which an
-    /// https:// farm API's certificate must chain to (http:// only to loopback).
-    #[arg(long, value_name = "FILE", conflicts_with = "vdisk")]
-    pub farm_ca: Option<PathBuf>,
-    /// Where to export the disk: unix:PATH.
-    #[arg(long, value_name = "unix:PATH", default_value = DEFAULT_EXPORT)]
-    pub export: String,
-    /// The control socket (default: EXPORT.ctl).
-    #[arg(long, value_name = "PATH")]
-    pub control: Option<PathBuf>,
-    /// Cache block size (a power of two, 512..1M).
-    #[arg(long, value_name = "SIZE", default_value = "4K", value_parser = parse_block_size)]
-    pub cache_block: u32,
-    /// The boot ends after this many bytes were read (or earlier: see --boot-quiet and
-    /// `ferry target mark-booted`).
-    #[arg(long, value_name = "SIZE", value_parser = parse_nonzero_size)]
-    pub boot_bytes: Option<u64>,
-    /// The boot ends at the last read of its first read burst (256 reads or more) once no
-    /// read came for this many seconds; 0: only mark-booted and --boot-bytes end it.
-    #[arg(long, value_name = "SECONDS", default_value_t = BOOT_QUIET.as_secs())]
-    pub boot_quiet: u64,
-    /// Seconds a server may take to answer one request before the target fails over.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = parse_seconds)]
-    pub timeout: u64,
-    /// Seconds one failover may look for a server before the request fails.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = parse_seconds)]
-    pub failover_timeout: u64,
-    /// Server modes: most bytes of writes kept to replay after a failover (server-persistent
-    /// and private flush past it; in `server` mode a failover past it fails I/O).
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
-    pub replay_max: u64,
-    /// NBD over TLS with the certificates in DIR: ca-cert.pem (the farm's CA, which the
-    /// servers' certificates must chain to) and this device's client-cert.pem and
-    /// client-key.pem (without them the connection is encrypted but anonymous). A server
-    /// that does not offer TLS is then refused.
-    #[arg(long, value_name = "DIR")]
-    pub tls_dir: Option<PathBuf>,
-}
-
-/// A timeout in whole seconds, at least 1 (0 would fail every request at once).
-fn parse_seconds(s: &str) -> Result<u64, String> {
-    match s.trim().parse::<u64>() {
-        Ok(0) => Err(format!("{s:?}: a timeout must be at least 1 second")),
-        Ok(n) => Ok(n),
-        Err(_) => Err(format!("{s:?} is not a whole number of seconds")),
-    }
-}
-
-/// A cache mode in either spelling (`ram-overflow` or the farm's `ram_overflow`).
-fn parse_mode(s: &str) -> Result<CacheMode, String> {
-    s.parse().map_err(|_| {
-        let names: Vec<_> = CacheMode::ALL.iter().map(|m| m.cli_name()).collect();
-        format!("unknown cache mode {s:?} (one of {})", names.join(", "))
-    })
 }
 
 fn socket_path(export: &str) -> anyhow::Result<PathBuf> {
@@ -298,226 +198,6 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     result?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// The NBD client's TLS from a certificate directory (`--tls-dir`, the layout of
-/// `pki::CertDir`, which qemu, libnbd and nbdkit read too).
-fn nbd_tls_from_dir(dir: &Path) -> anyhow::Result<std::sync::Arc<rustls::ClientConfig>> {
-    let read = |name: &str| {
-        let p = dir.join(name);
-        std::fs::read_to_string(&p).with_context(|| format!("--tls-dir: read {}", p.display()))
-    };
-    let ca = read(pki::CA_CERT)?;
-    let (cert, key) = (dir.join(pki::CLIENT_CERT), dir.join(pki::CLIENT_KEY));
-    let client = match (cert.exists(), key.exists()) {
-        (true, true) => Some((read(pki::CLIENT_CERT)?, read(pki::CLIENT_KEY)?)),
-        (false, false) => None,
-        _ => bail!(
-            "--tls-dir {}: {} and {} go together (give both or neither)",
-            dir.display(),
-            pki::CLIENT_CERT,
-            pki::CLIENT_KEY
-        ),
-    };
-    pki::client_config(&ca, client.as_ref().map(|(c, k)| (c.as_str(), k.as_str())))
-        .with_context(|| format!("--tls-dir {}", dir.display()))
-}
-
-/// How often a logged-in target reports its counters to the farm (the console's live status).
-const REPORT_EVERY: Duration = Duration::from_secs(2);
-
-/// Reports this device's counters to the farm API every [`REPORT_EVERY`] for the console's
-/// live status: bytes read and written, retries and the write cache's use, read from the
-/// agent's own control socket and posted to `/api/v1/status/report` with the session export
-/// as the credential, with the address of the server in use (the console's Server column). Failures are logged, never fatal: status is not the data path.
-fn start_reporter(api: &str, ca: Option<String>, export_name: String, control: PathBuf) {
-    let url = match login::parse_api_url(api).and_then(|u| {
-        u.join("api/v1/status/report")
-            .map_err(|e| LoginError::BadUrl {
-                url: api.to_string(),
-                reason: e.to_string(),
-            })
-    }) {
-        Ok(u) => u,
-        Err(e) => {
-            tracing::warn!(error = %e, "no status reports to the farm");
-            return;
-        }
-    };
-    let spawned = std::thread::Builder::new()
-        .name("ferry-target-report".into())
-        .spawn(move || {
-            let client = match login::api_client(&url, ca.as_deref())
-                .map_err(anyhow::Error::from)
-                .and_then(|b| Ok(b.timeout(Duration::from_secs(5)).build()?))
-            {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "no status reports to the farm");
-                    return;
-                }
-            };
-            let mut failures = 0u64;
-            loop {
-                std::thread::sleep(REPORT_EVERY);
-                let Ok(v) = ::agent::control::request(&control, "status") else {
-                    continue;
-                };
-                let body = report_body(&export_name, &v);
-                let ok = client
-                    .post(url.clone())
-                    .json(&body)
-                    .send()
-                    .is_ok_and(|r| r.status().is_success());
-                if !ok {
-                    failures += 1;
-                    if failures.is_power_of_two() {
-                        tracing::warn!(failures, %url, "status report to the farm failed");
-                    }
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "no status reports to the farm");
-    }
-}
-
-/// The body of a status report (`POST /api/v1/status/report`) from the agent's status `v`:
-/// the counters, and the NBD server it streams from now (its address, as login gave it;
-/// the farm names the server registered there).
-fn report_body(export_name: &str, v: &serde_json::Value) -> serde_json::Value {
-    let n = |k: &str| v[k].as_u64().unwrap_or(0);
-    serde_json::json!({
-        "export_name": export_name,
-        "server_address": v["server"].as_str(),
-        "bytes_read": n("bytes_read"),
-        "bytes_written": n("bytes_written"),
-        "retries": n("retries"),
-        "cache_used_bytes": n("ram_bytes") + n("overflow_bytes"),
-    })
-}
-
-/// The directory of the device secret under --overflow unless --state-dir.
-const STATE_DIR_NAME: &str = "ferry-state";
-
-/// Logs in at the first reachable farm API of `--server` with the device secret in the
-/// state directory, or (to enrol) the farm key from `--farm-key` or [`FARM_KEY_ENV`].
-fn device_login(a: &RunArgs, mac: &str) -> anyhow::Result<(LoginGrant, String)> {
-    let state = login::DeviceState::new(
-        &a.state_dir
-            .clone()
-            .unwrap_or_else(|| a.overflow.join(STATE_DIR_NAME)),
-    );
-    let enrolled = state.secret(login::parse_mac(mac)?)?.is_some();
-    let key = if enrolled {
-        None
-    } else {
-        let key_text = match &a.farm_key {
-            Some(f) => std::fs::read_to_string(f)
-                .with_context(|| format!("read the farm key {}", f.display()))?,
-            None => std::env::var(FARM_KEY_ENV).map_err(|_| {
-                anyhow!(
-                    "device login needs the farm key to enrol (no device secret in {}): \
-                     --farm-key FILE (DATA/secrets/farm.key of ferry farm init) or \
-                     {FARM_KEY_ENV}=HEX",
-                    state.path().display()
-                )
-            })?,
-        };
-        Some(login::parse_farm_key(&key_text)?)
-    };
-    let ca = match &a.farm_ca {
-        Some(f) => Some(
-            std::fs::read_to_string(f)
-                .with_context(|| format!("read the farm CA {}", f.display()))?,
-        ),
-        None => None,
-    };
-    let mut unreachable = None;
-    for url in &a.server {
-        match login::login_device(url, mac, key.as_deref(), &state, ca.as_deref()) {
-            Ok(g) => {
-                tracing::info!(api = %url, mac = %g.mac, device = %g.device_name,
-                    vdisk = %g.vdisk, version = g.version, cache = %g.cache_mode.cli_name(),
-                    ram_bytes = g.ram_bytes, export = %g.export_name,
-                    servers = %g.servers.join(","), "logged in to the farm");
-                if let Some(tls) = &g.tls {
-                    tracing::info!(
-                        not_after_ms = tls.not_after_ms,
-                        "the farm issued this device's client certificate"
-                    );
-                }
-                if g.servers_defaulted {
-                    tracing::warn!(server = %g.servers[0],
-                        "the farm lists no NBD server for this device's site; using the API's \
-                         host on the default NBD port");
-                }
-                return Ok((g, url.clone()));
-            }
-            Err(e @ LoginError::Unreachable { .. }) => {
-                tracing::warn!(error = %e, "farm API unreachable");
-                unreachable = Some(e);
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(unreachable
-        .map(anyhow::Error::from)
-        .unwrap_or_else(|| anyhow!("--server names no farm API")))
-}
-
-/// The agent's configuration after device login: the grant's servers, vDisk, cache mode
-/// and RAM, and its session export (opened instead of the vDisk, on failover too).
-fn config_from_grant(g: &LoginGrant, export_socket: PathBuf) -> anyhow::Result<AgentConfig> {
-    let mut cfg = AgentConfig::new(g.servers.clone(), &g.vdisk, g.cache_mode, export_socket);
-    cfg.device = g.device_name.clone();
-    cfg.export_name = Some(g.export_name.clone());
-    cfg.mac = Some(g.mac);
-    cfg.ram_bytes = g.ram_bytes;
-    cfg.tls = grant_tls(g)?;
-    Ok(cfg)
-}
-
-/// TLS with the client certificate the farm issued at login (and its CA), if it issued one.
-fn grant_tls(g: &LoginGrant) -> anyhow::Result<Option<std::sync::Arc<rustls::ClientConfig>>> {
-    g.tls
-        .as_ref()
-        .map(|t| pki::client_config(&t.ca_pem, Some((&t.cert_pem, &t.key_pem))))
-        .transpose()
-        .context("the login grant's TLS certificate")
-}
-
-/// Device login again, for a failover whose servers all refuse the session (a farm that
-/// lost or ended it): accepted only for the vDisk, version and cache mode attached now.
-fn relogin(a: &RunArgs, first: &LoginGrant) -> ::agent::remote::Relogin {
-    let a = a.clone();
-    let mac = first.mac.to_string();
-    let want = (first.vdisk.clone(), first.version, first.cache_mode);
-    ::agent::remote::Relogin(std::sync::Arc::new(move || {
-        let (a, mac, want) = (a.clone(), mac.clone(), want.clone());
-        // Its own thread: the blocking HTTP client must not run inside the runtime.
-        let login = std::thread::spawn(move || -> Result<::agent::remote::Session, String> {
-            let (g, _) = device_login(&a, &mac).map_err(|e| format!("{e:#}"))?;
-            let got = (g.vdisk.clone(), g.version, g.cache_mode);
-            if got != want {
-                return Err(format!(
-                    "the farm now grants {} version {} ({}); this device keeps {} version {} until it restarts",
-                    got.0,
-                    got.1,
-                    got.2.cli_name(),
-                    want.0,
-                    want.1
-                ));
-            }
-            Ok(::agent::remote::Session {
-                export: g.export_name.to_string(),
-                tls: grant_tls(&g).map_err(|e| format!("{e:#}"))?,
-            })
-        });
-        login
-            .join()
-            .map_err(|_| "login thread panicked".to_string())?
-    }))
 }
 
 fn status(
@@ -739,6 +419,7 @@ fn prometheus_text(s: &Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::target_farm::report_body;
 
     /// A status as an agent in `ram-overflow` mode reports it just after device login: an
     /// empty server description, nothing cached, the default 1 TiB overflow budget.

@@ -30,8 +30,8 @@
 
 #![warn(missing_docs)]
 
-pub mod credentials;
 mod confine;
+pub mod credentials;
 pub mod db;
 pub mod devices;
 pub mod error;
