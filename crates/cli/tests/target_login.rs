@@ -95,9 +95,13 @@ impl Farm {
     /// `ferry server --farm`: the API and the NBD server of the store `stores/main`; returns
     /// the NBD address.
     fn server(&mut self) -> String {
+        self.server_on(free_port(), free_port())
+    }
+
+    /// [`Farm::server`] on the given ports (a restart keeps its addresses).
+    fn server_on(&mut self, api: u16, nbd: u16) -> String {
         let store = self.data().join("stores").join("main");
         std::fs::create_dir_all(&store).unwrap();
-        let (api, nbd) = (free_port(), free_port());
         let mut cmd = ferry();
         cmd.args(["server", "--farm", path_str(&self.data())])
             .args(["--store", path_str(&store)])
@@ -449,6 +453,137 @@ fn a_production_device_reads_the_production_version_and_the_promoted_one_after_r
         "write -P 0x44 0 64k",
         "read -P 0x44 0 64k",
     ]);
+    pc1.proc.stop();
+    f.proc.take().unwrap().stop();
+}
+
+/// `nbdinfo URI`'s output, and whether it succeeded.
+fn nbdinfo(uri: &str) -> (bool, String) {
+    let out = Command::new("nbdinfo")
+        .arg(uri)
+        .output()
+        .expect("run nbdinfo");
+    (out.status.success(), text(&out))
+}
+
+/// `qemu-io -f raw -c CMD URI` run by a client without a certificate: whether it succeeded.
+fn plain_qemu_io(uri: &str, cmd: &str) -> (bool, String) {
+    let out = Command::new("qemu-io")
+        .stdin(Stdio::null())
+        .args(["-f", "raw", "-c", cmd, uri])
+        .output()
+        .expect("run qemu-io");
+    let t = text(&out);
+    (out.status.success() && !t.contains("failed"), t)
+}
+
+/// Issue 18's acceptance on a farm server: an NBD client without a certificate can neither
+/// write a device's write cache or the vDisk itself nor open a device's session, while an
+/// administrator's certificate opens it over TLS and the logged-in target (TLS with its
+/// login certificate) keeps reading; a server restart leaves the target reading (the
+/// session is found in the farm database), and a session ended through the API closes the
+/// target's connection, which logs in again by itself and reads on.
+#[test]
+fn outsiders_are_refused_and_the_target_survives_a_restart_and_an_ended_session() {
+    if !require("qemu-io") || !require("nbdinfo") {
+        return;
+    }
+    let mut f = Farm::init();
+    let store = f.data().join("stores").join("main");
+    std::fs::create_dir_all(&store).unwrap();
+    let base = store.join("golden.vhdx");
+    create_vhdx(&base, &dynamic(SIZE, 2 * MIB as u32));
+    session(&base, |d| {
+        d.write_at(&vec![0x11; MIB as usize], 0).unwrap();
+        d.write_at(&vec![0x12; MIB as usize], 32 * MIB).unwrap();
+    });
+    let (api_port, nbd_port) = (free_port(), free_port());
+    let nbd = f.server_on(api_port, nbd_port);
+    f.populate();
+    // Server mode: every read goes to the server, so the restart is on the read path.
+    f.json(&["device", "set", "1", "--cache-mode", "server"]);
+    let pc1 = f.target(MAC, "pc1");
+    let s = pc1.status();
+    let session_export = s["export"].as_str().unwrap().to_string();
+    assert!(session_export.starts_with("ferry-s-"), "{s}");
+    pc1.qemu_io(&["read -P 0x11 0 1M"]);
+
+    // Outsiders without a certificate, on the server's own host.
+    let (ok, t) = nbdinfo(&format!("nbd://{nbd}/{session_export}"));
+    assert!(!ok, "a plain client opened the session export: {t}");
+    for export in [
+        "golden+aa-bb-cc-00-00-01",
+        "golden+aa-bb-cc-00-00-77+persistent",
+        "golden+private",
+    ] {
+        let (ok, t) = plain_qemu_io(&format!("nbd://{nbd}/{export}"), "write -P 0x66 8192 16");
+        assert!(!ok, "a plain client wrote {export}: {t}");
+    }
+    // Reading the vDisk from the server's own host stays allowed ([access] plain_reads).
+    let (ok, t) = nbdinfo(&format!("nbd://{nbd}/golden"));
+    assert!(ok, "{t}");
+    // An administrator's certificate opens the session over TLS.
+    let certs = f.scratch("admin-tls");
+    run_ok(
+        ferry()
+            .args([
+                "farm",
+                "cert",
+                "admin",
+                "alice",
+                "--data",
+                path_str(&f.data()),
+            ])
+            .args(["--out", path_str(&certs)]),
+    );
+    let (ok, t) = nbdinfo(&format!(
+        "nbds://{nbd}/{session_export}?tls-certificates={}",
+        path_str(&certs)
+    ));
+    assert!(ok, "the admin certificate did not open the session: {t}");
+    // No plain client changed a byte the device reads.
+    pc1.qemu_io(&["read -P 0x11 0 1M", "read -P 0x12 32M 1M"]);
+
+    // A server restart on the same ports: the target reads on.
+    f.proc.take().unwrap().stop();
+    let again = f.server_on(api_port, nbd_port);
+    assert_eq!(again, nbd);
+    pc1.qemu_io(&["read -P 0x12 32M 1M", "read -P 0x11 0 1M"]);
+    let log = f.proc.as_ref().unwrap().log_text();
+    assert!(log.contains("session found in the farm database"), "{log}");
+
+    // The session ended through the API: its connection closes, the target logs in again.
+    let client = reqwest::blocking::Client::new();
+    let sessions: Value = client
+        .get(format!("{}/api/v1/sessions", f.api))
+        .bearer_auth(&f.token)
+        .send()
+        .and_then(|r| r.json())
+        .expect("GET /api/v1/sessions");
+    let id = sessions["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["export_name"] == session_export.as_str())
+        .and_then(|x| x["id"].as_str())
+        .expect("the target's session is listed")
+        .to_string();
+    let r = client
+        .delete(format!("{}/api/v1/sessions/{id}", f.api))
+        .bearer_auth(&f.token)
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    pc1.qemu_io(&["read -P 0x12 32M 1M"]);
+    let log = f.proc.as_ref().unwrap().log_text();
+    assert!(
+        log.contains("session ended: closing its connections"),
+        "{log}"
+    );
+    let tlog = pc1.proc.log_text();
+    assert!(tlog.contains("logged in again"), "{tlog}");
+    let (ok, _) = nbdinfo(&format!("nbd://{nbd}/{session_export}"));
+    assert!(!ok);
     pc1.proc.stop();
     f.proc.take().unwrap().stop();
 }
