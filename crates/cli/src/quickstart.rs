@@ -2,7 +2,7 @@
 //!
 //! In `--data-dir` (default `./ferry-data`) it
 //! 1. creates a farm (SQLite; the admin token is kept in `admin.token`, mode 0600, so a
-//!    second run can print it again; the farm key in `farm.key`);
+//!    second run can print it again; the farm key and CA in `secrets/`, 0700);
 //! 2. creates a store `demo`, the vDisk `demo` (1 GiB dynamic, a boot-sector-like first
 //!    sector and a marked block), and version 1 (one sector changed) promoted to production;
 //! 3. creates a site, a collection that adds unknown devices automatically (booting
@@ -139,7 +139,7 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
             .arg("--device")
             .arg(DEMO_MAC)
             .arg("--farm-key")
-            .arg(data.join("farm.key"))
+            .arg(data.join(farm::secrets::SECRETS_DIR).join(farm::secrets::FARM_KEY_FILE))
             .arg("--overflow")
             .arg(&data)
             .arg("--export")
@@ -326,7 +326,6 @@ async fn setup_farm(data: &Path, say: &impl Fn(String)) -> anyhow::Result<Secret
             })?
     } else {
         let s = f.init("quickstart").await.context("initialize farm")?;
-        crate::farm::write_private(&data.join("farm.key"), &s.farm_key_hex)?;
         crate::farm::write_private(&token_file, &s.admin_token)?;
         say(format!("created a farm in {}", data.display()));
         s.admin_token

@@ -648,7 +648,8 @@ fn quickstart_runs_a_farm_and_a_target_and_is_idempotent() {
     let data = dir.path().join("ferry-data");
     for f in [
         "farm.db",
-        "farm.key",
+        "secrets/farm.key",
+        "secrets/ca-cert.pem",
         "admin.token",
         "stores/demo/demo.vhdx",
         "stores/demo/demo.1.avhdx",
