@@ -519,6 +519,13 @@ fn outsiders_are_refused_and_the_target_survives_a_restart_and_an_ended_session(
         let (ok, t) = plain_qemu_io(&format!("nbd://{nbd}/{export}"), "write -P 0x66 8192 16");
         assert!(!ok, "a plain client wrote {export}: {t}");
     }
+    // A refused outsider leaves no file behind (issue 18: 200 anonymous device names left
+    // 200 cache directories).
+    let write_cache = store.join(".write-cache");
+    assert!(
+        !write_cache.join("aa-bb-cc-00-00-77").exists(),
+        "a refused client made a write-cache directory"
+    );
     // Reading the vDisk from the server's own host stays allowed ([access] plain_reads).
     let (ok, t) = nbdinfo(&format!("nbd://{nbd}/golden"));
     assert!(ok, "{t}");
