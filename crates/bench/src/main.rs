@@ -13,6 +13,7 @@
 //!   target    `ferry target` per cache mode   the VDI workload (fio nbd) vs qemu-nbd qcow2
 //!                                             overlays, nbdkit cow; nbdkit memory and
 //!                                             io_uring O_DIRECT ceilings
+//!   nbd-tls   nbdcopy and fio nbd over nbds:// Ferry with TLS vs without, vs nbdkit --tls
 //! ```
 //!
 //! and prints a Markdown report (`--out FILE` rewrites that file, docs/BENCHMARKS.md through
@@ -85,7 +86,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target"
+        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls"
     )]
     only: Vec<Bench>,
     /// Skip the untimed qemu-img compare/check of Ferry's outputs.
@@ -135,6 +136,7 @@ enum Bench {
     NbdIops,
     Bootstorm,
     Target,
+    NbdTls,
 }
 
 impl Bench {
@@ -360,6 +362,7 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
         merge: None,
         iops: None,
         nbd: Vec::new(),
+        tls: None,
         target: None,
         total_minutes: 0.0,
     };
@@ -380,8 +383,10 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
         boot_scale: args.boot_scale.unwrap_or(args.pick(1.0, 0.01)),
         boot_clients: args.boot_clients.clone(),
         iops_seconds: cfg.iops_seconds,
+        quick: args.quick,
     };
-    if args.only.contains(&Bench::NbdSeq) || args.only.contains(&Bench::NbdIops) {
+    let seq_set = [Bench::NbdSeq, Bench::NbdIops, Bench::NbdTls];
+    if seq_set.iter().any(|b| args.only.contains(b)) {
         let ds = nbd::make_data_set(&cfg, "seq", ncfg.seq_bytes, cfg.seed ^ 0x5e9)?;
         let r = (|| {
             if args.only.contains(&Bench::NbdSeq) {
@@ -389,6 +394,9 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
             }
             if args.only.contains(&Bench::NbdIops) {
                 report.nbd.push(nbd::iops_bench(&cfg, &ncfg, &ds)?);
+            }
+            if args.only.contains(&Bench::NbdTls) {
+                report.tls = Some(nbd::tls_bench(&cfg, &ncfg, &ds)?);
             }
             anyhow::Ok(())
         })();

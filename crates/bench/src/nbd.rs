@@ -7,6 +7,8 @@
 //!   nbd-iops   fio --ioengine=nbd randread 4k iodepth 16      IOPS
 //!   bootstorm  N × fio --ioengine=nbd --read_iolog=TRACE      per-client completion, CPU,
 //!              (a synthesized boot trace, queue depth 1)     store bytes ÷ unique bytes
+//!   nbd-tls    nbd-seq and nbd-iops over nbds:// (TLS        ferry TLS ÷ plain, ÷ nbdkit TLS
+//!              required), ferry and nbdkit, with and without
 //! ```
 //!
 //! Every server is started fresh for every timed run (so Ferry's block cache starts empty,
@@ -19,8 +21,10 @@
 //!   iops.rs       ──► harness.rs
 //!   bootstorm.rs  ──► harness.rs, trace.rs
 //!   sim.rs        ──► harness.rs, trace.rs
+//!   tls.rs        ──► harness.rs
 //!
-//!   harness.rs    settings, servers (Ferry's child side too), data sets, measuring
+//!   harness.rs    settings, servers (Ferry's child side too), certificates, data sets,
+//!                 measuring
 //!   trace.rs      boot-trace synthesis (pure but for writing its iolog)
 //!   sim.rs        `sim-boot`: the trace through the block cache, offline
 //! ```
@@ -33,6 +37,7 @@ mod harness;
 mod iops;
 mod seq;
 mod sim;
+mod tls;
 mod trace;
 
 pub use bootstorm::bootstorm_bench;
@@ -43,3 +48,4 @@ pub use harness::{
 pub use iops::iops_bench;
 pub use seq::seq_bench;
 pub use sim::sim_boot;
+pub use tls::tls_bench;

@@ -241,15 +241,18 @@ pub struct Report {
     pub iops: Option<(IopsTable, String)>,
     /// The NBD sections (nbd-seq, nbd-iops, bootstorm), rendered by `nbd.rs`.
     pub nbd: Vec<String>,
+    /// The NBD-over-TLS section (`nbd/tls.rs`), which carries its own conditions.
+    pub tls: Option<String>,
     /// The target write-cache section (`target.rs`), which carries its own conditions.
     pub target: Option<String>,
     /// Wall-clock minutes of the whole harness run.
     pub total_minutes: f64,
 }
 
-/// Merges the `## NBD` sections of `new` into `old`: a section replaces the one of the same
-/// title in place, one without a match is appended; every other section of `old` is kept, so a
-/// run of only some NBD benchmarks keeps the rest of the report.
+/// Merges the `## NBD` and `## Target` sections of `new` into `old`, and its `## How to run`
+/// (the harness's own text, the same for every run): a section replaces the one of the same
+/// title in place, one without a match is appended; every other section of `old` is kept, so
+/// a run of only some NBD benchmarks keeps the rest of the report.
 pub fn merge_nbd_sections(old: &str, new: &str) -> String {
     fn sections(text: &str) -> Vec<&str> {
         let mut starts: Vec<usize> = text.match_indices("\n## ").map(|(i, _)| i + 1).collect();
@@ -262,7 +265,9 @@ pub fn merge_nbd_sections(old: &str, new: &str) -> String {
     }
     let fresh: Vec<&str> = sections(new)
         .into_iter()
-        .filter(|s| s.starts_with("## NBD") || s.starts_with("## Target"))
+        .filter(|s| {
+            s.starts_with("## NBD") || s.starts_with("## Target") || s.starts_with("## How to run")
+        })
         .collect();
     let mut used = vec![false; fresh.len()];
     let mut out = String::new();
@@ -294,9 +299,10 @@ I/O runs: a smoke test), `--size 8G` (virtual disk size, default 4G), `--dir DIR
 directory on the disk to measure; default a temporary directory under /var/tmp, removed \
 afterwards; needs about 5× the disk size free), `--runs N` (timed runs per tool, default 3, \
 median reported), `--threads N` and `--iops-seconds S` (random I/O workers and duration), \
-`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target` (a run of only NBD or target \
-sections merges them into the existing file instead of rewriting it; `--only target` runs the \
-write-cache section alone, about 5 minutes), `--nbd-size 2G`, `--boot-disk-size 4G`, \
+`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls` (a run of only NBD or \
+target sections merges them into the existing file instead of rewriting it; `--only target` \
+runs the write-cache section alone, about 5 minutes; `--only nbd-tls` the TLS section alone, \
+about 8 minutes), `--nbd-size 2G`, `--boot-disk-size 4G`, \
 `--boot-scale F` (boot trace size relative to 600 MB / 70,000 reads), `--boot-clients \
 1,10,100`, `--seed N`, `--no-verify` (skip the untimed `qemu-img \
 compare`/`check` of Ferry's outputs), `--keep`, and `--out FILE` (write the report \
@@ -338,6 +344,9 @@ impl Report {
             for s in &self.nbd {
                 out.push_str(s);
             }
+        }
+        if let Some(t) = &self.tls {
+            out.push_str(t);
         }
         if let Some(t) = &self.target {
             out.push_str(t);
@@ -546,6 +555,16 @@ mod tests {
         assert_eq!(
             merge_nbd_sections(old, new),
             "# T\n\n## Capture\n\nc\n\n## NBD a\n\nnew a\n\n## NBD b\n\nold b\n\n## NBD c\n\nnew c\n\n"
+        );
+    }
+
+    #[test]
+    fn nbd_sections_merge_also_replaces_how_to_run() {
+        let old = "# T\n\n## How to run\n\nold\n\n## Capture\n\nc\n\n";
+        let new = "# T\n\n## How to run\n\nnew\n\n## NBD over TLS\n\nt\n\n";
+        assert_eq!(
+            merge_nbd_sections(old, new),
+            "# T\n\n## How to run\n\nnew\n\n## Capture\n\nc\n\n## NBD over TLS\n\nt\n\n"
         );
     }
 

@@ -6,7 +6,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,6 +33,8 @@ pub struct NbdConfig {
     pub boot_scale: f64,
     pub boot_clients: Vec<usize>,
     pub iops_seconds: u64,
+    /// `--quick`: a smoke run (sections that carry their own conditions say so).
+    pub quick: bool,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -75,6 +77,8 @@ pub struct Server {
     stdin: Option<ChildStdin>,
     stdout: Option<BufReader<ChildStdout>>,
     pub port: u16,
+    /// The certificate directory when the server requires TLS (clients use `nbds://`).
+    tls: Option<PathBuf>,
 }
 
 /// What a server used, read just before it was stopped.
@@ -123,14 +127,25 @@ fn wait_listening(port: u16, child: &mut Child, what: &str) -> Result<()> {
 impl Server {
     /// Starts `kind` serving `ds` on a fresh loopback port.
     pub fn start(kind: Kind, ds: &DataSet) -> Result<Server> {
+        Server::start_with(kind, ds, None)
+    }
+
+    /// Starts `kind` serving `ds` on a fresh loopback port; with `tls` (a [`pki::CertDir`]
+    /// made by [`make_cert_dir`]) the server requires TLS and its URI is `nbds://`.
+    pub fn start_with(kind: Kind, ds: &DataSet, tls: Option<&Path>) -> Result<Server> {
+        let tls_buf = tls.map(Path::to_path_buf);
         match kind {
             Kind::Ferry => {
                 let exe = std::env::current_exe()?;
-                let mut child = Command::new(exe)
-                    .arg("serve-internal")
+                let mut cmd = Command::new(exe);
+                cmd.arg("serve-internal")
                     .arg("--store")
                     .arg(&ds.store)
-                    .args(["--port", "0"])
+                    .args(["--port", "0"]);
+                if let Some(dir) = tls {
+                    cmd.arg("--tls-certificates").arg(dir);
+                }
+                let mut child = cmd
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .spawn()
@@ -150,11 +165,15 @@ impl Server {
                     stdin,
                     stdout: Some(stdout),
                     port,
+                    tls: tls_buf,
                 })
             }
             Kind::Nbdkit | Kind::QemuNbd => {
                 let port = free_port()?;
                 let p = port.to_string();
+                if tls.is_some() && kind == Kind::QemuNbd {
+                    bail!("the harness serves TLS from ferry and nbdkit only");
+                }
                 let mut cmd = if kind == Kind::Nbdkit {
                     let mut c = Command::new("nbdkit");
                     c.args([
@@ -165,9 +184,12 @@ impl Server {
                         "127.0.0.1",
                         "-p",
                         &p,
-                    ])
-                    .arg("file")
-                    .arg(&ds.raw);
+                    ]);
+                    if let Some(dir) = tls {
+                        c.arg("--tls=require")
+                            .arg(format!("--tls-certificates={}", dir.display()));
+                    }
+                    c.arg("file").arg(&ds.raw);
                     c
                 } else {
                     let mut c = Command::new("qemu-nbd");
@@ -199,13 +221,25 @@ impl Server {
                     stdin: None,
                     stdout: None,
                     port,
+                    tls: tls_buf,
                 })
             }
         }
     }
 
+    /// The client URI: `nbd://127.0.0.1:PORT/NAME`, or with TLS
+    /// `nbds://127.0.0.1:PORT/NAME?tls-certificates=DIR` (libnbd then presents the directory's
+    /// client certificate).
     pub fn uri(&self, ds: &DataSet) -> String {
-        format!("nbd://127.0.0.1:{}/{}", self.port, ds.name)
+        match &self.tls {
+            None => format!("nbd://127.0.0.1:{}/{}", self.port, ds.name),
+            Some(dir) => format!(
+                "nbds://127.0.0.1:{}/{}?tls-certificates={}",
+                self.port,
+                ds.name,
+                dir.display()
+            ),
+        }
     }
 
     /// CPU seconds and storage reads so far.
@@ -289,25 +323,43 @@ fn proc_read_bytes(pid: u32) -> u64 {
 // The in-process server (child side)
 // ---------------------------------------------------------------------------------------
 
-/// `ferry-bench serve-internal --store DIR [--port P]`: serves the store read-only through
-/// a block cache (default budget: a quarter of RAM, 64 KiB granule) on 127.0.0.1:P, prints
-/// `listening PORT`, and on EOF of stdin shuts down gracefully and prints its Prometheus
-/// metrics.
+/// `ferry-bench serve-internal --store DIR [--port P] [--tls-certificates CERTS]`: serves
+/// the store read-only through a block cache (default budget: a quarter of RAM, 64 KiB
+/// granule) on 127.0.0.1:P, prints `listening PORT`, and on EOF of stdin shuts down
+/// gracefully and prints its Prometheus metrics. With CERTS (a [`pki::CertDir`]) it requires
+/// TLS (`TlsMode::Required`) with the directory's server certificate and CA.
 ///
 /// # Errors
 /// Bad arguments, store or bind failures.
 pub fn serve_internal(args: &[String]) -> Result<()> {
     let mut store = None;
     let mut port: u16 = 0;
+    let mut certs = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--store" => store = it.next().map(PathBuf::from),
             "--port" => port = it.next().context("--port P")?.parse()?,
+            "--tls-certificates" => certs = it.next().map(PathBuf::from),
             other => bail!("serve-internal: unknown argument {other:?}"),
         }
     }
     let store = store.context("serve-internal needs --store DIR")?;
+    let tls = match certs {
+        Some(dir) => {
+            let read = |name: &str| {
+                let p = dir.join(name);
+                std::fs::read_to_string(&p).with_context(|| format!("read {}", p.display()))
+            };
+            let (ca, cert, key) = (
+                read(pki::CA_CERT)?,
+                read(pki::SERVER_CERT)?,
+                read(pki::SERVER_KEY)?,
+            );
+            Some(pki::server_config(&ca, &cert, &key)?)
+        }
+        None => None,
+    };
     // Diagnostics: FERRY_BENCH_READ_AHEAD_BLOCKS overrides the cache's read-ahead window
     // (0 turns it off); the report's runs never set it.
     let mut cache_cfg = block_cache::CacheConfig {
@@ -345,6 +397,12 @@ pub fn serve_internal(args: &[String]) -> Result<()> {
     rt.block_on(async move {
         let cfg = nbd_server::ServerConfig {
             nbd_listen: Some(SocketAddr::from(([127, 0, 0, 1], port))),
+            tls_mode: if tls.is_some() {
+                nbd_server::TlsMode::Required
+            } else {
+                nbd_server::TlsMode::Optional
+            },
+            tls,
             ..nbd_server::ServerConfig::default()
         };
         let listener = nbd_server::Listener::bind(cfg).await?;
@@ -368,6 +426,40 @@ pub fn serve_internal(args: &[String]) -> Result<()> {
     out.write_all(text.as_bytes())?;
     out.flush()?;
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Certificates
+// ---------------------------------------------------------------------------------------
+
+/// How long the harness's client certificate is valid (one run).
+const CLIENT_CERT_VALIDITY: Duration = Duration::from_secs(24 * 3600);
+
+/// Makes a throwaway farm CA, a server certificate for 127.0.0.1 and an administrator's
+/// client certificate, and writes them to `dir` in the [`pki::CertDir`] layout, which
+/// Ferry's serve-internal, nbdkit (`--tls-certificates=DIR`) and libnbd
+/// (`?tls-certificates=DIR`) all read. Returns `dir`.
+///
+/// # Errors
+/// Certificate generation or writing failing.
+pub fn make_cert_dir(dir: &Path) -> Result<PathBuf> {
+    let now = std::time::SystemTime::now();
+    let ca = pki::Authority::create("bench", now)?;
+    let server = ca.issue_server("bench", &["127.0.0.1".into(), "localhost".into()], now)?;
+    let client = ca.issue_client(&pki::Identity::admin("bench")?, now, CLIENT_CERT_VALIDITY)?;
+    let certs = pki::CertDir::create(dir).with_context(|| format!("create {}", dir.display()))?;
+    for (name, pem) in [
+        (pki::CA_CERT, ca.cert_pem()),
+        (pki::SERVER_CERT, server.cert_pem.as_str()),
+        (pki::SERVER_KEY, server.key_pem.as_str()),
+        (pki::CLIENT_CERT, client.cert_pem.as_str()),
+        (pki::CLIENT_KEY, client.key_pem.as_str()),
+    ] {
+        certs
+            .write(name, pem)
+            .with_context(|| format!("write {name} in {}", dir.display()))?;
+    }
+    Ok(dir.to_path_buf())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -431,6 +523,48 @@ pub fn percentile(v: &[f64], p: f64) -> f64 {
 
 /// The servers every sequential and random-read run compares.
 pub const PEERS3: [Kind; 3] = [Kind::Ferry, Kind::Nbdkit, Kind::QemuNbd];
+
+/// fio's nbd engine reading random 4 KiB blocks at queue depth 16 for `seconds`, as
+/// nbd-iops and nbd-tls run it.
+pub fn fio_iops_args(uri: &str, seconds: u64) -> Vec<String> {
+    vec![
+        "--ioengine=nbd".into(),
+        format!("--uri={uri}"),
+        "--rw=randread".into(),
+        "--bs=4k".into(),
+        "--iodepth=16".into(),
+        format!("--runtime={seconds}"),
+        "--time_based".into(),
+        "--name=ferry-bench-nbd".into(),
+        "--output-format=json".into(),
+    ]
+}
+
+/// Reads the whole export at `uri` once, every 256 KiB of it once in random order, so a
+/// following run finds it cached (Ferry's block cache, the peers' page cache) without the
+/// front-to-back scan Ferry's cache lets go.
+///
+/// # Errors
+/// fio failing.
+pub fn warm_up(uri: &str) -> Result<()> {
+    let args = warm_up_args(uri);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    crate::sys::run("fio", &args)?;
+    Ok(())
+}
+
+/// fio's arguments for [`warm_up`].
+pub fn warm_up_args(uri: &str) -> Vec<String> {
+    vec![
+        "--name=warm".into(),
+        "--ioengine=nbd".into(),
+        format!("--uri={uri}"),
+        "--rw=randread".into(),
+        "--bs=256k".into(),
+        "--iodepth=16".into(),
+        "--output-format=json".into(),
+    ]
+}
 
 /// fio's `--output-format=json` report, skipping anything fio printed before it.
 pub fn fio_json(out: &str) -> Result<serde_json::Value> {

@@ -6,23 +6,10 @@ use std::fmt::Write as _;
 use anyhow::{Result, anyhow};
 
 use super::harness::{
-    DataSet, GOAL_VS_PEERS, NbdConfig, PEERS3, Server, fio_json, median, verdict,
+    DataSet, GOAL_VS_PEERS, NbdConfig, PEERS3, Server, fio_iops_args, fio_json, median, verdict,
+    warm_up,
 };
 use crate::{Config, note};
-
-fn fio_iops_args(uri: &str, seconds: u64) -> Vec<String> {
-    vec![
-        "--ioengine=nbd".into(),
-        format!("--uri={uri}"),
-        "--rw=randread".into(),
-        "--bs=4k".into(),
-        "--iodepth=16".into(),
-        format!("--runtime={seconds}"),
-        "--time_based".into(),
-        "--name=ferry-bench-nbd".into(),
-        "--output-format=json".into(),
-    ]
-}
 
 /// Random 4 KiB reads at queue depth 16 with fio's nbd engine, cold (page cache dropped,
 /// fresh server) and warm (the export read once first, in random order, same server).
@@ -41,19 +28,7 @@ pub fn iops_bench(cfg: &Config, n: &NbdConfig, ds: &DataSet) -> Result<String> {
                 cfg.cache.drop_now();
                 let uri = srv.uri(ds);
                 if warm {
-                    let uri_arg = format!("--uri={uri}");
-                    crate::sys::run(
-                        "fio",
-                        &[
-                            "--name=warm",
-                            "--ioengine=nbd",
-                            &uri_arg,
-                            "--rw=randread",
-                            "--bs=256k",
-                            "--iodepth=16",
-                            "--output-format=json",
-                        ],
-                    )?;
+                    warm_up(&uri)?;
                 }
                 cfg.loads.sample();
                 let before = srv.usage();
