@@ -317,7 +317,8 @@ impl Remote {
             let index = (active.index + k) % n;
             let server = &self.cfg.servers[index];
             k += 1;
-            if k % n == 1 {
+            // A new round over the list (with one server, every try is one).
+            if n == 1 || k % n == 1 {
                 if refused {
                     self.relogin(&mut last_login);
                 }

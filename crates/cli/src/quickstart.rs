@@ -139,7 +139,10 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
             .arg("--device")
             .arg(DEMO_MAC)
             .arg("--farm-key")
-            .arg(data.join(farm::secrets::SECRETS_DIR).join(farm::secrets::FARM_KEY_FILE))
+            .arg(
+                data.join(farm::secrets::SECRETS_DIR)
+                    .join(farm::secrets::FARM_KEY_FILE),
+            )
             .arg("--overflow")
             .arg(&data)
             .arg("--export")

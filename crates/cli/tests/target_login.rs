@@ -457,6 +457,47 @@ fn a_production_device_reads_the_production_version_and_the_promoted_one_after_r
     f.proc.take().unwrap().stop();
 }
 
+/// A farm server whose API listens beyond loopback serves HTTPS with its certificate from
+/// the farm's authority: a client trusting the farm's CA gets answers, plain HTTP gets
+/// none.
+#[test]
+fn a_farm_server_off_loopback_serves_its_api_over_https_with_the_farm_certificate() {
+    let f = Farm::init();
+    let store = f.data().join("stores").join("main");
+    std::fs::create_dir_all(&store).unwrap();
+    let (api, nbd) = (free_port(), free_port());
+    let mut cmd = ferry();
+    cmd.args(["server", "--farm", path_str(&f.data())])
+        .args(["--store", path_str(&store)])
+        .arg(format!("--nbd-listen=127.0.0.1:{nbd}"))
+        .arg("--metrics-listen=")
+        .arg(format!("--api-listen=0.0.0.0:{api}"))
+        .args(["--server-name", "s1"]);
+    let mut proc = Proc::spawn(&mut cmd, f.scratch("server.log"));
+    proc.wait_until("serving the API", || {
+        TcpStream::connect(("127.0.0.1", api)).is_ok()
+    });
+    let ca = std::fs::read(f.data().join("secrets").join("ca-cert.pem")).unwrap();
+    let client = reqwest::blocking::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .tls_built_in_root_certs(false)
+        .build()
+        .unwrap();
+    let r = client
+        .get(format!("https://127.0.0.1:{api}/api/v1/openapi.json"))
+        .send()
+        .expect("HTTPS with the farm's CA");
+    assert!(r.status().is_success(), "{}", r.status());
+    let plain = reqwest::blocking::Client::new()
+        .get(format!("http://127.0.0.1:{api}/api/v1/openapi.json"))
+        .send();
+    assert!(
+        plain.map(|r| !r.status().is_success()).unwrap_or(true),
+        "plain HTTP was answered"
+    );
+    proc.stop();
+}
+
 /// `nbdinfo URI`'s output, and whether it succeeded.
 fn nbdinfo(uri: &str) -> (bool, String) {
     let out = Command::new("nbdinfo")
@@ -500,8 +541,9 @@ fn outsiders_are_refused_and_the_target_survives_a_restart_and_an_ended_session(
     let (api_port, nbd_port) = (free_port(), free_port());
     let nbd = f.server_on(api_port, nbd_port);
     f.populate();
-    // Server mode: every read goes to the server, so the restart is on the read path.
-    f.json(&["device", "set", "1", "--cache-mode", "server"]);
+    // ram-overflow (the vDisk's mode): reads of blocks the device did not write go to the
+    // server, so the restart is on the read path; the session is a read-only export, which
+    // an administrator may open beside the device.
     let pc1 = f.target(MAC, "pc1");
     let s = pc1.status();
     let session_export = s["export"].as_str().unwrap().to_string();

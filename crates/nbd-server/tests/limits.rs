@@ -176,11 +176,14 @@ fn eleven_hundred_idle_connections_do_not_lock_out_a_new_client() {
     let mut c = Client::greet(u);
     c.go("mem").unwrap();
     assert_eq!(c.read_at(4096, 512), src.disk.0.lock().unwrap()[4096..4608]);
-    // The address kept at most its cap; every other idle client was closed.
+    // The address kept at most its cap: only that many were served (sent the greeting);
+    // every other idle client was closed (or, on a loaded machine, not yet: a timeout is
+    // not a greeting).
     let mut greeted = 0;
     for mut s in idle {
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        if !eof(&mut s) {
+        let mut b = [0u8; 1];
+        if matches!(s.read(&mut b), Ok(n) if n > 0) {
             greeted += 1;
         }
     }

@@ -57,6 +57,20 @@ pub struct Issued {
     pub not_after_unix: i64,
 }
 
+impl Issued {
+    /// The certificate as DER (what a TLS peer presents).
+    ///
+    /// # Panics
+    /// Never for a certificate this crate issued (its PEM always parses).
+    pub fn cert_der(&self) -> Vec<u8> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject as _;
+        CertificateDer::from_pem_slice(self.cert_pem.as_bytes())
+            .expect("an issued certificate's PEM parses")
+            .to_vec()
+    }
+}
+
 impl std::fmt::Debug for Issued {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Issued")

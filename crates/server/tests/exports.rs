@@ -508,25 +508,50 @@ impl server::exports::SessionResolver for OneSession {
     }
 }
 
+/// A TLS peer presenting a certificate of a fresh farm CA naming `id`.
+fn tls_peer(id: &pki::Identity) -> Peer {
+    let now = std::time::SystemTime::now();
+    let ca = pki::Authority::create("test", now).unwrap();
+    let cert = ca
+        .issue_client(id, now, std::time::Duration::from_secs(3600))
+        .unwrap();
+    let mut p = Peer::new(None, true);
+    p.tls = true;
+    p.client_cert = Some(cert.cert_der());
+    p
+}
+
 #[test]
 fn session_exports_resolve_through_the_farm_and_only_while_granted() {
     let fx = Fixture::new();
     let reg = fx.registry();
     let session = "ferry-s-0123456789abcdef0123456789abcdef";
+    let owner = tls_peer(&pki::Identity::Device("aa:bb:cc:00:00:05".parse().unwrap()));
+    let other = tls_peer(&pki::Identity::Device("aa:bb:cc:00:00:06".parse().unwrap()));
+    let admin = tls_peer(&pki::Identity::admin("root").unwrap());
     // Without a resolver, a session name is refused (not taken for a vDisk's name).
-    assert!(is_not_found(reg.open(session, &Peer::new(None, true))));
+    assert!(reg.open(session, &admin).is_err());
     reg.set_sessions(Arc::new(OneSession(session, "golden@1")));
-    assert_eq!(
-        read_all(open(&reg, session).device.as_ref()),
-        fx.expected[1]
+    for who in [&owner, &admin] {
+        let h = reg.open(session, who).unwrap();
+        assert_eq!(read_all(h.device.as_ref()), fx.expected[1]);
+    }
+    // Another device's certificate, and a plain local client, are refused.
+    assert!(matches!(
+        reg.open(session, &other),
+        Err(OpenError::Forbidden(_))
+    ));
+    assert!(matches!(
+        reg.open(session, &Peer::new(None, true)),
+        Err(OpenError::TlsRequired(_))
+    ));
+    assert!(
+        reg.open("ferry-s-ffffffffffffffffffffffffffffffff", &admin)
+            .is_err()
     );
-    assert!(is_not_found(reg.open(
-        "ferry-s-ffffffffffffffffffffffffffffffff",
-        &Peer::new(None, true)
-    )));
     // A session granting a per-device write cache gives a writable export.
     reg.set_sessions(Arc::new(OneSession(session, "golden@2+pc01")));
-    let h = open(&reg, session);
+    let h = reg.open(session, &owner).unwrap();
     assert!(h.writable);
     assert_eq!(read_all(h.device.as_ref()), fx.expected[2]);
 }
