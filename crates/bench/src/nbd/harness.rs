@@ -298,6 +298,19 @@ fn clock_ticks() -> f64 {
     })
 }
 
+/// cutime + cstime of the harness in seconds (`/proc/self/stat`): the CPU time of the
+/// children it has waited for, so a difference around one client run is that client's.
+pub fn waited_children_cpu_secs() -> f64 {
+    let text = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let Some((_, rest)) = text.rsplit_once(')') else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let get = |i: usize| f.get(i).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+    // After ')': index 0 is field 3; cutime is field 16, cstime field 17.
+    (get(13) + get(14)) / clock_ticks()
+}
+
 /// utime + stime of `pid` in seconds, from `/proc/PID/stat`.
 fn proc_cpu_secs(pid: u32) -> f64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();

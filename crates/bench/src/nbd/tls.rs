@@ -29,7 +29,7 @@ use anyhow::{Context, Result, anyhow, bail};
 
 use super::harness::{
     DataSet, GOAL_VS_PEERS, Kind, NbdConfig, Server, fio_iops_args, fio_json, make_cert_dir,
-    median, verdict, warm_up_args,
+    median, verdict, waited_children_cpu_secs, warm_up_args,
 };
 use crate::{Config, note};
 
@@ -155,6 +155,8 @@ fn fio_uri(srv: &Server, ds: &DataSet) -> String {
 struct Measured {
     seq_secs: Vec<f64>,
     seq_cpu: Vec<f64>,
+    /// nbdcopy's CPU seconds (the client decrypts what TLS servers encrypt).
+    seq_client_cpu: Vec<f64>,
     /// [cold, warm] IOPS and server CPU seconds over the timed run.
     iops: [Vec<f64>; 2],
     iops_cpu: [Vec<f64>; 2],
@@ -183,9 +185,12 @@ fn measure(cfg: &Config, n: &NbdConfig, ds: &DataSet, certs: &Path) -> Result<Ve
             let srv = Server::start_with(case.kind, ds, tls)?;
             cfg.cache.drop_now();
             cfg.loads.sample();
+            let client_before = waited_children_cpu_secs();
             let start = Instant::now();
             crate::sys::run("nbdcopy", &[&srv.uri(ds), "null:"])?;
             let secs = start.elapsed().as_secs_f64();
+            got.seq_client_cpu
+                .push(waited_children_cpu_secs() - client_before);
             let u = srv.stop()?;
             note(&format!(
                 "nbd-tls run {}: {} sequential {:.0} MB/s, server CPU {:.2} s",
@@ -256,13 +261,16 @@ fn render(cfg: &Config, n: &NbdConfig, ds: &DataSet, m: &[Measured]) -> String {
          first in random 256 KiB reads on the same server, as nbd-iops). Every measurement \
          starts a fresh server after a drop of the page cache; {} runs per case, cases \
          interleaved; median shown. Server CPU is the server process's utime + stime \
-         (`/proc/PID/stat`), per 1,000 reads for the random runs.\n",
+         (`/proc/PID/stat`), per 1,000 reads for the random runs; nbdcopy's CPU is its utime \
+         + stime as the harness reaps it (the client decrypts what a TLS server encrypts, on \
+         the same CPUs).\n",
         ds.size >> 20,
         fio[..8].join(" "),
         cfg.runs,
     );
     out.push_str(
-        "| server | sequential s (median, min–max) | sequential MB/s | server CPU s \
+        "| server | sequential s (median, min–max) | sequential MB/s \
+         | sequential CPU s (server / nbdcopy) \
          | random 4 KiB IOPS, cold | random 4 KiB IOPS, warm \
          | server CPU ms per 1k reads (cold / warm) |\n\
          |---|---:|---:|---:|---:|---:|---:|\n",
@@ -273,11 +281,12 @@ fn render(cfg: &Config, n: &NbdConfig, ds: &DataSet, m: &[Measured]) -> String {
         let hi = s.iter().copied().fold(0.0, f64::max);
         let _ = writeln!(
             out,
-            "| {} | {:.2} ({lo:.2}–{hi:.2}) | {:.0} | {:.2} | {:.0} | {:.0} | {:.1} / {:.1} |",
+            "| {} | {:.2} ({lo:.2}–{hi:.2}) | {:.0} | {:.2} / {:.2} | {:.0} | {:.0} | {:.1} / {:.1} |",
             case.label(),
             median(s),
             mbs(c),
             median(&m[c].seq_cpu),
+            median(&m[c].seq_client_cpu),
             iops(c, 0),
             iops(c, 1),
             per_k(c, 0),
