@@ -92,6 +92,9 @@ pub enum ClientError {
         export: String,
         /// What went wrong.
         reason: String,
+        /// The server answered and refused the export (`NBD_OPT_GO` failed), as opposed to
+        /// being unreachable or failing the handshake.
+        refused: bool,
     },
     /// The server broke the protocol; the connection is closed.
     #[error("protocol error from {server}: {what}")]
@@ -196,6 +199,17 @@ fn hs(server: &str, export: &str, reason: impl std::fmt::Display) -> ClientError
         server: server.to_string(),
         export: export.to_string(),
         reason: reason.to_string(),
+        refused: false,
+    }
+}
+
+/// A failed negotiation as a [`ClientError::Handshake`] that says whether it was a refusal.
+fn negotiation(server: &str, export: &str, f: &crate::handshake::Failed) -> ClientError {
+    ClientError::Handshake {
+        server: server.to_string(),
+        export: export.to_string(),
+        reason: f.to_string(),
+        refused: f.is_refusal(),
     }
 }
 
@@ -233,7 +247,8 @@ impl Connection {
         let shared = Arc::new(Shared::default());
         let (info, rt, half) = match tls {
             None => {
-                let info = negotiate(&mut s, export).map_err(|e| err(&e))?;
+                let info =
+                    negotiate(&mut s, export).map_err(|f| negotiation(server, export, &f))?;
                 // Transmission: the runtime's reactor drives the socket; requests time out.
                 socket.set_read_timeout(None).map_err(|e| err(&e))?;
                 socket.set_nonblocking(true).map_err(|e| err(&e))?;
@@ -260,7 +275,7 @@ impl Connection {
                     export,
                     connect_timeout.max(request_timeout),
                 )
-                .map_err(|e| err(&e))?;
+                .map_err(|f| negotiation(server, export, &f))?;
                 let (r, w) = tokio::io::split(stream);
                 start_reader(&rt, start, r, Arc::clone(&shared), server);
                 (info, rt, Box::new(w) as WriteHalf)

@@ -60,7 +60,7 @@ pub(crate) fn tls_negotiate(
     name: ServerName<'static>,
     export: &str,
     timeout: Duration,
-) -> Result<(ExportInfo, TlsStream), String> {
+) -> Result<(ExportInfo, TlsStream), Failed> {
     let raw = socket.try_clone().map_err(io("clone socket"))?;
     let watchdog = rt.spawn(async move {
         tokio::time::sleep(timeout).await;
@@ -98,6 +98,44 @@ pub fn with_default_port(server: &str) -> String {
     }
 }
 
+/// Why a negotiation failed: the server answered `NBD_OPT_GO` with an error (it is up, and
+/// refuses this export: a session it does not know, a certificate it does not accept), or
+/// anything else (unreachable, TLS, protocol).
+#[derive(Debug)]
+pub(crate) enum Failed {
+    /// The server refused the export.
+    Refused(String),
+    /// Anything else.
+    Other(String),
+}
+
+impl Failed {
+    /// True when the server refused the export.
+    pub(crate) fn is_refusal(&self) -> bool {
+        matches!(self, Failed::Refused(_))
+    }
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Refused(m) | Failed::Other(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<String> for Failed {
+    fn from(s: String) -> Failed {
+        Failed::Other(s)
+    }
+}
+
+impl From<&str> for Failed {
+    fn from(s: &str) -> Failed {
+        Failed::Other(s.to_string())
+    }
+}
+
 pub(crate) fn io<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> String {
     move |e| format!("{what}: {e}")
 }
@@ -127,7 +165,7 @@ fn greet(s: &mut TcpStream) -> Result<Vec<u8>, String> {
 }
 
 /// The whole negotiation in the clear.
-pub(crate) fn negotiate(s: &mut TcpStream, export: &str) -> Result<ExportInfo, String> {
+pub(crate) fn negotiate(s: &mut TcpStream, export: &str) -> Result<ExportInfo, Failed> {
     let flags = greet(s)?;
     go(s, export, flags)
 }
@@ -152,13 +190,13 @@ pub(crate) fn start_tls(s: &mut TcpStream) -> Result<(), String> {
 
 /// Structured replies and `NBD_OPT_GO`, in the clear or over TLS, sent after `out` (what
 /// is still to send before them).
-fn go<S: Read + Write>(s: &mut S, export: &str, mut out: Vec<u8>) -> Result<ExportInfo, String> {
+fn go<S: Read + Write>(s: &mut S, export: &str, mut out: Vec<u8>) -> Result<ExportInfo, Failed> {
     ClientOption::StructuredReply.encode(&mut out);
     s.write_all(&out).map_err(io("send options"))?;
     s.flush().map_err(io("send options"))?;
     match read_option_reply(s)? {
         (NBD_OPT_STRUCTURED_REPLY, OptionReply::Ack) => {}
-        (_, other) => return Err(format!("structured replies refused: {other:?}")),
+        (_, other) => return Err(format!("structured replies refused: {other:?}").into()),
     }
     out.clear();
     ClientOption::Go(InfoRequest {
@@ -192,9 +230,9 @@ fn go<S: Read + Write>(s: &mut S, export: &str, mut out: Vec<u8>) -> Result<Expo
                 });
             }
             (NBD_OPT_GO, OptionReply::Error { code, message }) => {
-                return Err(format!("refused ({code:#x}): {message}"));
+                return Err(Failed::Refused(format!("refused ({code:#x}): {message}")));
             }
-            (opt, r) => return Err(format!("unexpected reply to option {opt}: {r:?}")),
+            (opt, r) => return Err(format!("unexpected reply to option {opt}: {r:?}").into()),
         }
     }
     Err("too many replies to NBD_OPT_GO".into())

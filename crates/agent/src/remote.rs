@@ -342,8 +342,7 @@ impl Remote {
                 Err(e) => {
                     // A server that answered and refused the export (not one that is down):
                     // the session may be gone from the farm.
-                    refused |= matches!(&e, ClientError::Handshake { reason, .. }
-                        if !reason.contains("onnect"));
+                    refused |= matches!(&e, ClientError::Handshake { refused: true, .. });
                     tracing::debug!(%server, error = %e, "failover candidate unavailable");
                     continue;
                 }
