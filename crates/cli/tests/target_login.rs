@@ -66,6 +66,20 @@ impl Farm {
         }
     }
 
+    /// `stores/main/golden.vhdx`: 0x11 in the first MiB, 0x12 at 32 MiB; returns the
+    /// store directory.
+    fn golden(&self) -> PathBuf {
+        let store = self.data().join("stores").join("main");
+        std::fs::create_dir_all(&store).unwrap();
+        let base = store.join("golden.vhdx");
+        create_vhdx(&base, &dynamic(SIZE, 2 * MIB as u32));
+        session(&base, |d| {
+            d.write_at(&vec![0x11; MIB as usize], 0).unwrap();
+            d.write_at(&vec![0x12; MIB as usize], 32 * MIB).unwrap();
+        });
+        store
+    }
+
     fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
@@ -342,15 +356,7 @@ fn a_production_device_reads_the_production_version_and_the_promoted_one_after_r
         return;
     }
     let mut f = Farm::init();
-    // golden.vhdx: 0x11 in the first MiB, 0x12 at 32 MiB.
-    let store = f.data().join("stores").join("main");
-    std::fs::create_dir_all(&store).unwrap();
-    let base = store.join("golden.vhdx");
-    create_vhdx(&base, &dynamic(SIZE, 2 * MIB as u32));
-    session(&base, |d| {
-        d.write_at(&vec![0x11; MIB as usize], 0).unwrap();
-        d.write_at(&vec![0x12; MIB as usize], 32 * MIB).unwrap();
-    });
+    f.golden();
     let nbd = f.server();
     f.populate();
 
@@ -530,14 +536,7 @@ fn outsiders_are_refused_and_the_target_survives_a_restart_and_an_ended_session(
         return;
     }
     let mut f = Farm::init();
-    let store = f.data().join("stores").join("main");
-    std::fs::create_dir_all(&store).unwrap();
-    let base = store.join("golden.vhdx");
-    create_vhdx(&base, &dynamic(SIZE, 2 * MIB as u32));
-    session(&base, |d| {
-        d.write_at(&vec![0x11; MIB as usize], 0).unwrap();
-        d.write_at(&vec![0x12; MIB as usize], 32 * MIB).unwrap();
-    });
+    let store = f.golden();
     let (api_port, nbd_port) = (free_port(), free_port());
     let nbd = f.server_on(api_port, nbd_port);
     f.populate();
