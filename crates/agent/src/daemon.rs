@@ -294,6 +294,7 @@ fn make_cache(
     mode: write_cache::Mode,
     remote: &Arc<Remote>,
 ) -> Result<WriteCache, AgentError> {
+    let mut overflow_bytes_max = cfg.overflow_bytes_max;
     let store: Option<Arc<dyn OverflowStore>> = match mode {
         write_cache::Mode::Ram => None,
         _ => {
@@ -301,18 +302,24 @@ fn make_cache(
                 .overflow_dir
                 .as_ref()
                 .ok_or(AgentError::NoOverflowDir(cfg.mode.cli_name()))?;
-            let store = FileStore::create_in(dir).map_err(|source| AgentError::Overflow {
+            let fail = |source| AgentError::Overflow {
                 dir: dir.clone(),
                 source,
-            })?;
-            Some(Arc::new(store))
+            };
+            if write_cache::store::is_block_device(dir) {
+                let (store, bytes) = FileStore::on_device(dir).map_err(fail)?;
+                overflow_bytes_max = overflow_bytes_max.min(bytes);
+                Some(Arc::new(store))
+            } else {
+                Some(Arc::new(FileStore::create_in(dir).map_err(fail)?))
+            }
         }
     };
     let config = write_cache::Config {
         mode,
         block_bytes: cfg.block_bytes,
         ram_bytes_max: cfg.ram_bytes,
-        overflow_bytes_max: cfg.overflow_bytes_max,
+        overflow_bytes_max,
     };
     let next = Arc::clone(remote) as Arc<dyn BlockDevice>;
     WriteCache::new(next, config, store).map_err(AgentError::Cache)

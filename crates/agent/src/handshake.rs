@@ -151,7 +151,7 @@ fn read_option_reply(s: &mut impl Read) -> Result<(u32, OptionReply), String> {
 }
 
 /// Reads the greeting and returns the client flags to answer it with.
-fn greet(s: &mut TcpStream) -> Result<Vec<u8>, String> {
+fn greet(s: &mut impl Read) -> Result<Vec<u8>, String> {
     let mut greeting = [0u8; nbd_proto::handshake::GREETING_LEN];
     s.read_exact(&mut greeting).map_err(io("read greeting"))?;
     let g = ServerGreeting::parse(&greeting).map_err(io("greeting"))?;
@@ -168,6 +168,17 @@ fn greet(s: &mut TcpStream) -> Result<Vec<u8>, String> {
 pub(crate) fn negotiate(s: &mut TcpStream, export: &str) -> Result<ExportInfo, Failed> {
     let flags = greet(s)?;
     go(s, export, flags)
+}
+
+/// The negotiation the Linux kernel's NBD driver needs done before it is handed the socket
+/// (`NBD_SET_SOCK`): the greeting and `NBD_OPT_GO` only, without structured replies, which
+/// the driver does not read.
+pub(crate) fn negotiate_simple<S: Read + Write>(
+    s: &mut S,
+    export: &str,
+) -> Result<ExportInfo, Failed> {
+    let flags = greet(s)?;
+    go_options(s, export, flags, false)
 }
 
 /// The greeting and `NBD_OPT_STARTTLS`, in the clear: what comes next is the TLS
@@ -190,15 +201,27 @@ pub(crate) fn start_tls(s: &mut TcpStream) -> Result<(), String> {
 
 /// Structured replies and `NBD_OPT_GO`, in the clear or over TLS, sent after `out` (what
 /// is still to send before them).
-fn go<S: Read + Write>(s: &mut S, export: &str, mut out: Vec<u8>) -> Result<ExportInfo, Failed> {
-    ClientOption::StructuredReply.encode(&mut out);
-    s.write_all(&out).map_err(io("send options"))?;
-    s.flush().map_err(io("send options"))?;
-    match read_option_reply(s)? {
-        (NBD_OPT_STRUCTURED_REPLY, OptionReply::Ack) => {}
-        (_, other) => return Err(format!("structured replies refused: {other:?}").into()),
+fn go<S: Read + Write>(s: &mut S, export: &str, out: Vec<u8>) -> Result<ExportInfo, Failed> {
+    go_options(s, export, out, true)
+}
+
+/// [`go`], asking for structured replies first when `structured`.
+fn go_options<S: Read + Write>(
+    s: &mut S,
+    export: &str,
+    mut out: Vec<u8>,
+    structured: bool,
+) -> Result<ExportInfo, Failed> {
+    if structured {
+        ClientOption::StructuredReply.encode(&mut out);
+        s.write_all(&out).map_err(io("send options"))?;
+        s.flush().map_err(io("send options"))?;
+        match read_option_reply(s)? {
+            (NBD_OPT_STRUCTURED_REPLY, OptionReply::Ack) => {}
+            (_, other) => return Err(format!("structured replies refused: {other:?}").into()),
+        }
+        out.clear();
     }
-    out.clear();
     ClientOption::Go(InfoRequest {
         name: export.to_string(),
         requests: vec![NBD_INFO_BLOCK_SIZE, NBD_INFO_DESCRIPTION],

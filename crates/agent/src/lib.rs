@@ -34,9 +34,12 @@ pub mod boot;
 pub mod client;
 pub mod control;
 pub mod daemon;
+pub mod grant;
 mod handshake;
+pub mod kernel;
 pub mod login;
 pub mod remote;
+pub mod report;
 pub mod stats;
 
 pub use daemon::{AgentConfig, AgentError, run};

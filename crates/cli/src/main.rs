@@ -49,6 +49,7 @@ mod size;
 mod target;
 mod target_args;
 mod target_farm;
+mod target_initramfs;
 mod vdisk;
 
 use std::io::Write as _;

@@ -58,6 +58,14 @@ pub enum Command {
         #[arg(long)]
         prometheus: bool,
     },
+    /// Install Ferry's boot agent and initramfs-tools hook into an image's root, so that
+    /// the image boots diskless from a farm (boot=ferry).
+    #[command(after_help = "Examples:\n  \
+        ferry target install-initramfs --farm-ca ca-cert.pem --farm-key farm.key --update\n  \
+        ferry target install-initramfs --root /mnt/golden --agent ferry-boot \\\n    \
+        --farm-ca /var/lib/ferry/secrets/ca-cert.pem --farm-key /var/lib/ferry/secrets/farm.key \\\n    \
+        --overflow /dev/vdb --update")]
+    InstallInitramfs(crate::target_initramfs::InstallArgs),
     /// Tell the running agent the machine has booted (stops the boot clock, unless the
     /// end of the boot's read burst or --boot-bytes stopped it first).
     #[command(
@@ -121,6 +129,7 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
             outln!("{}", booted_line(t, by));
             Ok(ExitCode::SUCCESS)
         }
+        Some(Command::InstallInitramfs(i)) => crate::target_initramfs::run(i),
         None => agent(&a.run),
     }
 }
@@ -419,7 +428,7 @@ fn prometheus_text(s: &Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::target_farm::report_body;
+    use ::agent::report::report_body;
 
     /// A status as an agent in `ram-overflow` mode reports it just after device login: an
     /// empty server description, nothing cached, the default 1 TiB overflow budget.

@@ -3,7 +3,6 @@
 //! the servers refuse the session, and the status reports to the farm API.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use ::agent::AgentConfig;
 use ::agent::login::{self, LoginError, LoginGrant};
@@ -34,79 +33,7 @@ pub(crate) fn nbd_tls_from_dir(dir: &Path) -> anyhow::Result<std::sync::Arc<rust
         .with_context(|| format!("--tls-dir {}", dir.display()))
 }
 
-/// How often a logged-in target reports its counters to the farm (the console's live status).
-pub(crate) const REPORT_EVERY: Duration = Duration::from_secs(2);
-
-/// Reports this device's counters to the farm API every [`REPORT_EVERY`] for the console's
-/// live status: bytes read and written, retries and the write cache's use, read from the
-/// agent's own control socket and posted to `/api/v1/status/report` with the session export
-/// as the credential, with the address of the server in use (the console's Server column). Failures are logged, never fatal: status is not the data path.
-pub(crate) fn start_reporter(api: &str, ca: Option<String>, export_name: String, control: PathBuf) {
-    let url = match login::parse_api_url(api).and_then(|u| {
-        u.join("api/v1/status/report")
-            .map_err(|e| LoginError::BadUrl {
-                url: api.to_string(),
-                reason: e.to_string(),
-            })
-    }) {
-        Ok(u) => u,
-        Err(e) => {
-            tracing::warn!(error = %e, "no status reports to the farm");
-            return;
-        }
-    };
-    let spawned = std::thread::Builder::new()
-        .name("ferry-target-report".into())
-        .spawn(move || {
-            let client = match login::api_client(&url, ca.as_deref())
-                .map_err(anyhow::Error::from)
-                .and_then(|b| Ok(b.timeout(Duration::from_secs(5)).build()?))
-            {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "no status reports to the farm");
-                    return;
-                }
-            };
-            let mut failures = 0u64;
-            loop {
-                std::thread::sleep(REPORT_EVERY);
-                let Ok(v) = ::agent::control::request(&control, "status") else {
-                    continue;
-                };
-                let body = report_body(&export_name, &v);
-                let ok = client
-                    .post(url.clone())
-                    .json(&body)
-                    .send()
-                    .is_ok_and(|r| r.status().is_success());
-                if !ok {
-                    failures += 1;
-                    if failures.is_power_of_two() {
-                        tracing::warn!(failures, %url, "status report to the farm failed");
-                    }
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "no status reports to the farm");
-    }
-}
-
-/// The body of a status report (`POST /api/v1/status/report`) from the agent's status `v`:
-/// the counters, and the NBD server it streams from now (its address, as login gave it;
-/// the farm names the server registered there).
-pub(crate) fn report_body(export_name: &str, v: &serde_json::Value) -> serde_json::Value {
-    let n = |k: &str| v[k].as_u64().unwrap_or(0);
-    serde_json::json!({
-        "export_name": export_name,
-        "server_address": v["server"].as_str(),
-        "bytes_read": n("bytes_read"),
-        "bytes_written": n("bytes_written"),
-        "retries": n("retries"),
-        "cache_used_bytes": n("ram_bytes") + n("overflow_bytes"),
-    })
-}
+pub(crate) use ::agent::report::start as start_reporter;
 
 /// The directory of the device secret under --overflow unless --state-dir.
 pub(crate) const STATE_DIR_NAME: &str = "ferry-state";
@@ -177,30 +104,19 @@ pub(crate) fn device_login(a: &RunArgs, mac: &str) -> anyhow::Result<(LoginGrant
         .unwrap_or_else(|| anyhow!("--server names no farm API")))
 }
 
-/// The agent's configuration after device login: the grant's servers, vDisk, cache mode
-/// and RAM, and its session export (opened instead of the vDisk, on failover too).
+/// The agent's configuration after device login ([`::agent::grant::config_from_grant`]).
 pub(crate) fn config_from_grant(
     g: &LoginGrant,
     export_socket: PathBuf,
 ) -> anyhow::Result<AgentConfig> {
-    let mut cfg = AgentConfig::new(g.servers.clone(), &g.vdisk, g.cache_mode, export_socket);
-    cfg.device = g.device_name.clone();
-    cfg.export_name = Some(g.export_name.clone());
-    cfg.mac = Some(g.mac);
-    cfg.ram_bytes = g.ram_bytes;
-    cfg.tls = grant_tls(g)?;
-    Ok(cfg)
+    ::agent::grant::config_from_grant(g, export_socket).context("the login grant's TLS certificate")
 }
 
-/// TLS with the client certificate the farm issued at login (and its CA), if it issued one.
+/// [`::agent::grant::grant_tls`] with the error's context.
 pub(crate) fn grant_tls(
     g: &LoginGrant,
 ) -> anyhow::Result<Option<std::sync::Arc<rustls::ClientConfig>>> {
-    g.tls
-        .as_ref()
-        .map(|t| pki::client_config(&t.ca_pem, Some((&t.cert_pem, &t.key_pem))))
-        .transpose()
-        .context("the login grant's TLS certificate")
+    ::agent::grant::grant_tls(g).context("the login grant's TLS certificate")
 }
 
 /// Device login again, for a failover whose servers all refuse the session (a farm that

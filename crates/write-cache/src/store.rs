@@ -95,6 +95,46 @@ impl FileStore {
             inline: disk::inline::InlineGate::with_clock(now),
         })
     }
+
+    /// The whole of a local block device (a diskless machine's spare disk or partition),
+    /// opened exclusively (`O_EXCL` on a block device fails while anything has it mounted
+    /// or open exclusively). Its old contents are never read: the cache reads only slots it
+    /// wrote in this run. Its size bounds the store (a write past its end fails
+    /// `StorageFull`, as a full file system does).
+    ///
+    /// # Errors
+    /// The device cannot be opened, is in use, or is not a block device.
+    pub fn on_device(path: &Path) -> io::Result<(FileStore, u64)> {
+        use std::io::{Seek, SeekFrom};
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::EXCL.bits() as i32)
+            .open(path)?;
+        if !file.metadata()?.file_type().is_block_device() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a block device", path.display()),
+            ));
+        }
+        let bytes = file.seek(SeekFrom::End(0))?;
+        Ok((
+            FileStore {
+                file,
+                page: rustix::param::page_size() as u64,
+                inline: disk::inline::InlineGate::with_clock(Box::new(Instant::now)),
+            },
+            bytes,
+        ))
+    }
+}
+
+/// True when `path` names a block device (the overflow is then the device itself, not a
+/// file in a directory).
+pub fn is_block_device(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
 }
 
 impl OverflowStore for FileStore {

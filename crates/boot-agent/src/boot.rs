@@ -1,0 +1,424 @@
+//! The boot agent's steps: read what it is told, log in, start the agent, attach the
+//! kernel's NBD device, report ready or why not.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agent::login::{LoginError, LoginGrant};
+use agent::{AgentConfig, CacheMode};
+use anyhow::{Context, anyhow, bail};
+
+use crate::cmdline::{BootArgs, TEXT_BYTES_MAX};
+
+/// How long the farm's API may stay unreachable at boot (the network may still be settling
+/// or a server restarting) before the machine says it cannot boot.
+const LOGIN_PATIENCE: Duration = Duration::from_secs(60);
+/// Pause between login rounds over the API URLs.
+const LOGIN_RETRY: Duration = Duration::from_secs(2);
+/// How long the agent may take to attach (connect to a server, open the export).
+const ATTACH_PATIENCE: Duration = Duration::from_secs(120);
+/// The `argv[0]` the agent runs under: '@' tells systemd not to kill it at shutdown.
+const ROOT_DAEMON_ARGV0: &str = "@ferry-boot";
+
+const HELP: &str = "\
+ferry-boot: Ferry's agent in a diskless machine's initramfs.
+
+Logs in to the farm by MAC (ferry.api=, ferry.mac= on the kernel command line; the farm's
+CA and key from /etc/ferry/boot.conf), attaches the vDisk version with the machine's write
+cache and gives the kernel /dev/nbd0. Keeps running after switch_root. Writes
+RUN_DIR/ready (the device) or RUN_DIR/failed (why it cannot boot).
+
+Usage: ferry-boot [--cmdline FILE] [--config FILE] [--run-dir DIR]
+
+Options:
+  --cmdline FILE   kernel command line to read [default: /proc/cmdline]
+  --config FILE    boot configuration [default: /etc/ferry/boot.conf]
+  --run-dir DIR    sockets and state [default: /run/ferry]
+  -h, --help       this text
+
+Example (what the initramfs script runs, in the background):
+  ferry-boot &   # with: boot=ferry ferry.api=https://10.0.2.2:8443 ferry.mac=52:54:00:12:34:56
+";
+
+/// Command-line options.
+#[derive(Debug)]
+struct Opts {
+    cmdline: PathBuf,
+    config: PathBuf,
+    run_dir: PathBuf,
+}
+
+fn parse_opts(mut args: impl Iterator<Item = OsString>) -> Result<Option<Opts>, String> {
+    let mut o = Opts {
+        cmdline: PathBuf::from("/proc/cmdline"),
+        config: PathBuf::from("/etc/ferry/boot.conf"),
+        run_dir: PathBuf::from("/run/ferry"),
+    };
+    while let Some(a) = args.next() {
+        let mut value = |name: &str| {
+            args.next()
+                .map(PathBuf::from)
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match a.to_str() {
+            Some("-h" | "--help") => return Ok(None),
+            Some("--cmdline") => o.cmdline = value("--cmdline")?,
+            Some("--config") => o.config = value("--config")?,
+            Some("--run-dir") => o.run_dir = value("--run-dir")?,
+            _ => return Err(format!("unknown argument {a:?} (see --help)")),
+        }
+    }
+    Ok(Some(o))
+}
+
+/// Runs the boot agent; returns only when it cannot boot (or for `--help`).
+pub fn main() -> ExitCode {
+    let mut argv = std::env::args_os();
+    let argv0 = argv.next().unwrap_or_default();
+    let opts = match parse_opts(argv) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            print!("{HELP}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("ferry-boot: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if !argv0.to_string_lossy().starts_with('@') {
+        // Once, at start: `exec` only returns on failure, and then the agent runs on
+        // unmarked (systemd may stop it at shutdown, after the root is unmounted).
+        let e = reexec_marked();
+        eprintln!("ferry-boot: could not re-exec as {ROOT_DAEMON_ARGV0}: {e}");
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let failed = opts.run_dir.join("failed");
+    match boot(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let why = format!("{e:#}");
+            eprintln!("ferry-boot: cannot boot: {why}");
+            if let Err(w) = std::fs::write(&failed, format!("{why}\n")) {
+                eprintln!("ferry-boot: write {}: {w}", failed.display());
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn reexec_marked() -> std::io::Error {
+    use std::os::unix::process::CommandExt;
+    match std::env::current_exe() {
+        Ok(exe) => std::process::Command::new(exe)
+            .arg0(ROOT_DAEMON_ARGV0)
+            .args(std::env::args_os().skip(1))
+            .exec(),
+        Err(e) => e,
+    }
+}
+
+fn read_limited(path: &Path) -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(TEXT_BYTES_MAX as u64).read_to_string(&mut text))
+        .with_context(|| format!("read {}", path.display()))?;
+    Ok(text)
+}
+
+fn boot(opts: &Opts) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&opts.run_dir)
+        .with_context(|| format!("create {}", opts.run_dir.display()))?;
+    let _ = std::fs::remove_file(opts.run_dir.join("ready"));
+    let _ = std::fs::remove_file(opts.run_dir.join("failed"));
+    let mut args = BootArgs::new();
+    if opts.config.exists() {
+        args.apply_config(
+            &read_limited(&opts.config)?,
+            &opts.config.display().to_string(),
+        )?;
+    }
+    args.apply_cmdline(&read_limited(&opts.cmdline)?)?;
+    let socket = opts.run_dir.join("agent.sock");
+    let (mut cfg, what) = if !args.api.is_empty() {
+        farm_config(&args, socket.clone())?
+    } else if !args.servers.is_empty() {
+        plain_config(&args, socket.clone())?
+    } else {
+        bail!(
+            "no farm and no server: give ferry.api=URL (the farm's boot script does) or \
+             ferry.server=HOST:PORT with ferry.export=NAME on the kernel command line, or \
+             api= in {}",
+            opts.config.display()
+        );
+    };
+    if matches!(cfg.mode, CacheMode::RamOverflow | CacheMode::Disk) {
+        cfg.overflow_dir = Some(match &args.overflow {
+            Some(p) => p.clone(),
+            None => {
+                tracing::warn!(dir = %opts.run_dir.display(),
+                    "no local disk named for the overflow (ferry.overflow=): it stays in RAM");
+                opts.run_dir.clone()
+            }
+        });
+    }
+    eprintln!("ferry-boot: attaching {what}");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .thread_name("ferry-boot")
+        .build()
+        .context("start the async runtime")?;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let agent_cfg = cfg.clone();
+    runtime.spawn(async move {
+        let r = agent::run(agent_cfg, std::future::pending::<()>()).await;
+        let _ = done_tx.send(r);
+    });
+    wait_for_socket(&socket, &done_rx)?;
+    let disk = agent::kernel::attach(&socket, "", &args.device)?;
+    std::fs::write(
+        opts.run_dir.join("ready"),
+        format!("{}\n", args.device.display()),
+    )
+    .context("write the ready file")?;
+    eprintln!(
+        "ferry-boot: {} is {what}, {} bytes ({} write cache)",
+        args.device.display(),
+        disk.info.size,
+        cfg.mode.cli_name()
+    );
+    match disk.thread.join() {
+        Ok(Ok(())) => tracing::warn!("the kernel let go of the NBD device"),
+        Ok(Err(e)) => tracing::error!(error = %e, "the kernel's NBD device stopped"),
+        Err(_) => tracing::error!("the NBD_DO_IT thread panicked"),
+    }
+    // The export keeps running for anything still holding it; this process must not end
+    // while the root file system may still be on it.
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Waits until the agent listens on `socket`, or says why it cannot.
+fn wait_for_socket(
+    socket: &Path,
+    done: &std::sync::mpsc::Receiver<Result<(), agent::AgentError>>,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while !socket.exists() {
+        match done.recv_timeout(Duration::from_millis(100)) {
+            Ok(Err(e)) => return Err(anyhow!(e).context("attach the vDisk")),
+            Ok(Ok(())) => bail!("the agent stopped before it served the vDisk"),
+            Err(_) if start.elapsed() > ATTACH_PATIENCE => {
+                bail!("the vDisk was not attached within {ATTACH_PATIENCE:?}")
+            }
+            Err(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Without a farm: a plain export of the servers named.
+fn plain_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig, String)> {
+    let export = args
+        .export
+        .as_deref()
+        .context("ferry.server= needs ferry.export=NAME (the vDisk's export)")?;
+    let mode = match &args.cache {
+        Some(c) => c
+            .parse::<CacheMode>()
+            .map_err(|e| anyhow!("ferry.cache={c:?}: {e}"))?,
+        None => CacheMode::Ram,
+    };
+    let mut cfg = AgentConfig::new(args.servers.clone(), export, mode, socket);
+    cfg.device = args
+        .mac
+        .clone()
+        .unwrap_or_else(|| "diskless".to_string())
+        .replace(':', "-");
+    Ok((
+        cfg,
+        format!("export {export} of {}", args.servers.join(",")),
+    ))
+}
+
+/// With a farm: device login by MAC with the farm key (a diskless device keeps no secret).
+fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig, String)> {
+    let mac = match &args.mac {
+        Some(m) => m.clone(),
+        None => first_mac().context(
+            "no ferry.mac= on the kernel command line and no network interface with a MAC",
+        )?,
+    };
+    let ca = args
+        .ca
+        .as_ref()
+        .map(|p| read_limited(p).context("the farm's CA certificate"))
+        .transpose()?;
+    let key_path = args.key.as_ref().context(
+        "no farm key: the image's initramfs has none (ferry target install-initramfs \
+         --farm-key FILE puts it there)",
+    )?;
+    let key = agent::login::parse_farm_key(&read_limited(key_path)?)
+        .with_context(|| format!("the farm key {}", key_path.display()))?;
+    let grant = login_patiently(&args.api, &mac, &key, ca.as_deref())?;
+    if let Some(want) = args.version
+        && grant.version != want
+    {
+        tracing::warn!(
+            booted = want,
+            granted = grant.version,
+            "the farm grants another version than the boot script named (promoted meanwhile?); \
+             the kernel is the boot script's, the root the grant's"
+        );
+    }
+    let mut cfg = agent::grant::config_from_grant(&grant, socket)
+        .context("the login grant's TLS certificate")?;
+    cfg.relogin = Some(relogin(
+        args.api.clone(),
+        mac.clone(),
+        key,
+        ca.clone(),
+        &grant,
+    ));
+    let what = format!(
+        "vDisk {} version {} of device {} from {}",
+        grant.vdisk,
+        grant.version,
+        grant.device_name,
+        grant.servers.join(",")
+    );
+    agent::report::start(
+        &args.api[0],
+        ca,
+        grant.export_name.to_string(),
+        cfg.control_socket.clone(),
+    );
+    Ok((cfg, what))
+}
+
+/// Login at each API URL in turn until one answers, for up to [`LOGIN_PATIENCE`]; a
+/// refusal (wrong key, unknown device…) ends it at once.
+fn login_patiently(
+    apis: &[String],
+    mac: &str,
+    key: &[u8],
+    ca: Option<&str>,
+) -> anyhow::Result<LoginGrant> {
+    let start = Instant::now();
+    loop {
+        let mut last = None;
+        for api in apis {
+            match agent::login::login(api, mac, key, ca) {
+                Ok(g) => {
+                    tracing::info!(%api, device = %g.device_name, vdisk = %g.vdisk,
+                        version = g.version, "logged in to the farm");
+                    return Ok(g);
+                }
+                Err(e @ LoginError::Unreachable { .. }) => last = Some(e),
+                Err(e) => return Err(anyhow!(e).context(format!("device login as {mac}"))),
+            }
+        }
+        if start.elapsed() > LOGIN_PATIENCE {
+            let e = last.map_or_else(|| anyhow!("no farm API named"), |e| anyhow!(e));
+            return Err(e.context(format!(
+                "the farm's API did not answer within {LOGIN_PATIENCE:?} (server unreachable)"
+            )));
+        }
+        std::thread::sleep(LOGIN_RETRY);
+    }
+}
+
+/// Logging in again for a failover whose servers refuse the session: the same vDisk,
+/// version and cache mode only.
+fn relogin(
+    apis: Vec<String>,
+    mac: String,
+    key: Vec<u8>,
+    ca: Option<String>,
+    first: &LoginGrant,
+) -> agent::remote::Relogin {
+    let want = (first.vdisk.clone(), first.version, first.cache_mode);
+    agent::remote::Relogin(Arc::new(move || {
+        let (apis, mac, key, ca, want) = (
+            apis.clone(),
+            mac.clone(),
+            key.clone(),
+            ca.clone(),
+            want.clone(),
+        );
+        std::thread::spawn(move || {
+            let g =
+                login_patiently(&apis, &mac, &key, ca.as_deref()).map_err(|e| format!("{e:#}"))?;
+            if (g.vdisk.clone(), g.version, g.cache_mode) != want {
+                return Err(format!(
+                    "the farm now grants {} version {}; this machine keeps {} version {} \
+                     until it reboots",
+                    g.vdisk, g.version, want.0, want.1
+                ));
+            }
+            Ok(agent::remote::Session {
+                export: g.export_name.to_string(),
+                tls: agent::grant::grant_tls(&g).map_err(|e| e.to_string())?,
+            })
+        })
+        .join()
+        .map_err(|_| "login thread panicked".to_string())?
+    }))
+}
+
+/// The MAC of the first network interface that has one (not loopback).
+fn first_mac() -> Option<String> {
+    let mut names: Vec<_> = std::fs::read_dir("/sys/class/net")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .filter(|n| n != "lo")
+        .collect();
+    names.sort();
+    names.iter().find_map(|n| {
+        let text =
+            std::fs::read_to_string(Path::new("/sys/class/net").join(n).join("address")).ok()?;
+        let mac = text.trim();
+        (mac.parse::<contract::Mac>().is_ok() && mac != "00:00:00:00:00:00")
+            .then(|| mac.to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse_and_refuse_unknown_ones() {
+        let o = parse_opts(
+            ["--cmdline", "/tmp/c", "--run-dir", "/tmp/r"]
+                .into_iter()
+                .map(OsString::from),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(o.cmdline, PathBuf::from("/tmp/c"));
+        assert_eq!(o.run_dir, PathBuf::from("/tmp/r"));
+        assert!(
+            parse_opts(["--help"].into_iter().map(OsString::from))
+                .unwrap()
+                .is_none()
+        );
+        let e = parse_opts(["--bogus"].into_iter().map(OsString::from)).unwrap_err();
+        assert!(e.contains("--bogus"), "{e}");
+        let e = parse_opts(["--config"].into_iter().map(OsString::from)).unwrap_err();
+        assert!(e.contains("needs a value"), "{e}");
+    }
+}
