@@ -248,7 +248,7 @@ pub fn boot_files(root: &Path, out: &Path) -> Result<(PathBuf, PathBuf), GuestEr
         })
         .filter(|v| boot.join(format!("initrd.img-{v}")).is_file())
         .collect();
-    versions.sort_by(|a, b| version_key(a).cmp(&version_key(b)));
+    versions.sort_by_key(|v| version_key(v));
     let Some(version) = versions.pop() else {
         return Err(GuestError::Invalid(format!(
             "{} holds no vmlinuz-V with an initrd.img-V",
@@ -532,7 +532,7 @@ mod tests {
     #[test]
     fn kernel_versions_sort_numerically() {
         let mut v = vec!["6.1.0-10-amd64", "6.1.0-9-amd64"];
-        v.sort_by(|a, b| version_key(a).cmp(&version_key(b)));
+        v.sort_by_key(|v| version_key(v));
         assert_eq!(v, ["6.1.0-9-amd64", "6.1.0-10-amd64"]);
     }
 }
