@@ -23,8 +23,9 @@ const POLL: Duration = Duration::from_millis(20);
 /// The largest serial log [`Running::log`] reads (its start; a boot writes about 100 KiB).
 const LOG_BYTES_MAX: u64 = 64 << 20;
 
-/// A machine to start: `qemu-system-x86_64 -machine pc -nographic` with one virtio NIC on
-/// QEMU's user network (the host's 127.0.0.1 is 10.0.2.2 to the guest).
+/// A machine to start: `qemu-system-x86_64 -machine pc -accel tcg -nodefaults -nographic`
+/// (no display, no floppy or CD-ROM) with one virtio NIC on QEMU's user network (the host's
+/// 127.0.0.1 is 10.0.2.2 to the guest) and the serial console in a file.
 #[derive(Debug, Clone)]
 pub struct Qemu {
     serial_log: PathBuf,
@@ -135,15 +136,17 @@ impl Qemu {
             netdev.push_str(&format!(",hostfwd={}", escape_option(rule)));
         }
         let mut cmd = Command::new("qemu-system-x86_64");
+        // -nodefaults: no VGA (the guest's fbcon would draw every console line in TCG), no
+        // floppy, CD-ROM or parallel port to probe; the serial port and the NIC are named.
         cmd.args([
             "-machine",
             "pc",
             "-accel",
             "tcg",
+            "-nodefaults",
             "-nographic",
-            "-monitor",
-            "none",
         ])
+        .args(["-monitor", "none"])
         .args([
             "-m",
             &self.memory_mib.to_string(),
