@@ -184,6 +184,11 @@ impl ImageBuilder {
         dir: &Path,
         disk_bytes: u64,
     ) -> Result<GuestImage, GuestError> {
+        let started = std::time::Instant::now();
+        let step = |what: &str| {
+            let secs = started.elapsed().as_secs_f64();
+            eprintln!("guest image {}: {what} after {secs:.1} s", dir.display());
+        };
         run(Command::new("tar")
             .args([
                 "--numeric-owner",
@@ -195,6 +200,7 @@ impl ImageBuilder {
             .arg(&self.root_tar)
             .arg("-C")
             .arg(root))?;
+        step("root extracted");
         for add in &self.additions {
             put_file(root, add)?;
         }
@@ -202,11 +208,13 @@ impl ImageBuilder {
             let _mounts = Mounts::for_chroot(root)?;
             for command in &self.commands {
                 run(&mut chroot_command(root, command))?;
+                step(&format!("ran {command:?} in the root"));
             }
         }
         let (kernel, initrd) = boot_files(root, dir)?;
         let disk = dir.join("disk.raw");
         let (fs_offset, fs_bytes) = make_disk(root, &disk, disk_bytes, self.table)?;
+        step("disk made");
         Ok(GuestImage {
             disk,
             kernel,
