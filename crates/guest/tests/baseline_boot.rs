@@ -25,7 +25,8 @@ use guest::{BOOT_MARKER, DIRECT_BOOT_ARGS, ImageBuilder, Qemu, guest_root};
 /// Guard against a hung boot; a TCG boot takes about half a minute.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// One boot at a time, so that the printed times are not those of two machines on 2 cores.
+/// One test at a time, so that the printed times are not those of two machines (or a machine
+/// and an image build) on 2 cores.
 static ONE_BOOT: Mutex<()> = Mutex::new(());
 
 /// The script both boots of the local-disk test run: it leaves a file on the first boot and
@@ -44,6 +45,7 @@ fn local_virtio_disk_boots_and_keeps_a_file_over_a_reboot() {
     if !guest::can_run_or_skip("local_virtio_disk") {
         return;
     }
+    let _one = ONE_BOOT.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let image = ImageBuilder::new(guest_root())
         .version("local-1")
@@ -62,7 +64,6 @@ fn local_virtio_disk_boots_and_keeps_a_file_over_a_reboot() {
          initrd http://10.0.2.2:{port}/initrd.img\nboot\n"
     );
     std::fs::write(www.join("boot.ipxe"), script).unwrap();
-    let _one = ONE_BOOT.lock().unwrap_or_else(|e| e.into_inner());
 
     let mut outputs = Vec::new();
     for boot in ["direct", "ipxe-http"] {
@@ -105,6 +106,7 @@ fn nbdkit_root_boots_through_debians_nbd_client() {
     if !guest::can_run_or_skip("nbdkit_root") || !nbdkit_or_skip() {
         return;
     }
+    let _one = ONE_BOOT.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let image = ImageBuilder::new(guest_root())
         .version("nbdkit-1")
@@ -113,7 +115,6 @@ fn nbdkit_root_boots_through_debians_nbd_client() {
         )
         .build(dir.path())
         .unwrap();
-    let _one = ONE_BOOT.lock().unwrap_or_else(|e| e.into_inner());
     let (_nbdkit, port) = start_nbdkit(&image.disk);
 
     let append =
