@@ -12,6 +12,8 @@
 #      and schemathesis (pinned) in a venv for the API fuzz run;
 #   2c. playwright-core (pinned by web/e2e/package-lock.json) by `npm ci` into
 #      web/e2e/node_modules for the console's Chromium test, when the lock file changed;
+#   2d. the Debian 12 test OS of the QEMU boot tests (scripts/guest-root.sh), cached
+#      outside the repository and rebuilt only when its recipe changes;
 #   3. cargo fmt --check, scripts/layout-check.py (no file over 800 lines without a reason, no
 #      import cycle between the files of a crate, docs that name the tree as it is), cargo
 #      clippy -D warnings, cargo test for the whole workspace;
@@ -29,6 +31,10 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(qemu-utils libvhdi-utils fio nbdkit libnbd-bin fuse3 bzip2 postgresql python3-venv)
 # chromium: the console's end-to-end test (headless, driven by playwright-core from npm).
 APT_PACKAGES+=(chromium)
+# The QEMU boot tests (crates/guest): the machine and its NIC's iPXE ROM, iPXE's PXE/UEFI
+# binaries for TFTP, debootstrap for the Debian 12 test OS, nbd-client for the nbdkit
+# baseline, mkfs.ext4 and sfdisk for its disk, cpio for initramfs work.
+APT_PACKAGES+=(qemu-system-x86 ipxe-qemu ipxe debootstrap nbd-client e2fsprogs fdisk cpio)
 # node and npm run playwright-core; Debian's are installed only when none is on PATH.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     APT_PACKAGES+=(nodejs npm)
@@ -70,8 +76,30 @@ install_apt_packages() {
     fi
     say "installing ${missing[*]}"
     as_root apt-get update
+    # Debian 12's qemu-system-x86 depends on the qemu-utils of its own version; on a machine
+    # with a newer qemu-utils (backports) apt would remove it, so bookworm's is named in the
+    # same run (a downgrade: the image and interop suites pass with its qemu-img 7.2).
+    local extra=()
+    if [[ " ${missing[*]} " == *" qemu-system-x86 "* ]] &&
+        apt-cache policy qemu-utils | grep -q ' bookworm/main'; then
+        local kept=()
+        for pkg in "${missing[@]}"; do
+            [[ "$pkg" == qemu-utils ]] || kept+=("$pkg")
+        done
+        missing=("${kept[@]}" qemu-utils/bookworm)
+        extra=(--allow-downgrades)
+    fi
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        "${missing[@]}"
+        "${extra[@]}" "${missing[@]}"
+}
+
+# The test OS of the QEMU boot tests (scripts/guest-root.sh): built once into
+# ${FERRY_GUEST_CACHE:-~/.cache/ferry/guest} and rebuilt when the recipe changes, here as a
+# step of its own (about 3.5 minutes the first time) rather than inside the first boot test.
+build_guest_root() {
+    say "guest root for the boot tests (scripts/guest-root.sh)"
+    as_root env FERRY_GUEST_CACHE="${FERRY_GUEST_CACHE:-$HOME/.cache/ferry/guest}" \
+        bash scripts/guest-root.sh >/dev/null
 }
 
 install_rust_tools() {
@@ -146,6 +174,7 @@ install_rust_tools
 install_console_e2e
 start_postgres
 install_schemathesis
+build_guest_root
 
 say "cargo fmt --all --check"
 cargo fmt --all --check

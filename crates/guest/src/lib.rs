@@ -1,0 +1,212 @@
+//! The QEMU boot harness of Ferry's tests and boot benchmark.
+//!
+//! * [`guest_root`]: the test OS, a Debian 12 root built by `scripts/guest-root.sh` from
+//!   Debian's packages and cached as a tar outside the repository (rebuilt when the recipe
+//!   changes). It prints `FERRY-BOOT-OK version=<v>` on ttyS0 once multi-user is reached, and
+//!   runs `/etc/ferry-test.sh` at boot when present (see [`test_output`]).
+//! * [`ImageBuilder`]: a raw GPT disk image with one ext4 root partition made from that root,
+//!   with files added and commands run in it (chroot) first; gives the kernel and initramfs
+//!   of the built root beside the disk ([`GuestImage`]).
+//! * [`Qemu`]: `qemu-system-x86_64` (TCG) with the serial console in a log file, user
+//!   networking (bootfile, TFTP, host forwards), virtio disks, direct kernel boot or `-boot n`
+//!   through the NIC's iPXE ROM; [`Running::wait_for`] waits for a line on the console.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use guest::{GuestImage, ImageBuilder, Qemu, DIRECT_BOOT_ARGS, guest_root};
+//!
+//! let dir = std::path::Path::new("/tmp/boot");
+//! let image: GuestImage = ImageBuilder::new(guest_root()).version("v1").build(dir).unwrap();
+//! let mut vm = Qemu::new(dir.join("serial.log"))
+//!     .disk(&image.disk)
+//!     .direct_boot(&image.kernel, &image.initrd, &format!("root=/dev/vda1 {DIRECT_BOOT_ARGS}"))
+//!     .spawn()
+//!     .unwrap();
+//! let took = vm.wait_for("FERRY-BOOT-OK version=v1", Duration::from_secs(300)).unwrap();
+//! println!("booted in {took:?}");
+//! ```
+//!
+//! Everything here needs root (tar with owners, chroot, mounts) and the Debian packages
+//! named by [`TOOLS`]; [`missing_tools`] says what is absent so a test can follow the tool
+//! rule of docs/testing.md.
+
+#![warn(missing_docs)]
+
+mod cmd;
+mod image;
+mod qemu;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+pub use image::{
+    DEFAULT_DISK_BYTES, GuestImage, ImageBuilder, PARTITION_START, PartitionTable, boot_files,
+};
+pub use qemu::{DEFAULT_MAC, DEFAULT_MEMORY_MIB, Qemu, Running, TestOutput, test_output};
+
+/// The marker `ferry-marker.service` writes on ttyS0 after multi-user.target, followed by
+/// `version=<contents of /etc/ferry-version>`.
+pub const BOOT_MARKER: &str = "FERRY-BOOT-OK";
+
+/// The guest file holding the version the marker names.
+pub const VERSION_FILE: &str = "/etc/ferry-version";
+
+/// The guest script `ferry-test.service` runs at boot when present.
+pub const TEST_SCRIPT: &str = "/etc/ferry-test.sh";
+
+/// Kernel arguments every boot of the test OS wants besides its root: the console on the
+/// serial port the harness logs, and the root mounted writable (its fstab names nothing).
+pub const DIRECT_BOOT_ARGS: &str = "console=ttyS0 rw";
+
+/// The external tools the harness runs (Debian packages: qemu-system-x86, debootstrap,
+/// e2fsprogs, fdisk, tar, util-linux).
+pub const TOOLS: &[&str] = &[
+    "qemu-system-x86_64",
+    "debootstrap",
+    "mkfs.ext4",
+    "sfdisk",
+    "tar",
+    "chroot",
+    "mount",
+    "umount",
+    "flock",
+];
+
+/// An error of the harness.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestError {
+    /// A tool could not be started.
+    #[error("cannot run {cmd}: {source}")]
+    Spawn {
+        /// The command line.
+        cmd: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A tool ran and failed.
+    #[error("{cmd} failed ({status}): {stderr}")]
+    Tool {
+        /// The command line.
+        cmd: String,
+        /// Its exit status.
+        status: String,
+        /// The end of its stderr.
+        stderr: String,
+    },
+    /// A file operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, with the path.
+        what: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The input or the root is not as the harness needs it.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// `Io` error with context.
+pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> GuestError {
+    let what = what.into();
+    move |source| GuestError::Io { what, source }
+}
+
+/// The recipe of the test OS, `scripts/guest-root.sh` in this repository.
+pub fn recipe() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/guest-root.sh")
+}
+
+/// The tar of the test OS's root, built by [`recipe`] when the cache has none for this
+/// recipe (about 3.5 minutes; its progress goes to stderr). The cache is
+/// `${FERRY_GUEST_CACHE:-$HOME/.cache/ferry/guest}`; builds are serialized by a lock file.
+///
+/// # Panics
+/// When the recipe fails (it needs root, debootstrap and Debian's mirror): a test cannot go
+/// on without its OS, and the message carries the script's error.
+pub fn guest_root() -> PathBuf {
+    try_guest_root().unwrap_or_else(|e| panic!("the guest root could not be built: {e}"))
+}
+
+/// [`guest_root`] returning the error instead of panicking.
+pub fn try_guest_root() -> Result<PathBuf, GuestError> {
+    let recipe = recipe();
+    let shown = format!("{}", recipe.display());
+    let status = Command::new("bash")
+        .arg(&recipe)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|child| child.wait_with_output())
+        .map_err(|source| GuestError::Spawn {
+            cmd: shown.clone(),
+            source,
+        })?;
+    if !status.status.success() {
+        return Err(GuestError::Tool {
+            cmd: shown,
+            status: status.status.to_string(),
+            stderr: "see its output above".into(),
+        });
+    }
+    let path = String::from_utf8_lossy(&status.stdout)
+        .lines()
+        .last()
+        .unwrap_or("")
+        .to_owned();
+    let path = PathBuf::from(path);
+    if !path.is_file() {
+        return Err(GuestError::Invalid(format!(
+            "{shown} printed {}, which is no file",
+            path.display()
+        )));
+    }
+    Ok(path)
+}
+
+/// What the harness lacks on this machine: tools from [`TOOLS`] not on PATH, and root.
+/// Empty when everything is there.
+pub fn missing_tools() -> Vec<String> {
+    let mut missing: Vec<String> = TOOLS
+        .iter()
+        .filter(|t| !cmd::on_path(t))
+        .map(|t| (*t).to_owned())
+        .collect();
+    if !is_root() {
+        missing.push("root (tar with owners, chroot, mounts)".into());
+    }
+    missing
+}
+
+/// Whether the process runs as root (from /proc/self/status, without unsafe code).
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().nth(1))
+            .is_some_and(|euid| euid == "0")
+    })
+}
+
+/// The tool rule of docs/testing.md for boot tests: `true` when the harness can run. When it
+/// cannot, prints why and returns `false` outside CI; under `CI=true` it panics.
+pub fn can_run_or_skip(test: &str) -> bool {
+    let missing = missing_tools();
+    if missing.is_empty() {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{test}: missing under CI: {}", missing.join(", "));
+    }
+    eprintln!("{test}: skipped, missing: {}", missing.join(", "));
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recipe_is_in_the_repository() {
+        assert!(recipe().is_file(), "{}", recipe().display());
+    }
+}
