@@ -35,6 +35,9 @@ APT_PACKAGES+=(chromium)
 # binaries for TFTP, debootstrap for the Debian 12 test OS, nbd-client for the nbdkit
 # baseline, mkfs.ext4 and sfdisk for its disk, cpio for initramfs work.
 APT_PACKAGES+=(qemu-system-x86 ipxe-qemu ipxe debootstrap nbd-client e2fsprogs fdisk cpio)
+# musl-tools: musl-gcc, for the static boot agent (ferry-boot) that the QEMU boot tests put
+# into the test OS's initramfs.
+APT_PACKAGES+=(musl-tools)
 # node and npm run playwright-core; Debian's are installed only when none is on PATH.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     APT_PACKAGES+=(nodejs npm)
@@ -111,6 +114,12 @@ install_rust_tools() {
         say "adding rustfmt and clippy"
         rustup component add rustfmt clippy
     fi
+    # The boot agent (ferry-boot) is a static musl binary: its target, and musl-gcc (Debian's
+    # musl-tools, in APT_PACKAGES) for ring's C code.
+    if ! rustup target list --installed | grep -qx x86_64-unknown-linux-musl; then
+        say "adding the x86_64-unknown-linux-musl target (the boot agent)"
+        rustup target add x86_64-unknown-linux-musl
+    fi
     if [[ "${FERRY_SKIP_FUZZ:-0}" != 1 ]] && ! cargo fuzz --version >/dev/null 2>&1; then
         say "installing cargo-fuzz"
         cargo install cargo-fuzz --locked
@@ -182,6 +191,11 @@ say "scripts/layout-check.py (file lengths, import cycles, docs naming the tree)
 python3 scripts/layout-check.py
 say "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+# The boot agent the diskless boot tests install into the test OS (crates/cli/tests/netboot.rs
+# reads FERRY_BOOT_AGENT).
+say "cargo build --profile boot-agent --target x86_64-unknown-linux-musl -p boot-agent"
+cargo build --profile boot-agent --target x86_64-unknown-linux-musl -p boot-agent
+export FERRY_BOOT_AGENT="$PWD/target/x86_64-unknown-linux-musl/boot-agent/ferry-boot"
 say "cargo test --workspace${CI:+ (CI=$CI: missing tools fail)}"
 cargo test --workspace --no-fail-fast
 

