@@ -34,6 +34,9 @@ const BOOT_WAIT: Duration = Duration::from_secs(600);
 const GUEST_MIB: u32 = 768;
 /// The write cache's RAM in the farm (so 64 MiB written in the guest overflows).
 const CACHE_RAM_BYTES: &str = "16777216";
+/// A farm key of no farm, in the image beside the right one: a vDisk's boot_cmdline
+/// `ferry.key=/etc/ferry/wrong.key` makes its machines prove with it.
+const WRONG_KEY: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 /// The guest's script: whether the file of an earlier boot is there, then a write.
 const TEST_SCRIPT: &str = r#"#!/bin/sh
 if [ -e /var/lib/ferry-test/written ]; then echo WRITTEN-BEFORE=yes; else echo WRITTEN-BEFORE=no; fi
@@ -116,8 +119,8 @@ struct Farm {
     dir: PathBuf,
     api: String,
     token: String,
-    boot_port: u16,
-    servers: Vec<Option<Proc>>,
+    /// Per server: its name, NBD port, boot port and process (None once killed).
+    servers: Vec<(String, u16, u16, Option<Proc>)>,
 }
 
 impl Farm {
@@ -138,7 +141,6 @@ impl Farm {
             dir: dir.to_path_buf(),
             api: String::new(),
             token: init["admin_token"].as_str().unwrap().to_string(),
-            boot_port: 0,
             servers: Vec::new(),
         }
     }
@@ -181,19 +183,35 @@ impl Farm {
         });
         if self.servers.is_empty() {
             self.api = format!("https://127.0.0.1:{api}");
-            self.boot_port = boot;
         }
-        self.servers.push(Some(p));
+        self.servers.push((name.to_string(), nbd, boot, Some(p)));
     }
 
+    /// The boot URL of the first server still running.
     fn bootfile(&self) -> String {
-        format!("http://10.0.2.2:{}/boot/ipxe", self.boot_port)
+        let (_, _, boot, _) = self
+            .servers
+            .iter()
+            .find(|s| s.3.is_some())
+            .expect("a server runs");
+        format!("http://10.0.2.2:{boot}/boot/ipxe")
+    }
+
+    /// SIGKILL of the server whose NBD port is `nbd`; returns its name.
+    fn kill_nbd(&mut self, nbd: u16) -> String {
+        let s = self
+            .servers
+            .iter_mut()
+            .find(|s| s.1 == nbd)
+            .unwrap_or_else(|| panic!("no server on NBD port {nbd}"));
+        s.3.take().expect("running").kill();
+        s.0.clone()
     }
 }
 
 impl Drop for Farm {
     fn drop(&mut self) {
-        for p in self.servers.iter_mut().filter_map(Option::take) {
+        for p in self.servers.iter_mut().filter_map(|s| s.3.take()) {
             p.kill();
         }
     }
@@ -237,6 +255,7 @@ fn golden_image(dir: &Path, farm: &Farm) -> guest::GuestImage {
         .copy(boot_agent(), "/root/ferry-boot", 0o755)
         .copy(farm.ca(), "/root/farm-ca.pem", 0o644)
         .copy(farm.key(), "/root/farm.key", 0o600)
+        .file("/etc/ferry/wrong.key", WRONG_KEY, 0o600)
         .version("v1")
         .test_script(TEST_SCRIPT)
         .run_in_root(install)
@@ -341,6 +360,8 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
         json(&farm, &["site", "add", "hq"]);
     }
     json(&farm, &["store", "add", "main", "--path", "main"]);
+    // A copy for the bad paths, whose boot overrides change per step.
+    std::fs::copy(&golden, farm.store().join("bad.vhdx")).unwrap();
     json(
         &farm,
         &[
