@@ -238,8 +238,9 @@ fn mbr_root_partition_with_grub_defaults() {
     check_bytes(&dev, &found, &kernel, &initrd);
 }
 
-/// A GPT disk: partition 1 an ext2 /boot with two kernels, partition 2 an ext4 root.
-fn gpt_disk(t: &Path) -> (PathBuf, Vec<u8>, Vec<u8>) {
+/// A GPT disk: partition 1 an ext2 /boot with two kernels, partition 2 an ext4 root (with
+/// `root_links`, Debian's links that dangle on the root when /boot is separate).
+fn gpt_disk(t: &Path, root_links: &[(&str, &str)]) -> (PathBuf, Vec<u8>, Vec<u8>) {
     let boot = t.join("boot");
     let k10 = fake("k10", 400_000);
     let i10 = fake("i10", 90_000);
@@ -259,7 +260,7 @@ fn gpt_disk(t: &Path) -> (PathBuf, Vec<u8>, Vec<u8>) {
     tree(
         &root,
         &[("etc/hostname", b"gpt\n".to_vec())],
-        &[],
+        root_links,
         &["usr/lib", "boot"],
     );
     let boot_fs = t.join("boot.ext2");
@@ -295,7 +296,7 @@ fn gpt_boot_partition_highest_version_wins() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
-    let (raw, kernel, initrd) = gpt_disk(t.path());
+    let (raw, kernel, initrd) = gpt_disk(t.path(), &[]);
     let dev = to_vhdx(&raw, &t.path().join("disk.vhdx"));
 
     let found = find(&dev).unwrap();
@@ -316,6 +317,33 @@ fn gpt_boot_partition_highest_version_wins() {
     );
     assert_eq!(root.fs_uuid, ROOT_UUID);
     check_bytes(&dev, &found, &kernel, &initrd);
+}
+
+#[test]
+fn the_roots_dangling_link_names_the_boot_partitions_kernel() {
+    if !have_tools() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let links = [
+        ("vmlinuz", "boot/vmlinuz-6.1.0-9-amd64"),
+        ("initrd.img", "boot/initrd.img-6.1.0-9-amd64"),
+    ];
+    let (raw, _, _) = gpt_disk(t.path(), &links);
+    let dev = to_vhdx(&raw, &t.path().join("disk.vhdx"));
+
+    let found = find(&dev).unwrap();
+
+    assert_eq!(found.kernel.partition, Some(1));
+    assert_eq!(found.kernel.path, "/vmlinuz-6.1.0-9-amd64", "{found:?}");
+    assert_eq!(
+        found.initrd.as_ref().unwrap().path,
+        "/initrd.img-6.1.0-9-amd64"
+    );
+    assert_eq!(
+        read(&dev, &found.kernel, BOOT_FILE_BYTES_MAX).unwrap(),
+        fake("k9", 300_000)
+    );
 }
 
 #[test]
@@ -410,7 +438,7 @@ fn a_broken_gpt_is_a_typed_error() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
-    let (raw, _, _) = gpt_disk(t.path());
+    let (raw, _, _) = gpt_disk(t.path(), &[]);
     // Flip a byte of the first entry: the entries CRC no longer matches.
     let f = std::fs::OpenOptions::new().write(true).open(&raw).unwrap();
     use std::os::unix::fs::FileExt;
