@@ -19,7 +19,11 @@ fuzz_target!(|data: &[u8]| {
     };
     if let Ok(name) = s.parse::<ExportName>() {
         let text = name.to_string();
-        assert_eq!(text.parse::<ExportName>().as_ref(), Ok(&name), "{s:?} -> {text:?}");
+        assert_eq!(
+            text.parse::<ExportName>().as_ref(),
+            Ok(&name),
+            "{s:?} -> {text:?}"
+        );
     }
     if let Ok(mac) = s.parse::<Mac>() {
         let text = mac.to_string();

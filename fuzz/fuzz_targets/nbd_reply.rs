@@ -12,8 +12,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use nbd_proto::client::{
-    MAX_CHUNK_META_LEN, MAX_OPTION_REPLY_LEN, OptionReplyHeader, ReplyHeader,
-    parse_chunk_payload,
+    MAX_CHUNK_META_LEN, MAX_OPTION_REPLY_LEN, OptionReplyHeader, ReplyHeader, parse_chunk_payload,
 };
 
 fuzz_target!(|data: &[u8]| {

@@ -50,14 +50,20 @@ fuzz_target!(|data: &[u8]| {
             .all(|w| w[0].sequence_number.checked_add(1) == Some(w[1].sequence_number)),
         "sequence numbers are consecutive"
     );
-    let file_len = rest
-        .get(4..8)
-        .map_or(0, |b| u64::from(u32::from_le_bytes(b.try_into().expect("4 bytes"))) << 12);
+    let file_len = rest.get(4..8).map_or(0, |b| {
+        u64::from(u32::from_le_bytes(b.try_into().expect("4 bytes"))) << 12
+    });
     if let Ok(len) = replay.check_extent(file_len) {
         let bound = (file_len + log::LOG_GROWTH_MAX).next_multiple_of(vhdx::MIB);
-        assert!(len >= file_len && len <= bound, "replay grows the file too far");
+        assert!(
+            len >= file_len && len <= bound,
+            "replay grows the file too far"
+        );
         for e in entries {
-            assert!(e.last_file_offset <= len, "LastFileOffset beyond the accepted length");
+            assert!(
+                e.last_file_offset <= len,
+                "LastFileOffset beyond the accepted length"
+            );
         }
     }
     let head = entries.last().expect("non-empty");

@@ -78,6 +78,11 @@ pub enum Command {
     /// Give back the space of unused and trimmed blocks.
     #[command(after_help = "Example:\n  ferry vdisk compact golden.vhdx")]
     Compact(copy::CompactArgs),
+    /// List the kernel, initramfs, command line and root partition found in the image's own
+    /// filesystem (whole-disk ext2/3/4, or an MBR or GPT partition of it).
+    #[command(after_help = "Examples:\n  ferry vdisk boot-files golden.2.avhdx\n  \
+                            ferry vdisk boot-files golden.vhdx --json | jq -r .kernel.path")]
+    BootFiles(BootFilesArgs),
 }
 
 /// `ferry vdisk version ...`.
@@ -155,6 +160,16 @@ pub struct ReadArgs {
     pub length: u64,
 }
 
+/// Arguments of `boot-files`.
+#[derive(Debug, Args)]
+pub struct BootFilesArgs {
+    /// The image (any version of a chain; reads resolve through the chain below it).
+    pub path: PathBuf,
+    /// Print JSON on stdout instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Arguments of `write`.
 #[derive(Debug, Args)]
 pub struct WriteArgs {
@@ -183,6 +198,7 @@ pub fn run(command: Command, global: Global) -> anyhow::Result<ExitCode> {
         Command::Read(a) => read_cmd(&a).map(|()| ExitCode::SUCCESS),
         Command::Write(a) => write_cmd(&a, global).map(|()| ExitCode::SUCCESS),
         Command::Compact(a) => copy::compact(&a, global).map(|()| ExitCode::SUCCESS),
+        Command::BootFiles(a) => boot_files_cmd(&a).map(|()| ExitCode::SUCCESS),
     }
 }
 
@@ -263,6 +279,60 @@ fn check_cmd(a: &CheckArgs, global: Global) -> anyhow::Result<ExitCode> {
         print_text(&report.render());
     }
     Ok(check_status(report.clean))
+}
+
+fn boot_files_cmd(a: &BootFilesArgs) -> anyhow::Result<()> {
+    let chain = open::open(&a.path, OpenOptions::default())?;
+    let found = bootfiles::find(&chain.top())
+        .with_context(|| format!("{}: boot files", a.path.display()))?;
+    if a.json {
+        return print_json(&found);
+    }
+    print_text(&render_boot_files(&found));
+    Ok(())
+}
+
+fn render_boot_file(f: &bootfiles::BootFile) -> String {
+    let on = match f.partition {
+        Some(n) => format!("partition {n}"),
+        None => "the whole disk".to_string(),
+    };
+    let version = f
+        .version
+        .as_deref()
+        .map(|v| format!(", version {v}"))
+        .unwrap_or_default();
+    format!("{} on {on} ({}{version})", f.path, human_size(f.size))
+}
+
+fn render_boot_files(b: &bootfiles::BootFiles) -> String {
+    let table = format!("{:?}", b.table).to_lowercase();
+    let initrd = b
+        .initrd
+        .as_ref()
+        .map_or_else(|| "(none)".to_string(), render_boot_file);
+    let cmdline = b.cmdline.as_deref().unwrap_or("(none)");
+    let root = match &b.root {
+        None => "(not found)".to_string(),
+        Some(r) => {
+            let part = r
+                .partition
+                .map_or_else(|| "whole disk".to_string(), |n| format!("partition {n}"));
+            let partuuid = r
+                .partuuid
+                .as_deref()
+                .map(|p| format!(", PARTUUID={p}"))
+                .unwrap_or_default();
+            let dev = r
+                .partition
+                .map_or_else(|| "/dev/nbd0".to_string(), |n| format!("/dev/nbd0p{n}"));
+            format!("{part} (UUID={}{partuuid}; on NBD: root={dev})", r.fs_uuid)
+        }
+    };
+    format!(
+        "table:   {table}\nkernel:  {}\ninitrd:  {initrd}\ncmdline: {cmdline}\nroot:    {root}",
+        render_boot_file(&b.kernel)
+    )
 }
 
 fn version_new(a: &VersionNewArgs) -> anyhow::Result<()> {

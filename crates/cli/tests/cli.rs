@@ -143,6 +143,7 @@ fn help_of_every_command_exits_zero_with_an_example() {
         &["vdisk", "read"],
         &["vdisk", "write"],
         &["vdisk", "compact"],
+        &["vdisk", "boot-files"],
         &["quickstart"],
         &["server"],
         &["target"],
