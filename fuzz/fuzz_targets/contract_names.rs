@@ -1,16 +1,21 @@
 //! Fuzzes the names two sides of Ferry must spell alike (`contract`): export names
 //! (`NAME[@N][+DEVICE[+persistent]]`, `NAME+private`, `ferry-s-KEY`), vDisk and device names,
-//! MAC addresses and cache-mode names, as a client or a farm record may send them.
+//! MAC addresses and cache-mode names, as a client or a farm record may send them; and
+//! certificate identities (`urn:ferry:device|admin|server:NAME`), as a peer's certificate
+//! may carry them.
 //!
 //! Input: any bytes, taken as UTF-8 where they are (other bytes are refused before parsing,
 //! as the NBD server does with a name that is not UTF-8).
 //!
 //! Must hold: no panic; a parsed export name prints as a string that parses back to the same
 //! name; a parsed MAC prints in its one spelling, which parses back to the same MAC; a parsed
-//! cache mode parses back from both of its spellings.
+//! cache mode parses back from both of its spellings; a parsed identity prints as a URI that
+//! parses back to the same identity, and its name keeps the name rule.
 #![no_main]
 
-use contract::{CacheMode, DeviceName, ExportName, Mac, VdiskName};
+use contract::{
+    CacheMode, DeviceName, ExportName, IDENTITY_NAME_BYTES_MAX, Identity, Mac, VdiskName,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -33,6 +38,16 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(mode.farm_name().parse::<CacheMode>().ok(), Some(mode));
         assert_eq!(mode.cli_name().parse::<CacheMode>().ok(), Some(mode));
     }
+    if let Ok(id) = s.parse::<Identity>() {
+        let text = id.to_string();
+        assert_eq!(text.parse::<Identity>().as_ref(), Ok(&id), "{s:?} -> {text:?}");
+        if let Identity::Admin(name) | Identity::Server(name) = &id {
+            assert!(!name.is_empty() && name.len() <= IDENTITY_NAME_BYTES_MAX, "{s:?}");
+            assert!(Identity::admin(name).is_ok(), "{s:?}");
+        }
+    }
+    let _ = Identity::admin(s);
+    let _ = Identity::server(s);
     let _ = VdiskName::new(s);
     let _ = DeviceName::new(s);
 });

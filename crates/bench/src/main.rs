@@ -10,9 +10,9 @@
 //!   nbd-seq, nbd-iops, bootstorm              Ferry's NBD server (a child process,
 //!                                             `ferry-bench serve-internal`) vs nbdkit and
 //!                                             qemu-nbd: nbdcopy, fio nbd, boot-trace replay
-//!   target    `ferry target` per cache mode   the VDI workload (fio nbd) vs qemu-nbd qcow2
-//!                                             overlays, nbdkit cow; nbdkit memory and
-//!                                             io_uring O_DIRECT ceilings
+//!   target    `ferry target` per cache mode   the VDI workload (fio nbd), plain and over
+//!                                             TLS, vs qemu-nbd qcow2 overlays, nbdkit cow;
+//!                                             nbdkit memory and io_uring O_DIRECT ceilings
 //!   nbd-tls   nbdcopy and fio nbd over nbds:// Ferry with TLS vs without, vs nbdkit --tls
 //! ```
 //!

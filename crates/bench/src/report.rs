@@ -301,7 +301,7 @@ afterwards; needs about 5× the disk size free), `--runs N` (timed runs per tool
 median reported), `--threads N` and `--iops-seconds S` (random I/O workers and duration), \
 `--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls` (a run of only NBD or \
 target sections merges them into the existing file instead of rewriting it; `--only target` \
-runs the write-cache section alone, about 5 minutes; `--only nbd-tls` the TLS section alone, \
+runs the write-cache section alone, plain and over TLS, about 8 minutes; `--only nbd-tls` the TLS section alone, \
 about 8 minutes), `--nbd-size 2G`, `--boot-disk-size 4G`, \
 `--boot-scale F` (boot trace size relative to 600 MB / 70,000 reads), `--boot-clients \
 1,10,100`, `--seed N`, `--no-verify` (skip the untimed `qemu-img \

@@ -1,7 +1,10 @@
 //! The target's write caches under the VDI workload (DESIGN.md): fio's nbd engine, 4 KiB,
 //! 90% writes, 80% random, queue depth 16, against the export of `ferry target` (the agent
 //! runs in this process, attached to `ferry-bench serve-internal`), for every cache mode with
-//! a 1 GiB RAM cache and 1 GiB and 2 GiB working sets. In the same run:
+//! a 1 GiB RAM cache and 1 GiB and 2 GiB working sets, each once over plain NBD and once over
+//! TLS (the server requiring `NBD_OPT_STARTTLS`, the agent presenting an administrator's
+//! client certificate from a throwaway farm CA, [`make_cert_dir`]), the two interleaved. In
+//! the same run:
 //!
 //! ```text
 //!   peers     qemu-nbd + qcow2 overlay (backing: the raw golden) on disk, on /dev/shm
@@ -17,12 +20,13 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent::{AgentConfig, CacheMode};
 use anyhow::{Context, Result, anyhow, bail};
 
-use crate::nbd::{DataSet, Kind, Server};
+use crate::nbd::{DataSet, Kind, Server, make_cert_dir};
 use crate::{Config, note};
 
 /// The RAM cache of every case.
@@ -36,6 +40,11 @@ const GOAL_RAM_VS_PEERS: f64 = 1.5;
 const GOAL_RAM_VS_MEMORY: f64 = 0.7;
 const GOAL_DISK_VS_CEILING: f64 = 0.7;
 const GOAL_OVERFLOW_2G_VS_1G: f64 = 0.6;
+/// Goal from issue 18: the target over TLS keeps at least this share of the target without
+/// TLS, as in the nbd-tls section.
+const GOAL_TLS_VS_PLAIN: f64 = 0.8;
+/// The suffix of a TLS row's label (the plain row's label without it).
+const TLS_SUFFIX: &str = " over TLS";
 
 fn vdi_args(uri: &str, ws: u64, seconds: u64) -> Vec<String> {
     vec![
@@ -111,7 +120,13 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(cfg: &Config, port: u16, ds: &DataSet, mode: CacheMode) -> Result<Agent> {
+    fn start(
+        cfg: &Config,
+        port: u16,
+        ds: &DataSet,
+        mode: CacheMode,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> Result<Agent> {
         let sock = cfg.dir.join("target.sock");
         let mut ac = AgentConfig::new(
             vec![format!("127.0.0.1:{port}")],
@@ -129,6 +144,7 @@ impl Agent {
         }
         ac.overflow_dir = Some(cfg.dir.clone());
         ac.device = "bench".into();
+        ac.tls = tls;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -190,14 +206,43 @@ impl Drop for Peer {
 /// One timed case: IOPS, or why it was not run.
 type Case = std::result::Result<f64, String>;
 
-fn target_case(cfg: &Config, ds: &DataSet, mode: CacheMode, ws: u64) -> Result<Case> {
+/// The agent's TLS client configuration from a [`pki::CertDir`] made by [`make_cert_dir`]:
+/// the farm CA and the administrator's client certificate (as `ferry target --tls-dir`
+/// builds it).
+fn client_tls(certs: &Path) -> Result<Arc<rustls::ClientConfig>> {
+    let read = |name: &str| {
+        let p = certs.join(name);
+        std::fs::read_to_string(&p).with_context(|| format!("read {}", p.display()))
+    };
+    let (ca, cert, key) = (
+        read(pki::CA_CERT)?,
+        read(pki::CLIENT_CERT)?,
+        read(pki::CLIENT_KEY)?,
+    );
+    Ok(pki::client_config(&ca, Some((&cert, &key)))?)
+}
+
+/// The certificate directory and the agent's client configuration of the TLS cases.
+struct Tls {
+    certs: PathBuf,
+    client: Arc<rustls::ClientConfig>,
+}
+
+/// One case of `mode` and working set `ws`; over TLS with `tls`.
+fn target_case(
+    cfg: &Config,
+    ds: &DataSet,
+    mode: CacheMode,
+    ws: u64,
+    tls: Option<&Tls>,
+) -> Result<Case> {
     if mode == CacheMode::Ram && ws > RAM_BYTES {
         return Ok(Err(
             "n/a: working set over the RAM budget (ENOSPC by design)".into(),
         ));
     }
-    let srv = Server::start(Kind::Ferry, ds)?;
-    let agent = Agent::start(cfg, srv.port, ds, mode)?;
+    let srv = Server::start_with(Kind::Ferry, ds, tls.map(|t| t.certs.as_path()))?;
+    let agent = Agent::start(cfg, srv.port, ds, mode, tls.map(|t| Arc::clone(&t.client)))?;
     let uri = unix_uri(&agent.sock);
     // Diagnostics: FERRY_BENCH_NO_PREFILL=1 times a cold cache (first writes included).
     if std::env::var_os("FERRY_BENCH_NO_PREFILL").is_none() {
@@ -309,8 +354,23 @@ fn verdict(ok: bool) -> &'static str {
 /// Runs every case and renders the section.
 ///
 /// # Errors
-/// A server, the agent or fio failing.
+/// Certificates, a server, the agent or fio failing.
 pub fn target_bench(cfg: &Config, ds: &DataSet) -> Result<String> {
+    let certs = make_cert_dir(&cfg.dir.join("target-tls-certs"))?;
+    let r = client_tls(&certs).and_then(|client| {
+        let tls = Tls {
+            certs: certs.clone(),
+            client,
+        };
+        run_cases(cfg, ds, &tls)
+    });
+    if !cfg.keep {
+        let _ = std::fs::remove_dir_all(&certs);
+    }
+    r
+}
+
+fn run_cases(cfg: &Config, ds: &DataSet, tls: &Tls) -> Result<String> {
     let mut rows: Vec<(String, Vec<Case>)> = Vec::new();
     // Diagnostics: FERRY_BENCH_TARGET_MODES=ram,disk runs only those modes, and no peers.
     let only: Option<Vec<String>> = std::env::var("FERRY_BENCH_TARGET_MODES")
@@ -324,18 +384,24 @@ pub fn target_bench(cfg: &Config, ds: &DataSet) -> Result<String> {
         {
             continue;
         }
-        let mut v = Vec::new();
+        // Plain and TLS interleaved, so that both see the same load.
+        let (mut plain, mut over_tls) = (Vec::new(), Vec::new());
         for ws in WORKING_SETS {
-            let c = target_case(cfg, ds, mode, ws)?;
-            note(&format!(
-                "target {} ws {} GiB: {}",
-                mode.cli_name(),
-                ws >> 30,
-                show(&c)
-            ));
-            v.push(c);
+            for (with, v) in [(None, &mut plain), (Some(tls), &mut over_tls)] {
+                let c = target_case(cfg, ds, mode, ws, with)?;
+                note(&format!(
+                    "target {}{} ws {} GiB: {}",
+                    mode.cli_name(),
+                    if with.is_some() { TLS_SUFFIX } else { "" },
+                    ws >> 30,
+                    show(&c)
+                ));
+                v.push(c);
+            }
         }
-        rows.push((format!("ferry target `{}`", mode.cli_name()), v));
+        let label = format!("ferry target `{}`", mode.cli_name());
+        rows.push((format!("{label}{TLS_SUFFIX}"), over_tls));
+        rows.insert(rows.len() - 1, (label, plain));
     }
     if only.is_some() {
         return Ok(render(cfg, &rows, 0.0));
@@ -375,7 +441,10 @@ fn render(cfg: &Config, rows: &[(String, Vec<Case>)], disk: f64) -> String {
          harness's process, attached over loopback NBD to `ferry-bench serve-internal` serving \
          a {:.2} GiB random-data vDisk): `fio {}` after an untimed sequential 1 MiB prefill of \
          the working set, one {} s run per case, RAM cache 1 GiB, cache block 4 KiB, overflow \
-         file in the work directory. Peers and the `nbdkit memory` ceiling serve the same \
+         file in the work directory. Each mode runs twice per working set, interleaved: over \
+         plain NBD, and *over TLS* (the server requiring `NBD_OPT_STARTTLS`, rustls on both \
+         sides, the agent presenting an administrator's client certificate of a throwaway farm \
+         CA, as `ferry target --tls-dir` does). Peers and the `nbdkit memory` ceiling serve the same \
          data (raw) on unix sockets with the same workload; the disk ceiling is `fio \
          --ioengine=io_uring --direct=1 --rw=randwrite --bs=4k --iodepth=16` on a 1 GiB file \
          in the work directory. IOPS are reads + writes.\n",
@@ -433,5 +502,95 @@ fn render(cfg: &Config, rows: &[(String, Vec<Case>)], disk: f64) -> String {
         verdict(q3 >= GOAL_DISK_VS_CEILING),
         verdict(q4 >= GOAL_OVERFLOW_2G_VS_1G),
     );
+    render_tls(rows, &mut out);
     out
+}
+
+/// TLS ÷ plain per mode and working set, from the rows of [`run_cases`]: the table, and
+/// the lowest ratio against [`GOAL_TLS_VS_PLAIN`].
+fn render_tls(rows: &[(String, Vec<Case>)], out: &mut String) {
+    let _ = writeln!(
+        out,
+        "| workload | TLS ÷ plain, 1 GiB working set | TLS ÷ plain, 2 GiB working set |\n\
+         |---|---:|---:|"
+    );
+    let mut lowest: Option<f64> = None;
+    for (name, tls) in rows {
+        let Some(plain_name) = name.strip_suffix(TLS_SUFFIX) else {
+            continue;
+        };
+        let Some((_, plain)) = rows.iter().find(|(n, _)| n == plain_name) else {
+            continue;
+        };
+        let cells: Vec<String> = plain
+            .iter()
+            .zip(tls)
+            .map(|(p, t)| match tls_ratio(p, t) {
+                Some(q) => {
+                    lowest = Some(lowest.map_or(q, |l| l.min(q)));
+                    format!("{q:.2}")
+                }
+                None => "n/a".into(),
+            })
+            .collect();
+        let _ = writeln!(out, "| {plain_name} | {} |", cells.join(" | "));
+    }
+    match lowest {
+        Some(q) => {
+            let _ = writeln!(
+                out,
+                "\n- TLS ÷ plain, lowest over the workloads = **{q:.2}** (goal ≥ \
+                 {GOAL_TLS_VS_PLAIN}: {})\n",
+                verdict(q >= GOAL_TLS_VS_PLAIN)
+            );
+        }
+        None => out.push_str("\n- TLS ÷ plain: no workload ran both ways\n\n"),
+    }
+}
+
+/// A TLS case's IOPS ÷ its plain twin's; `None` when either did not run.
+fn tls_ratio(plain: &Case, tls: &Case) -> Option<f64> {
+    match (plain, tls) {
+        (Ok(p), Ok(t)) if *p > 0.0 => Some(t / p),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str, v: [Case; 2]) -> (String, Vec<Case>) {
+        (name.to_string(), v.to_vec())
+    }
+
+    #[test]
+    fn tls_ratio_needs_both_cases_and_a_plain_figure() {
+        assert_eq!(tls_ratio(&Ok(100.0), &Ok(80.0)), Some(0.8));
+        assert_eq!(tls_ratio(&Ok(0.0), &Ok(80.0)), None);
+        assert_eq!(tls_ratio(&Err("n/a".into()), &Err("n/a".into())), None);
+    }
+
+    #[test]
+    fn the_tls_table_pairs_each_mode_with_its_plain_twin_and_judges_the_lowest() {
+        let rows = [
+            row("ferry target `ram`", [Ok(1000.0), Err("n/a".into())]),
+            row(
+                "ferry target `ram` over TLS",
+                [Ok(900.0), Err("n/a".into())],
+            ),
+            row("ferry target `disk`", [Ok(500.0), Ok(400.0)]),
+            row("ferry target `disk` over TLS", [Ok(350.0), Ok(400.0)]),
+            row("nbdkit cow", [Ok(700.0), Ok(600.0)]),
+        ];
+        let mut out = String::new();
+        render_tls(&rows, &mut out);
+        assert!(out.contains("| ferry target `ram` | 0.90 | n/a |"), "{out}");
+        assert!(
+            out.contains("| ferry target `disk` | 0.70 | 1.00 |"),
+            "{out}"
+        );
+        assert!(!out.contains("nbdkit"), "{out}");
+        assert!(out.contains("**0.70** (goal ≥ 0.8: **not met**)"), "{out}");
+    }
 }

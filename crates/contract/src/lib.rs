@@ -10,6 +10,7 @@
 //! name.rs         VdiskName, DeviceName: the names an export name is made of
 //! export.rs       ExportName: NAME[@N][+DEVICE[+persistent]] | NAME+private | ferry-s-KEY
 //! mac.rs          Mac: a MAC address, normalized to aa:bb:cc:dd:ee:ff
+//! identity.rs     Identity: who a certificate names, urn:ferry:device|admin|server:NAME
 //! cache_mode.rs   CacheMode: where a device's writes go; farm (snake) and CLI (kebab) names
 //! access.rs       AccessMode: who may boot a version
 //! login.rs        device login: the JSON of /login/challenge and /login, and the proof
@@ -25,6 +26,7 @@
 //!            exports), login (server side), name::check_plain_name (every object's name)
 //!   api      login (request bodies and schemas), ExportName (status reports), ErrorChain
 //!   cli      ExportName + DeviceName (session grant -> registry export), CacheMode, Mac
+//!   pki      Identity (the SAN URI of every certificate it issues or reads back)
 //!   all      ErrorChain
 //! ```
 //!
@@ -38,6 +40,7 @@ pub mod access;
 pub mod cache_mode;
 pub mod error_chain;
 pub mod export;
+pub mod identity;
 pub mod login;
 pub mod mac;
 pub mod name;
@@ -46,5 +49,6 @@ pub use access::AccessMode;
 pub use cache_mode::{CacheMode, CacheModeError};
 pub use error_chain::ErrorChain;
 pub use export::{ExportName, ExportNameError, SESSION_EXPORT_PREFIX, SessionKey};
+pub use identity::{IDENTITY_NAME_BYTES_MAX, IDENTITY_URI_PREFIX, Identity, IdentityError};
 pub use mac::{Mac, MacError};
 pub use name::{DeviceName, NameError, VdiskName};

@@ -9,7 +9,7 @@
 //! anyone.
 //!
 //! ```text
-//! identity.rs   Identity (device / admin / server) ◄─► SAN URI urn:ferry:KIND:NAME
+//! identity.rs   identity_of: a certificate's SAN URI urn:ferry:KIND:NAME ─► Identity (contract)
 //! authority.rs  Authority: make or load the CA, issue server and client certificates
 //! tls.rs        rustls ServerConfig / ClientConfig from PEM text (ring provider)
 //! files.rs      CertDir: the on-disk layout the NBD tools read (keys 0600, dir 0700)
@@ -27,5 +27,5 @@ pub use authority::{
     Authority, CA_VALIDITY, DEVICE_CERT_VALIDITY, Issued, PkiError, SERVER_CERT_VALIDITY,
 };
 pub use files::{CA_CERT, CLIENT_CERT, CLIENT_KEY, CertDir, SERVER_CERT, SERVER_KEY};
-pub use identity::{Identity, IdentityError, identity_of};
+pub use identity::{IDENTITY_NAME_BYTES_MAX, Identity, IdentityError, identity_of};
 pub use tls::{TlsError, client_config, server_config};
