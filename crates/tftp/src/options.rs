@@ -217,6 +217,9 @@ pub struct Negotiated {
 /// `max_blksize`, windowsize at `max_windowsize` and so that a window is at most
 /// `max_window_bytes` (at least one block), tsize answers the file size, and timeout is
 /// granted as asked.
+///
+/// tsize is left out of the OACK for an empty file: curl (7.88 at least) takes `tsize 0` in
+/// an OACK as an illegal operation, and RFC 2347 lets a server leave any option out.
 pub fn negotiate(req: &Options, file_size: u64, b: &Bounds) -> Negotiated {
     let max_blksize = b.max_blksize.clamp(BLKSIZE_MIN, BLKSIZE_MAX);
     let blksize = req.blksize.map(|n| n.min(max_blksize));
@@ -228,7 +231,7 @@ pub fn negotiate(req: &Options, file_size: u64, b: &Bounds) -> Negotiated {
     let oack = Options {
         blksize,
         timeout: req.timeout,
-        tsize: req.tsize.map(|_| file_size),
+        tsize: req.tsize.filter(|_| file_size > 0).map(|_| file_size),
         windowsize,
     };
     Negotiated {
@@ -359,6 +362,15 @@ mod tests {
                 windowsize: Some(44),
             }
         );
+        let empty = negotiate(
+            &Options {
+                tsize: Some(0),
+                ..Options::default()
+            },
+            0,
+            &BOUNDS,
+        );
+        assert!(empty.oack.is_empty());
         let plain = negotiate(&Options::default(), 7, &BOUNDS);
         assert!(plain.oack.is_empty());
         assert_eq!((plain.blksize, plain.windowsize), (512, 1));
