@@ -11,22 +11,26 @@
 //! packet    PURE. Parse and encode RRQ, WRQ, DATA, ACK, ERROR, OACK; named limits.
 //! options   PURE. The option list, known options and their ranges, negotiate().
 //! sender    PURE. One transfer's window / retransmission / rollover state machine (takes now).
+//! config    Config: the server's settings and limits, their defaults.
 //! counters  Atomic counters and their snapshot; the token bucket for logs and replies.
 //! source    FileSource trait, TftpFile, DirSource (openat2 RESOLVE_BENEATH, regular files).
-//! server    The listening socket: judge each datagram, limits, spawn transfers.
+//! shared    What the listener and transfers share: slots (limits), reply and log buckets.
+//! server    The listening socket: judge each datagram, take a slot, spawn transfers.
 //! transfer  One transfer on its own socket: open, negotiate, drive the sender.
 //! ```
 //!
 //! `packet`, `options` and `sender` do no I/O and use no clock of their own; `server` and
-//! `transfer` are the only modules that touch sockets and tokio.
+//! `transfer` are the only modules that touch sockets (`shared` sends ERROR replies for them).
 #![forbid(unsafe_code)]
 #![warn(missing_docs, clippy::cast_possible_truncation)]
 
+pub mod config;
 pub mod counters;
 pub mod options;
 pub mod packet;
 pub mod sender;
 pub mod server;
+mod shared;
 pub mod source;
 mod transfer;
 

@@ -18,177 +18,20 @@
 //! ERROR replies from the listening socket and per-request logs go through token buckets,
 //! so hostile traffic can neither amplify nor flood the log.
 
-use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::net::UdpSocket;
 use tokio::task::JoinSet;
 
+pub use crate::config::{Config, LOGGED_STRING_MAX};
 use crate::counters::{Counters, RateLimit, Rejected};
-use crate::options::{BLKSIZE_MAX, Bounds};
-use crate::packet::{ErrorCode, MAX_REQUEST_LEN, Mode, Packet, PacketError, clip, encode_error};
+use crate::packet::{ErrorCode, MAX_REQUEST_LEN, Mode, Packet, PacketError, clip};
+use crate::shared::{Shared, Slot, Slots};
 use crate::source::FileSource;
-
-/// Default most transfers at once.
-pub const MAX_TRANSFERS_DEFAULT: usize = 128;
-/// Default most transfers at once per client IP address.
-pub const MAX_TRANSFERS_PER_CLIENT_DEFAULT: usize = 8;
-/// Default largest file served.
-pub const MAX_FILE_SIZE_DEFAULT: u64 = 1 << 30;
-/// Default largest window size granted.
-pub const MAX_WINDOWSIZE_DEFAULT: u16 = 64;
-/// Default largest window in bytes (what one retransmission re-reads).
-pub const MAX_WINDOW_BYTES_DEFAULT: usize = 1 << 20;
-/// Default retransmission timeout when the client sets none.
-pub const TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
-/// Default retransmissions in a row before a transfer is abandoned.
-pub const MAX_RETRIES_DEFAULT: u32 = 5;
-/// Default longest transfer.
-pub const TRANSFER_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30 * 60);
-/// Default ERROR replies per second to hostile or refused packets (and their burst).
-pub const ERROR_REPLIES_PER_SECOND_DEFAULT: u32 = 100;
-/// Default log lines per second about single requests (and their burst).
-pub const LOGS_PER_SECOND_DEFAULT: u32 = 10;
-/// Characters of a client-sent string (file name, error message) put in a log line.
-pub const LOGGED_STRING_MAX: usize = 64;
-
-/// The server's settings and limits.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Most transfers at once; more requests are refused (`limit`).
-    pub max_transfers: usize,
-    /// Most transfers at once per client IP address.
-    pub max_transfers_per_client: usize,
-    /// Largest file served; larger ones are refused (`too_large`).
-    pub max_file_size: u64,
-    /// Bounds of negotiated blksize and windowsize.
-    pub bounds: Bounds,
-    /// Retransmission timeout when the client sets none (the `timeout` option overrides it).
-    pub timeout: Duration,
-    /// Retransmissions in a row without progress before a transfer is abandoned.
-    pub max_retries: u32,
-    /// Longest a transfer may run.
-    pub transfer_timeout: Duration,
-    /// ERROR replies per second to refused packets (burst the same).
-    pub error_replies_per_second: u32,
-    /// Log lines per second about single requests (burst twice that).
-    pub logs_per_second: u32,
-}
-
-impl Default for Config {
-    fn default() -> Config {
-        Config {
-            max_transfers: MAX_TRANSFERS_DEFAULT,
-            max_transfers_per_client: MAX_TRANSFERS_PER_CLIENT_DEFAULT,
-            max_file_size: MAX_FILE_SIZE_DEFAULT,
-            bounds: Bounds {
-                max_blksize: BLKSIZE_MAX,
-                max_windowsize: MAX_WINDOWSIZE_DEFAULT,
-                max_window_bytes: MAX_WINDOW_BYTES_DEFAULT,
-            },
-            timeout: TIMEOUT_DEFAULT,
-            max_retries: MAX_RETRIES_DEFAULT,
-            transfer_timeout: TRANSFER_TIMEOUT_DEFAULT,
-            error_replies_per_second: ERROR_REPLIES_PER_SECOND_DEFAULT,
-            logs_per_second: LOGS_PER_SECOND_DEFAULT,
-        }
-    }
-}
-
-/// Transfers in progress: per client address and port, and per client IP.
-#[derive(Debug, Default)]
-struct Slots {
-    peers: HashSet<SocketAddr>,
-    per_ip: HashMap<IpAddr, usize>,
-}
-
-impl Slots {
-    fn try_take(&mut self, peer: SocketAddr, c: &Config) -> Result<(), Rejected> {
-        if self.peers.contains(&peer) {
-            return Err(Rejected::Unexpected);
-        }
-        let ip = self.per_ip.get(&peer.ip()).copied().unwrap_or(0);
-        if self.peers.len() >= c.max_transfers || ip >= c.max_transfers_per_client {
-            return Err(Rejected::Limit);
-        }
-        self.peers.insert(peer);
-        *self.per_ip.entry(peer.ip()).or_insert(0) += 1;
-        Ok(())
-    }
-
-    fn release(&mut self, peer: SocketAddr) {
-        if self.peers.remove(&peer)
-            && let Some(n) = self.per_ip.get_mut(&peer.ip())
-        {
-            *n -= 1;
-            if *n == 0 {
-                self.per_ip.remove(&peer.ip());
-            }
-        }
-    }
-}
-
-/// What the listener and every transfer share.
-pub(crate) struct Shared {
-    pub(crate) config: Config,
-    pub(crate) counters: Arc<Counters>,
-    pub(crate) source: Arc<dyn FileSource>,
-    slots: Mutex<Slots>,
-    replies: Mutex<RateLimit>,
-    logs: Mutex<RateLimit>,
-}
-
-impl Shared {
-    /// `Some(suppressed)` when a per-request log line may be written now.
-    pub(crate) fn log_allowed(&self) -> Option<u64> {
-        let mut l = self.logs.lock().unwrap_or_else(PoisonError::into_inner);
-        l.allow(Instant::now())
-    }
-
-    /// Sends ERROR `code` to `to` from `socket` if the reply budget allows; counts it.
-    pub(crate) async fn reply_error(
-        &self,
-        socket: &UdpSocket,
-        to: SocketAddr,
-        code: ErrorCode,
-        message: &str,
-    ) {
-        let allowed = {
-            let mut r = self.replies.lock().unwrap_or_else(PoisonError::into_inner);
-            r.allow(Instant::now()).is_some()
-        };
-        if !allowed {
-            Counters::inc(&self.counters.errors_suppressed);
-            return;
-        }
-        let mut buf = Vec::with_capacity(64);
-        encode_error(code, message, &mut buf);
-        if socket.send_to(&buf, to).await.is_ok() {
-            Counters::inc(&self.counters.errors_sent);
-        }
-    }
-}
-
-/// A taken transfer slot; dropping it frees the slot.
-pub(crate) struct Slot {
-    shared: Arc<Shared>,
-    peer: SocketAddr,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut s = self
-            .shared
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        s.release(self.peer);
-    }
-}
 
 /// A bound TFTP server.
 pub struct Server {
@@ -419,33 +262,5 @@ mod tests {
             Verdict::Refuse(Rejected::Unexpected, None)
         );
         assert!(matches!(judge(b"\0\x01f\0OCTET\0"), Verdict::Serve(_)));
-    }
-
-    #[test]
-    fn slots_limit_per_client_and_overall() {
-        let c = Config {
-            max_transfers: 3,
-            max_transfers_per_client: 2,
-            ..Config::default()
-        };
-        let mut s = Slots::default();
-        let a1: SocketAddr = "10.0.0.1:1000".parse().unwrap();
-        let a2: SocketAddr = "10.0.0.1:1001".parse().unwrap();
-        let a3: SocketAddr = "10.0.0.1:1002".parse().unwrap();
-        let b1: SocketAddr = "10.0.0.2:1000".parse().unwrap();
-        let c1: SocketAddr = "10.0.0.3:1000".parse().unwrap();
-        assert_eq!(s.try_take(a1, &c), Ok(()));
-        assert_eq!(s.try_take(a1, &c), Err(Rejected::Unexpected));
-        assert_eq!(s.try_take(a2, &c), Ok(()));
-        assert_eq!(s.try_take(a3, &c), Err(Rejected::Limit));
-        assert_eq!(s.try_take(b1, &c), Ok(()));
-        assert_eq!(s.try_take(c1, &c), Err(Rejected::Limit));
-        s.release(a1);
-        s.release(a1);
-        assert_eq!(s.try_take(a3, &c), Ok(()));
-        s.release(a2);
-        s.release(a3);
-        s.release(b1);
-        assert!(s.peers.is_empty() && s.per_ip.is_empty());
     }
 }

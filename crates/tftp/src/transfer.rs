@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 use tokio::net::UdpSocket;
 use tokio::time::sleep_until;
 
+use crate::config::LOGGED_STRING_MAX;
 use crate::counters::{Counters, Rejected};
 use crate::options::negotiate;
 use crate::packet::{ErrorCode, MAX_PACKET_LEN, Packet, Request, clip, encode_data_header};
 use crate::sender::{AckOutcome, Sender, Transmit, wire_block};
-use crate::server::{LOGGED_STRING_MAX, Shared, Slot};
+use crate::shared::{Shared, Slot};
 use crate::source::TftpFile;
 
 /// How a transfer ended, for the counters and the log.
