@@ -106,7 +106,10 @@ fn malformed_packets_are_dropped_or_answered_and_counted() {
     let mut long = b"\0\x01".to_vec();
     long.resize(600, b'a');
     expect_error(&server, &long, ErrorCode::IllegalOperation);
-    let s = server.wait_for("every packet counted", |s| s.datagrams == 15);
+    // errors_sent counts after the send returns, so possibly after the client has the reply.
+    let s = server.wait_for("every packet counted", |s| {
+        s.datagrams == 15 && s.errors_sent == 9
+    });
     assert_eq!(rejected(&s, Rejected::Short), 4);
     assert_eq!(rejected(&s, Rejected::Unexpected), 2);
     assert_eq!(rejected(&s, Rejected::UnknownOpcode), 2);
