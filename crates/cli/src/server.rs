@@ -98,6 +98,13 @@ pub struct Args {
     /// Refuse every NBD option before STARTTLS ([tls] required).
     #[arg(long)]
     pub tls_required: bool,
+    /// Serve TFTP (read-only) on this UDP address, e.g. 0.0.0.0:69, so PXE firmware can
+    /// fetch iPXE; off by default. Needs --tftp-root.
+    #[arg(long, value_name = "ADDR:PORT", requires = "tftp_root")]
+    pub tftp_listen: Option<SocketAddr>,
+    /// The directory served over TFTP, e.g. /usr/lib/ipxe (Debian's ipxe package).
+    #[arg(long, value_name = "DIR", requires = "tftp_listen")]
+    pub tftp_root: Option<PathBuf>,
 }
 
 impl Args {
@@ -143,6 +150,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         .build()
         .context("start async runtime")?;
     let mut config = a.config()?;
+    let tftp = crate::server_boot::Tftp::from_flags(a.tftp_listen, a.tftp_root.as_deref())?;
     // Before anything else: the API's own certificate, if given.
     let api_tls_given = match (&a.farm, &a.api_tls_dir) {
         (Some(_), Some(dir)) => Some(crate::server_farm::api_tls_from_dir(dir)?),
@@ -206,7 +214,13 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         crate::server_farm::close_ended_sessions(f, &registry, runtime.handle());
     }
     let api = farm.map(|f| (f, a.api_listen, api_tls));
-    let result = runtime.block_on(serve(resolved, registry, Arc::new(Metrics::new()), api));
+    let result = runtime.block_on(serve(
+        resolved,
+        registry,
+        Arc::new(Metrics::new()),
+        api,
+        tftp,
+    ));
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     result?;
     Ok(ExitCode::SUCCESS)
@@ -230,6 +244,7 @@ async fn serve(
         SocketAddr,
         Option<Arc<rustls::ServerConfig>>,
     )>,
+    tftp: Option<crate::server_boot::Tftp>,
 ) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     watch_signals(stop_tx)?;
@@ -266,11 +281,21 @@ async fn serve(
         ),
         None => None,
     };
+    let tftp = match tftp {
+        Some(t) => Some(t.start(stopped(stop_rx.clone())).await?),
+        None => None,
+    };
     log_startup(&r, &registry, &nbd, metrics_listener.as_ref()).await;
     let metrics_task = metrics_listener.map(|l| {
         let (reg, m) = (registry.clone(), Arc::clone(&metrics));
-        let render: server::http::Render =
-            Arc::new(move || m.render(&reg.cache().stats(), &reg.stats()));
+        let tftp_counters = tftp.as_ref().map(|t| Arc::clone(&t.counters));
+        let render: server::http::Render = Arc::new(move || {
+            let mut text = m.render(&reg.cache().stats(), &reg.stats());
+            if let Some(c) = &tftp_counters {
+                crate::server_boot::render_metrics(c, &mut text);
+            }
+            text
+        });
         tokio::spawn(server::http::serve_metrics(
             l,
             render,
@@ -285,6 +310,9 @@ async fn serve(
     }
     if let Some(task) = api_task {
         let _ = task.await;
+    }
+    if let Some(t) = tftp {
+        t.join().await;
     }
     tracing::info!("server stopped");
     Ok(())
