@@ -380,33 +380,45 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     json(
         &farm,
         &[
-            "collection",
+            "farm",
+            "vdisk",
             "add",
-            "lab",
-            "--site",
+            "bad",
+            "--store",
             "1",
-            "--vdisk",
-            "debian",
+            "--ram-bytes",
+            CACHE_RAM_BYTES,
         ],
     );
-    let mac1 = "52:54:00:f0:00:01";
-    json(
-        &farm,
-        &[
+    let lab = [
+        "collection",
+        "add",
+        "lab",
+        "--site",
+        "1",
+        "--vdisk",
+        "debian",
+    ];
+    json(&farm, &lab);
+    let add = |farm: &Farm, mac: &str, name: &str, vdisk: &str| {
+        let a = [
             "device",
             "add",
-            mac1,
+            mac,
             "--name",
-            "pc1",
+            name,
             "--collection",
             "1",
             "--vdisk",
-            "debian",
+            vdisk,
             "--type",
             "production",
             "--diskless",
-        ],
-    );
+        ];
+        json(farm, &a);
+    };
+    let mac1 = "52:54:00:f0:00:01";
+    add(&farm, mac1, "pc1", "debian");
 
     // 1. First boot: multi-user, a file written, 64 MiB past the RAM into the overflow.
     let mut vm = machine(dir, &farm, mac1, "first");
@@ -443,4 +455,170 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
         out.text
     );
     vm.kill();
+
+    // 3. A new version, changed (its /etc/ferry-version says v2) and promoted to
+    //    production: the next boot of the production device runs it.
+    let v = json(&farm, &["version", "new", "--vdisk", "debian"]);
+    let file = farm
+        .store()
+        .join(v["file_name"].as_str().expect("version file name"));
+    let changed = dir.join("v2.raw");
+    std::fs::copy(&image.disk, &changed).unwrap();
+    set_version_file(&changed, image.fs_offset, "v2", dir);
+    write_changes(&image.disk, &changed, &file);
+    std::fs::remove_file(&changed).unwrap();
+    json(&farm, &["version", "promote", "1", "--vdisk", "debian"]);
+    let p = json(&farm, &["version", "promote", "1", "--vdisk", "debian"]);
+    assert_eq!(p["access"], "production", "{p}");
+    let mut vm = machine(dir, &farm, mac1, "promoted");
+    booted(&mut vm, "after the promotion", "v2");
+    vm.kill();
+
+    // 4. Two servers; the one the machine streams from is killed once its root is
+    //    attached, before systemd reaches multi-user: the boot completes from the other.
+    farm.start_server("s2");
+    let mut vm = machine(dir, &farm, mac1, "failover");
+    if let Err(e) = vm.wait_for("ferry-boot: /dev/nbd0 is", BOOT_WAIT) {
+        panic!("failover: the agent never attached: {e}");
+    }
+    let serving = serving_port(&vm.log());
+    let killed = farm.kill_nbd(serving);
+    println!(
+        "failover: killed {killed} (NBD port {serving}) after {:?}",
+        vm.elapsed()
+    );
+    booted(&mut vm, "failover", "v2");
+    vm.kill();
+
+    // 5. Four machines at once.
+    let macs = [
+        mac1,
+        "52:54:00:f0:00:02",
+        "52:54:00:f0:00:03",
+        "52:54:00:f0:00:04",
+    ];
+    for (i, mac) in macs.iter().enumerate().skip(1) {
+        add(&farm, mac, &format!("pc{}", i + 1), "debian");
+    }
+    let mut vms: Vec<_> = macs
+        .iter()
+        .enumerate()
+        .map(|(i, mac)| machine(dir, &farm, mac, &format!("four-{i}")))
+        .collect();
+    for (i, vm) in vms.iter_mut().enumerate() {
+        booted(vm, &format!("four at once, machine {i}"), "v2");
+    }
+    drop(vms);
+
+    // 6. Bad paths: a message on the console, never a hang.
+    // An unknown MAC: iPXE says why and powers the machine off.
+    let mut vm = machine(dir, &farm, "52:54:00:f0:00:99", "unknown");
+    expect_message(&mut vm, "unknown MAC", "Ferry: this machine cannot boot");
+    if let Err(e) = vm.wait_exit(BOOT_WAIT) {
+        panic!("unknown MAC: the machine did not power off: {e}");
+    }
+    // A wrong farm key in the image (valid, of no farm).
+    let bad_mac = "52:54:00:f0:00:05";
+    add(&farm, bad_mac, "bad1", "bad");
+    let set = |args: &str| {
+        json(
+            &farm,
+            &["farm", "vdisk", "set", "bad", "--boot-cmdline", args],
+        );
+    };
+    set("ferry.key=/etc/ferry/wrong.key");
+    let mut vm = machine(dir, &farm, bad_mac, "wrong-key");
+    expect_message(
+        &mut vm,
+        "wrong farm key",
+        "ferry-boot: cannot boot: device login",
+    );
+    expect_message(&mut vm, "wrong farm key", "Ferry: this machine cannot boot");
+    vm.kill();
+    // The farm's API unreachable.
+    set("ferry.api=https://10.0.2.2:9");
+    let mut vm = machine(dir, &farm, bad_mac, "unreachable");
+    expect_message(&mut vm, "unreachable", "(server unreachable)");
+    vm.kill();
+    // The version's file deleted from the store.
+    std::fs::remove_file(farm.store().join("bad.vhdx")).unwrap();
+    let mut vm = machine(dir, &farm, bad_mac, "deleted");
+    expect_message(
+        &mut vm,
+        "deleted version",
+        "Ferry: this machine cannot boot",
+    );
+    if let Err(e) = vm.wait_exit(BOOT_WAIT) {
+        panic!("deleted version: the machine did not power off: {e}");
+    }
+}
+
+fn expect_message(vm: &mut guest::Running, step: &str, text: &str) {
+    if let Err(e) = vm.wait_for(text, BOOT_WAIT) {
+        panic!("{step}: no {text:?} on the console: {e}");
+    }
+    println!("{step}: {text:?} on the console after {:?}", vm.elapsed());
+}
+
+/// The NBD port the agent streams from: the first server of its "… from A,B" line.
+fn serving_port(log: &str) -> u16 {
+    let line = log
+        .lines()
+        .find(|l| l.contains("ferry-boot: /dev/nbd0 is"))
+        .expect("the agent's line");
+    let from = line.split(" from ").nth(1).expect("servers in the line");
+    let first = from.split([',', ' ']).next().unwrap_or_default();
+    first
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"))
+}
+
+/// Writes `version` into /etc/ferry-version of the ext4 file system at `offset` of the raw
+/// disk `raw` (a loop mount).
+fn set_version_file(raw: &Path, offset: u64, version: &str, dir: &Path) {
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-o", &format!("loop,offset={offset}")])
+        .arg(raw)
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mount {}", raw.display());
+    std::fs::write(mnt.join("etc/ferry-version"), format!("{version}\n")).unwrap();
+    let ok = std::process::Command::new("umount")
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "umount");
+}
+
+/// Writes the 64 KiB chunks of `new` that differ from `old` into the image `file` (a
+/// version's differencing file), as a maintenance device would have.
+fn write_changes(old: &Path, new: &Path, file: &Path) {
+    use std::io::Read;
+    const CHUNK: usize = 64 << 10;
+    let mut a = std::fs::File::open(old).unwrap();
+    let mut b = std::fs::File::open(new).unwrap();
+    let (mut x, mut y) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
+    let mut changed = 0;
+    interop::session(file, |d| {
+        let mut offset = 0u64;
+        loop {
+            let n = a.read(&mut x).unwrap();
+            if n == 0 {
+                break;
+            }
+            b.read_exact(&mut y[..n]).unwrap();
+            if x[..n] != y[..n] {
+                d.write_at(&y[..n], offset).unwrap();
+                changed += 1;
+            }
+            offset += n as u64;
+        }
+    });
+    assert!(changed > 0, "the new version changed nothing");
+    println!("the new version: {changed} chunks of 64 KiB changed");
 }
