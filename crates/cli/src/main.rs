@@ -43,6 +43,7 @@ mod farm_objects;
 mod progress;
 mod quickstart;
 mod server;
+mod server_boot_http;
 mod server_farm;
 mod server_tls;
 mod size;
