@@ -31,9 +31,9 @@ use axum::routing::get;
 use farm::boot::{BootPlan, BootTarget};
 use tokio::sync::Semaphore;
 
-pub use crate::boot_source::{BootFileKind, BootInfo, BootOverrides, BootSource};
 use crate::boot_cache::{self, CacheKey};
 use crate::boot_script::{self, DeviceScript};
+pub use crate::boot_source::{BootFileKind, BootInfo, BootOverrides, BootSource};
 
 /// The most boot requests served at once; more are answered 503 at once.
 pub const REQUESTS_MAX: usize = 64;
@@ -158,7 +158,10 @@ pub async fn serve(
 async fn bounded(State(s): State<BootState>, req: Request, next: Next) -> Response {
     let Ok(_permit) = Arc::clone(&s.requests).try_acquire_owned() else {
         s.counters.busy.fetch_add(1, Ordering::Relaxed);
-        return text(StatusCode::SERVICE_UNAVAILABLE, "boot service busy; try again\n");
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "boot service busy; try again\n",
+        );
     };
     next.run(req).await
 }
@@ -255,7 +258,10 @@ async fn device(State(s): State<BootState>, UrlPath(mac): UrlPath<String>) -> Re
         }
         Err(e) => {
             tracing::error!(mac, error = %e, "boot plan failed");
-            return s.refuse(&mac, "the farm could not decide (server error: see its log)");
+            return s.refuse(
+                &mac,
+                "the farm could not decide (server error: see its log)",
+            );
         }
     };
     let t = match plan {

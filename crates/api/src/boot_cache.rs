@@ -96,9 +96,7 @@ pub fn store(dir: &Path, key: &CacheKey, kind: BootFileKind, bytes: &[u8]) -> st
     for entry in std::fs::read_dir(dir)?.flatten() {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        let stale = name.starts_with(&key.prefix)
-            && name.ends_with(&suffix)
-            && entry.path() != to;
+        let stale = name.starts_with(&key.prefix) && name.ends_with(&suffix) && entry.path() != to;
         if stale {
             let _ = std::fs::remove_file(entry.path());
         }

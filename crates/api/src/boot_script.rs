@@ -21,7 +21,8 @@ pub const REASON_CHARS_MAX: usize = 400;
 pub const CMDLINE_BYTES_MAX: usize = 2048;
 /// The kernel arguments of the image's own command line that the boot script sets itself
 /// (or that would boot the wrong root), dropped from it.
-pub const DROPPED_IMAGE_ARGS: [&str; 6] = ["root=", "BOOT_IMAGE=", "initrd=", "boot=", "ip=", "ferry."];
+pub const DROPPED_IMAGE_ARGS: [&str; 6] =
+    ["root=", "BOOT_IMAGE=", "initrd=", "boot=", "ip=", "ferry."];
 
 /// The script every machine fetches first (`GET /boot/ipxe`): it chains the script of its
 /// own MAC, relative to where it came from (iPXE expands `${netX/mac:hexhyp}`, the MAC of
@@ -193,7 +194,10 @@ pub fn device_script(s: &DeviceScript<'_>) -> Result<String, ScriptError> {
         s.version
     );
     if s.initrd {
-        let _ = writeln!(out, "kernel {files}/kernel initrd=initrd {args} || goto failed");
+        let _ = writeln!(
+            out,
+            "kernel {files}/kernel initrd=initrd {args} || goto failed"
+        );
         let _ = writeln!(out, "initrd --name initrd {files}/initrd || goto failed");
     } else {
         let _ = writeln!(out, "kernel {files}/kernel {args} || goto failed");
@@ -217,7 +221,10 @@ pub fn refusal_script(reason: &str) -> String {
 }
 
 fn push_refusal_lines(out: &mut String, reason: &str) {
-    let line = format!("echo Ferry: this machine cannot boot: {}", echo_safe(reason));
+    let line = format!(
+        "echo Ferry: this machine cannot boot: {}",
+        echo_safe(reason)
+    );
     for _ in 0..REFUSAL_REPEAT {
         out.push_str(&line);
         out.push('\n');
@@ -275,7 +282,10 @@ mod tests {
         assert!(s.contains("ferry.vdisk=a%20b%0A%23c%24%7Bx%7D "), "{s}");
         let r = refusal_script("no\nshell ${x} && reboot");
         assert!(!r.contains("${") && !r.contains("&&"));
-        assert_eq!(r.lines().filter(|l| l.starts_with("echo ")).count(), REFUSAL_REPEAT + 1);
+        assert_eq!(
+            r.lines().filter(|l| l.starts_with("echo ")).count(),
+            REFUSAL_REPEAT + 1
+        );
         assert!(r.ends_with("sleep 30\npoweroff || exit 1\n"));
     }
 

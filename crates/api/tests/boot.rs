@@ -47,9 +47,9 @@ fn have_mkfs() -> bool {
 
 /// Bytes that differ per name.
 fn fake(name: &str, len: usize) -> Vec<u8> {
-    let mut x: u32 = name
-        .bytes()
-        .fold(2_166_136_261, |h, b| (h ^ u32::from(b)).wrapping_mul(16_777_619));
+    let mut x: u32 = name.bytes().fold(2_166_136_261, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(16_777_619)
+    });
     (0..len)
         .map(|_| {
             x ^= x << 13;
@@ -66,7 +66,11 @@ fn root_image(work: &Path, vhdx: &Path) {
     for d in ["etc/kernel", "sbin", "usr", "boot"] {
         std::fs::create_dir_all(tree.join(d)).unwrap();
     }
-    std::fs::write(tree.join(format!("boot/vmlinuz-{KVER}")), fake("kernel", 3 << 20)).unwrap();
+    std::fs::write(
+        tree.join(format!("boot/vmlinuz-{KVER}")),
+        fake("kernel", 3 << 20),
+    )
+    .unwrap();
     std::fs::write(
         tree.join(format!("boot/initrd.img-{KVER}")),
         fake("initrd", 5 << 20),
@@ -223,13 +227,19 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
     assert!(script.contains(&want), "{script}");
     assert!(script.contains(&format!("initrd --name initrd /boot/files/{id}/0/initrd")));
     assert!(script.contains("echo Ferry: device vm1 (52:54:00:12:34:56) boots vDisk golden"));
-    let (s, len, kernel) = b.get(Method::GET, &format!("/boot/files/{id}/0/kernel")).await;
+    let (s, len, kernel) = b
+        .get(Method::GET, &format!("/boot/files/{id}/0/kernel"))
+        .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(kernel, fake("kernel", 3 << 20));
     assert_eq!(len, Some(3 << 20));
-    let (s, len, body) = b.get(Method::HEAD, &format!("/boot/files/{id}/0/initrd")).await;
+    let (s, len, body) = b
+        .get(Method::HEAD, &format!("/boot/files/{id}/0/initrd"))
+        .await;
     assert_eq!((s, len, body.len()), (StatusCode::OK, Some(5 << 20), 0));
-    let (_, _, initrd) = b.get(Method::GET, &format!("/boot/files/{id}/0/initrd")).await;
+    let (_, _, initrd) = b
+        .get(Method::GET, &format!("/boot/files/{id}/0/initrd"))
+        .await;
     assert_eq!(initrd, fake("initrd", 5 << 20));
     // Cached: owner-only, filled once per file.
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
@@ -241,7 +251,8 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
     }
     let c = b.state.counters();
     assert_eq!(c.fills.load(Ordering::Relaxed), 2);
-    b.get(Method::GET, &format!("/boot/files/{id}/0/kernel")).await;
+    b.get(Method::GET, &format!("/boot/files/{id}/0/kernel"))
+        .await;
     assert_eq!(c.fills.load(Ordering::Relaxed), 2);
     assert_eq!(c.scripts.load(Ordering::Relaxed), 1);
     // The version file changes (a maintenance version written): read again, old entry gone.
@@ -251,7 +262,9 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
         .unwrap();
     let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
     f.set_modified(later).unwrap();
-    let (_, _, again) = b.get(Method::GET, &format!("/boot/files/{id}/0/kernel")).await;
+    let (_, _, again) = b
+        .get(Method::GET, &format!("/boot/files/{id}/0/kernel"))
+        .await;
     assert_eq!(again, kernel);
     assert_eq!(c.fills.load(Ordering::Relaxed), 3);
     assert_eq!(std::fs::read_dir(&b.cache).unwrap().count(), 2);
@@ -310,7 +323,10 @@ async fn an_outsider_gets_nothing_but_boot_files(t: TestFarm) {
             "{uri}: {s}"
         );
         let body = String::from_utf8_lossy(&body);
-        assert!(!body.contains("farm_key") && !body.contains(&admin), "{uri}");
+        assert!(
+            !body.contains("farm_key") && !body.contains(&admin),
+            "{uri}"
+        );
     }
     for m in [Method::POST, Method::PUT, Method::DELETE] {
         let (s, _, _) = b.get(m.clone(), "/boot/ipxe").await;
@@ -318,7 +334,13 @@ async fn an_outsider_gets_nothing_but_boot_files(t: TestFarm) {
     }
     // Nothing was created or read for those.
     assert_eq!(b.state.counters().fills.load(Ordering::Relaxed), 0);
-    assert!(b.t.farm.device_by_mac("52:54:00:00:00:99").await.unwrap().is_none());
+    assert!(
+        b.t.farm
+            .device_by_mac("52:54:00:00:00:99")
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 dual_tests!(

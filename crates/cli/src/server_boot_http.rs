@@ -35,7 +35,11 @@ pub struct BootHttp {
 ///
 /// # Errors
 /// A given URL that is not http(s) or holds a character a kernel argument may not.
-pub fn api_urls(given: Option<&str>, advertise: &str, api: SocketAddr) -> anyhow::Result<Vec<String>> {
+pub fn api_urls(
+    given: Option<&str>,
+    advertise: &str,
+    api: SocketAddr,
+) -> anyhow::Result<Vec<String>> {
     let urls: Vec<String> = match given {
         Some(g) => g
             .split(',')
@@ -43,7 +47,11 @@ pub fn api_urls(given: Option<&str>, advertise: &str, api: SocketAddr) -> anyhow
             .filter(|u| !u.is_empty())
             .map(|u| u.trim_end_matches('/').to_string())
             .collect(),
-        None => vec![format!("https://{}:{}", advertised_host(advertise), api.port())],
+        None => vec![format!(
+            "https://{}:{}",
+            advertised_host(advertise),
+            api.port()
+        )],
     };
     if urls.is_empty() {
         anyhow::bail!("--boot-api-url: no URL given");

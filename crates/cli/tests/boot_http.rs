@@ -82,7 +82,11 @@ fn curl(url: &str) -> (String, Vec<u8>) {
 
 #[test]
 fn a_diskless_device_s_boot_script_and_kernel_come_from_the_boot_port() {
-    if !have(&[("mkfs.ext4", "-V"), ("curl", "--version"), ("openssl", "version")]) {
+    if !have(&[
+        ("mkfs.ext4", "-V"),
+        ("curl", "--version"),
+        ("openssl", "version"),
+    ]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -125,11 +129,26 @@ fn a_diskless_device_s_boot_script_and_kernel_come_from_the_boot_port() {
     cli(&["farm", "vdisk", "add", "golden", "--store", "1"]);
     cli(&["collection", "add", "lab", "--site", "1"]);
     let d = cli(&[
-        "device", "add", MAC, "--name", "vm1", "--collection", "1", "--vdisk", "golden",
+        "device",
+        "add",
+        MAC,
+        "--name",
+        "vm1",
+        "--collection",
+        "1",
+        "--vdisk",
+        "golden",
         "--diskless",
     ]);
     assert_eq!(d["diskless"], true, "{d}");
-    let v = cli(&["farm", "vdisk", "set", "golden", "--boot-cmdline", "console=ttyS0,115200"]);
+    let v = cli(&[
+        "farm",
+        "vdisk",
+        "set",
+        "golden",
+        "--boot-cmdline",
+        "console=ttyS0,115200",
+    ]);
     assert_eq!(v["boot_cmdline"], "console=ttyS0,115200", "{v}");
     let cert = data.join("secrets/servers/s1/server-cert.pem");
     let san = run_ok(
@@ -170,7 +189,14 @@ fn a_diskless_device_s_boot_script_and_kernel_come_from_the_boot_port() {
         "/boot/files/2/0/kernel",
     ] {
         let out = Command::new("curl")
-            .args(["-s", "--path-as-is", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args([
+                "-s",
+                "--path-as-is",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
             .arg(format!("{base}{path}"))
             .output()
             .unwrap();
@@ -180,6 +206,8 @@ fn a_diskless_device_s_boot_script_and_kernel_come_from_the_boot_port() {
     let (code, refusal) = curl(&format!("{base}/boot/ipxe/52-54-00-00-00-99"));
     assert_eq!(code, "200");
     let refusal = String::from_utf8(refusal).unwrap();
-    assert!(refusal.contains("Ferry: this machine cannot boot: MAC 52:54:00:00:00:99 is not a device"));
+    assert!(
+        refusal.contains("Ferry: this machine cannot boot: MAC 52:54:00:00:00:99 is not a device")
+    );
     proc.stop();
 }

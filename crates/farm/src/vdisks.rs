@@ -18,8 +18,7 @@ pub const SECTOR_BYTES: i64 = 512;
 /// The default RAM cache of a new vDisk's devices: 1 GiB.
 pub const RAM_BYTES_DEFAULT: i64 = 1 << 30;
 
-const VDISK_COLUMNS: &str =
-    "id, store_id, name, cache_mode, ram_bytes, description, size_bytes, created_at_ms, \
+const VDISK_COLUMNS: &str = "id, store_id, name, cache_mode, ram_bytes, description, size_bytes, created_at_ms, \
      boot_cmdline, boot_kernel, boot_initrd";
 
 impl Farm {

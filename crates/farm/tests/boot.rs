@@ -112,17 +112,15 @@ async fn login(farm: &Farm, mac: &str, key_hex: &str, diskless: bool) -> farm::R
 async fn a_known_device_boots_its_vdisk_s_version_with_login_s_rules(t: TestFarm) {
     let fx = fixture(&t).await;
     add(&t, &fx, "52:54:00:00:00:01", Some(fx.vdisk), true).await;
-    let b = booted(
-        t.farm
-            .boot_plan("52-54-00-00-00-01", None)
-            .await
-            .unwrap(),
-    );
+    let b = booted(t.farm.boot_plan("52-54-00-00-00-01", None).await.unwrap());
     assert!(!b.auto_add);
     assert_eq!(b.device.name, "pc-01");
     assert!(b.device.diskless.0);
     assert_eq!((b.vdisk.name.as_str(), b.version.number), ("golden", 0));
-    assert!(b.path.ends_with("main/golden.vhdx") && b.path.exists(), "{b:?}");
+    assert!(
+        b.path.ends_with("main/golden.vhdx") && b.path.exists(),
+        "{b:?}"
+    );
     assert_eq!(b.cache_mode, CacheMode::Ram);
     assert_eq!(b.servers.len(), 1);
     assert_eq!(b.servers[0].address, "10.0.2.2:10809");
@@ -145,7 +143,10 @@ async fn an_unknown_mac_is_refused_or_planned_for_auto_add_without_a_row(t: Test
         t.farm.boot_plan(mac, None).await.unwrap(),
         RefusalKind::UnknownDevice,
     );
-    assert!(why.contains(mac) && why.contains("ferry device add"), "{why}");
+    assert!(
+        why.contains(mac) && why.contains("ferry device add"),
+        "{why}"
+    );
     let c = NewCollection {
         site_id: fx.site,
         name: "auto".into(),
@@ -174,7 +175,10 @@ async fn no_vdisk_no_version_and_a_missing_file_are_refused_with_reasons(t: Test
         t.farm.boot_plan("52:54:00:00:00:03", None).await.unwrap(),
         RefusalKind::NoVdisk,
     );
-    assert!(why.contains(&format!("ferry device set {id} --vdisk")), "{why}");
+    assert!(
+        why.contains(&format!("ferry device set {id} --vdisk")),
+        "{why}"
+    );
     // A maintenance device with no maintenance version.
     let p = DevicePatch {
         vdisk_id: Some(Some(fx.vdisk)),
@@ -186,7 +190,10 @@ async fn no_vdisk_no_version_and_a_missing_file_are_refused_with_reasons(t: Test
         t.farm.boot_plan("52:54:00:00:00:03", None).await.unwrap(),
         RefusalKind::NoVersion,
     );
-    assert!(why.contains("golden") && why.contains("maintenance"), "{why}");
+    assert!(
+        why.contains("golden") && why.contains("maintenance"),
+        "{why}"
+    );
     // The version's file gone from the store.
     let p = DevicePatch {
         device_type: Some(DeviceType::Production),
@@ -201,7 +208,11 @@ async fn no_vdisk_no_version_and_a_missing_file_are_refused_with_reasons(t: Test
     );
     assert!(why.contains("golden.vhdx"), "{why}");
     assert_eq!(
-        t.farm.boot_plan("not-a-mac", None).await.unwrap_err().kind(),
+        t.farm
+            .boot_plan("not-a-mac", None)
+            .await
+            .unwrap_err()
+            .kind(),
         Kind::InvalidInput
     );
 }
@@ -213,9 +224,15 @@ async fn the_farm_key_logs_a_diskless_device_in_at_every_boot_only(t: TestFarm) 
     add(&t, &fx, diskless, Some(fx.vdisk), true).await;
     let id = add(&t, &fx, disk, Some(fx.vdisk), false).await;
     let first = login(&t.farm, diskless, &key, false).await.unwrap();
-    let secret = first.device_secret.clone().expect("enrolled at the first login");
+    let secret = first
+        .device_secret
+        .clone()
+        .expect("enrolled at the first login");
     let again = login(&t.farm, diskless, &key, false).await.unwrap();
-    assert!(again.device_secret.is_none(), "no new secret after the first");
+    assert!(
+        again.device_secret.is_none(),
+        "no new secret after the first"
+    );
     // Its own secret works too.
     login(&t.farm, diskless, &secret, false).await.unwrap();
     // Not diskless: the farm key enrols it once, then is refused (issue 18), even when
@@ -230,7 +247,14 @@ async fn the_farm_key_logs_a_diskless_device_in_at_every_boot_only(t: TestFarm) 
         diskless: Some(true),
         ..DevicePatch::default()
     };
-    assert!(t.farm.update_device(id, &p, ADMIN).await.unwrap().diskless.0);
+    assert!(
+        t.farm
+            .update_device(id, &p, ADMIN)
+            .await
+            .unwrap()
+            .diskless
+            .0
+    );
     login(&t.farm, disk, &key, false).await.unwrap();
 }
 
@@ -256,7 +280,11 @@ async fn vdisk_boot_overrides_are_checked_and_kept(t: TestFarm) {
             ..VDiskPatch::default()
         },
     ] {
-        let e = t.farm.update_vdisk(fx.vdisk, &bad, ADMIN).await.unwrap_err();
+        let e = t
+            .farm
+            .update_vdisk(fx.vdisk, &bad, ADMIN)
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), Kind::InvalidInput);
     }
     let clear = VDiskPatch {
