@@ -354,6 +354,7 @@ pub fn login(
         mac: mac.to_string(),
         hmac: contract::login::proof(key, &challenge.nonce, mac),
         nonce: challenge.nonce,
+        diskless: false,
     };
     let g: contract::login::LoginGrant<DeviceRef> = at.post("login", LOGIN_PATH, &body)?;
     let bad = |reason: String| LoginError::BadAnswer {

@@ -11,6 +11,12 @@
 //!             login
 //! vdisks.rs   vDisks and the version lifecycle
 //! tls.rs      HTTPS: TlsListener (TLS handshakes in front of axum); plain HTTP on loopback only
+//! boot.rs     the network boot routes (plain HTTP, no credentials, boot data only):
+//!             boot::router, boot::serve, BootState, BootCounters
+//! boot_script.rs  the iPXE scripts (pure): chain, per device, refusal
+//! boot_cache.rs   DATA/boot-cache/: boot files per version file state
+//! boot_source.rs  the BootSource trait, and BootfilesSource: boot files through a
+//!                 version's chain (the bootfiles crate)
 //! ```
 //!
 //! [`router`] returns a plain `axum::Router`, so `ferry server` can mount it beside its own
@@ -19,6 +25,10 @@
 
 #![warn(missing_docs)]
 
+pub mod boot;
+pub mod boot_cache;
+pub mod boot_script;
+pub mod boot_source;
 pub mod console;
 pub mod error;
 pub mod extract;

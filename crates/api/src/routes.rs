@@ -574,6 +574,7 @@ mod tests {
                 pinned_version: None,
                 created_at_ms: 1,
                 changed_at_ms: 1,
+                diskless: farm::model::Flag(false),
             },
             servers: Vec::new(),
             vdisk_id: 1,

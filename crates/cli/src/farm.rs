@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use reqwest::Method;
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::farm_client::{Client, Conn, Paging, cell, vdisk_id};
@@ -414,6 +414,36 @@ enum VdiskCommand {
         /// Name or id.
         vdisk: String,
     },
+    /// Change a vDisk's defaults and network boot overrides.
+    #[command(after_help = "Example:\n  ferry farm vdisk set golden \
+                            --boot-cmdline 'console=ttyS0,115200' --boot-kernel /boot/vmlinuz")]
+    Set {
+        /// Name or id.
+        vdisk: String,
+        /// Default cache mode of its devices.
+        #[arg(long)]
+        cache_mode: Option<String>,
+        /// Default RAM cache size in bytes (at least 1).
+        #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+        ram_bytes: Option<i64>,
+        /// Free text.
+        #[arg(long)]
+        description: Option<String>,
+        /// Kernel arguments the network boot appends ("" clears them).
+        #[arg(long, value_name = "ARGS")]
+        boot_cmdline: Option<String>,
+        /// The kernel's path in the version's filesystem ("" : found in /boot).
+        #[arg(long, value_name = "PATH")]
+        boot_kernel: Option<String>,
+        /// The initramfs's path in the version's filesystem ("" : found in /boot).
+        #[arg(long, value_name = "PATH")]
+        boot_initrd: Option<String>,
+    },
+}
+
+/// A path override's JSON: `""` clears it (null).
+fn path_or_null(p: String) -> Value {
+    if p.is_empty() { Value::Null } else { json!(p) }
 }
 
 fn vdisk(a: VdiskArgs) -> anyhow::Result<ExitCode> {
@@ -463,6 +493,38 @@ fn vdisk(a: VdiskArgs) -> anyhow::Result<ExitCode> {
             let id = vdisk_id(&c, &vdisk)?;
             let v = c.call(Method::DELETE, &format!("/vdisks/{id}"), None)?;
             c.done(&v, &format!("removed vdisk {vdisk} from the farm"))?;
+        }
+        VdiskCommand::Set {
+            vdisk,
+            cache_mode,
+            ram_bytes,
+            description,
+            boot_cmdline,
+            boot_kernel,
+            boot_initrd,
+        } => {
+            let id = vdisk_id(&c, &vdisk)?;
+            let mut body = json!({});
+            if let Some(m) = cache_mode {
+                body["cache_mode"] = json!(m);
+            }
+            if let Some(r) = ram_bytes {
+                body["ram_bytes"] = json!(r);
+            }
+            if let Some(d) = description {
+                body["description"] = json!(d);
+            }
+            if let Some(b) = boot_cmdline {
+                body["boot_cmdline"] = json!(b);
+            }
+            if let Some(k) = boot_kernel {
+                body["boot_kernel"] = path_or_null(k);
+            }
+            if let Some(i) = boot_initrd {
+                body["boot_initrd"] = path_or_null(i);
+            }
+            let v = c.call(Method::PATCH, &format!("/vdisks/{id}"), Some(body))?;
+            c.done(&v, &format!("changed vdisk {vdisk}"))?;
         }
     }
     Ok(ExitCode::SUCCESS)

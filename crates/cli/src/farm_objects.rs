@@ -269,6 +269,10 @@ struct DeviceFields {
     /// Boot this version instead of the newest production one.
     #[arg(long)]
     pin: Option<i64>,
+    /// It boots over the network with no disk: the farm key logs it in at every boot
+    /// (docs/farm.md); `--diskless=false` ends that.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    diskless: Option<bool>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -369,6 +373,9 @@ fn device_body(c: &Client, f: DeviceFields, body: &mut Value) -> anyhow::Result<
     if let Some(p) = f.pin {
         body["pinned_version"] = json!(p);
     }
+    if let Some(d) = f.diskless {
+        body["diskless"] = json!(d);
+    }
     Ok(())
 }
 
@@ -380,6 +387,7 @@ const DEVICE_COLUMNS: &[&str] = &[
     "collection_id",
     "vdisk_id",
     "pinned_version",
+    "diskless",
 ];
 
 /// Runs `ferry device`.

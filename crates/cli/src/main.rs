@@ -44,6 +44,7 @@ mod progress;
 mod quickstart;
 mod server;
 mod server_boot;
+mod server_boot_http;
 mod server_farm;
 mod server_tls;
 mod size;

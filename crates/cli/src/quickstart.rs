@@ -405,6 +405,7 @@ async fn setup_farm(data: &Path, say: &impl Fn(String)) -> anyhow::Result<Secret
             cache_mode: None,
             ram_bytes: None,
             pinned_version: None,
+            diskless: false,
         };
         f.create_device(&d, ACTOR).await?;
     }

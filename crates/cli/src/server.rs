@@ -105,6 +105,15 @@ pub struct Args {
     /// The directory served over TFTP, e.g. /usr/lib/ipxe (Debian's ipxe package).
     #[arg(long, value_name = "DIR", requires = "tftp_listen")]
     pub tftp_root: Option<PathBuf>,
+    /// Serve network boot for iPXE in plain HTTP here (with --farm): GET /boot/ipxe and
+    /// per-MAC scripts, the versions' kernels and initramfs images; public boot data only,
+    /// no API and no secret. The farm API is then HTTPS, also on a loopback --api-listen.
+    #[arg(long, value_name = "ADDR:PORT", requires = "farm")]
+    pub boot_listen: Option<SocketAddr>,
+    /// The farm API URL(s) the boot scripts give the agent, comma-separated (default:
+    /// https://ADVERTISED-HOST:API-PORT).
+    #[arg(long, value_name = "URL", requires = "boot_listen")]
+    pub boot_api_url: Option<String>,
 }
 
 impl Args {
@@ -188,9 +197,16 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
     let api_tls = match (&farm, api_tls_given, &nbd_tls) {
         (None, _, _) => None,
         (Some(_), Some(t), _) => Some(t),
-        (Some(_), None, Some(m)) if !a.api_listen.ip().is_loopback() => Some(
-            crate::server_farm::api_tls(&m.ca_pem, &m.cert_pem, &m.key_pem)?,
-        ),
+        (Some(_), None, Some(m)) if a.boot_listen.is_some() || !a.api_listen.ip().is_loopback() => {
+            Some(crate::server_farm::api_tls(
+                &m.ca_pem,
+                &m.cert_pem,
+                &m.key_pem,
+            )?)
+        }
+        (Some(_), None, None) if a.boot_listen.is_some() => {
+            anyhow::bail!("--boot-listen: the farm API must be HTTPS, and the farm has no CA")
+        }
         (Some(_), None, _) => {
             api::tls::check_plain_listen(a.api_listen)?;
             None
@@ -213,6 +229,22 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         )));
         crate::server_farm::close_ended_sessions(f, &registry, runtime.handle());
     }
+    let boot = match (&farm, a.boot_listen, &a.farm) {
+        (Some(f), Some(listen), Some(data)) => Some((
+            Arc::clone(&f.farm),
+            f.server_id,
+            crate::server_boot_http::BootHttp {
+                listen,
+                api_urls: crate::server_boot_http::api_urls(
+                    a.boot_api_url.as_deref(),
+                    &f.advertise,
+                    a.api_listen,
+                )?,
+                cache_dir: data.join(crate::server_boot_http::BOOT_CACHE_DIR),
+            },
+        )),
+        _ => None,
+    };
     let api = farm.map(|f| (f, a.api_listen, api_tls));
     let result = runtime.block_on(serve(
         resolved,
@@ -220,6 +252,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         Arc::new(Metrics::new()),
         api,
         tftp,
+        boot,
     ));
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     result?;
@@ -245,12 +278,26 @@ async fn serve(
         Option<Arc<rustls::ServerConfig>>,
     )>,
     tftp: Option<crate::server_boot::Tftp>,
+    boot: Option<(Arc<farm::Farm>, i64, crate::server_boot_http::BootHttp)>,
 ) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     watch_signals(stop_tx)?;
     let nbd = Listener::bind(r.nbd.clone())
         .await
         .context("bind NBD listener")?;
+    let boot_task = match boot {
+        Some((farm, server_id, b)) => {
+            let l = crate::server_boot_http::bind(&b).await?;
+            let stop = stopped(stop_rx.clone());
+            Some(tokio::spawn(async move {
+                let r = crate::server_boot_http::serve(farm, server_id, b, l, stop).await;
+                if let Err(e) = r {
+                    tracing::error!(error = %ErrorChain(e.as_ref()), "boot service stopped");
+                }
+            }))
+        }
+        None => None,
+    };
     let api_task = match farm {
         Some((handle, addr, tls)) => {
             let l = TcpListener::bind(addr)
@@ -309,6 +356,9 @@ async fn serve(
         let _ = task.await;
     }
     if let Some(task) = api_task {
+        let _ = task.await;
+    }
+    if let Some(task) = boot_task {
         let _ = task.await;
     }
     if let Some(t) = tftp {

@@ -343,10 +343,18 @@ pub async fn serve_api(
     r.context("serve farm API")
 }
 
-/// The address devices reach this server's NBD listener at: `advertise`, or the listen
-/// address with an unspecified IP replaced by loopback (a single-host farm).
+/// The address devices reach this server's NBD listener at: `advertise` (a host alone gets
+/// the NBD listen port), or the listen address with an unspecified IP replaced by loopback
+/// (a single-host farm).
 pub fn advertised(advertise: Option<&str>, nbd: Option<SocketAddr>) -> String {
     if let Some(a) = advertise {
+        let port = nbd.map_or(10809, |n| n.port());
+        if let Ok(ip) = a.parse::<std::net::IpAddr>() {
+            return SocketAddr::new(ip, port).to_string();
+        }
+        if !a.contains(':') {
+            return format!("{a}:{port}");
+        }
         return a.to_string();
     }
     match nbd {
@@ -365,6 +373,15 @@ pub fn advertised(advertise: Option<&str>, nbd: Option<SocketAddr>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_advertised_host_alone_gets_the_nbd_port() {
+        let nbd = Some("0.0.0.0:10900".parse().unwrap());
+        assert_eq!(advertised(Some("10.0.2.2"), nbd), "10.0.2.2:10900");
+        assert_eq!(advertised(Some("fd00::1"), nbd), "[fd00::1]:10900");
+        assert_eq!(advertised(Some("boot.example"), nbd), "boot.example:10900");
+        assert_eq!(advertised(Some("10.0.2.2:10809"), nbd), "10.0.2.2:10809");
+    }
 
     #[test]
     fn grants_map_to_registry_exports() {

@@ -68,6 +68,12 @@ pub struct LoginRequest {
     /// HMAC-SHA256(key, nonce ‖ mac), hex, under the device secret (or, to enrol, the farm
     /// key).
     pub hmac: String,
+    /// The device boots over the network with no disk to keep a device secret in (the
+    /// agent in its initramfs): a device the login adds automatically is made diskless,
+    /// which lets the farm key log it in at every boot. It changes nothing for a known
+    /// device (an administrator sets that).
+    #[serde(default)]
+    pub diskless: bool,
 }
 
 /// A server of the device's site.
@@ -241,11 +247,17 @@ mod tests {
             mac: "aa:bb:cc:00:00:01".into(),
             nonce: "ab".into(),
             hmac: "cd".into(),
+            diskless: false,
         };
         assert_eq!(
             serde_json::to_string(&r).unwrap(),
-            r#"{"mac":"aa:bb:cc:00:00:01","nonce":"ab","hmac":"cd"}"#
+            r#"{"mac":"aa:bb:cc:00:00:01","nonce":"ab","hmac":"cd","diskless":false}"#
         );
+        // An older agent's request, without `diskless`, still reads.
+        let old: LoginRequest =
+            serde_json::from_str(r#"{"mac":"aa:bb:cc:00:00:01","nonce":"ab","hmac":"cd"}"#)
+                .unwrap();
+        assert_eq!(old, r);
     }
 
     #[test]

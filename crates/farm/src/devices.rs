@@ -6,12 +6,12 @@ use serde_json::json;
 use crate::db::{Farm, audit};
 use crate::error::{FarmError, Result};
 use crate::input::{DevicePatch, NewCollection, NewDevice};
-use crate::model::{Collection, Device, DeviceType, OptCacheMode, Page, Session};
+use crate::model::{Collection, Device, DeviceType, Flag, OptCacheMode, Page, Session};
 use crate::validate;
 
 /// The columns of a device row, in [`Device`]'s order.
 const DEVICE_COLUMNS: &str = "id, collection_id, mac, name, device_type, vdisk_id, \
-     cache_mode, ram_bytes, pinned_version, created_at_ms, changed_at_ms";
+     cache_mode, ram_bytes, pinned_version, created_at_ms, changed_at_ms, diskless";
 const SESSION_COLUMNS: &str = "id, device_id, vdisk_id, version_number, device_type, export_name, created_at_ms, \
      expires_at_ms";
 
@@ -163,6 +163,7 @@ impl Farm {
             pinned_version: n.pinned_version,
             created_at_ms: now,
             changed_at_ms: now,
+            diskless: Flag(n.diskless),
         };
         self.check_device(&d).await?;
         let mut tx = self.pool.begin().await?;
@@ -209,13 +210,16 @@ impl Farm {
         if let Some(v) = p.pinned_version {
             d.pinned_version = v;
         }
+        if let Some(v) = p.diskless {
+            d.diskless = Flag(v);
+        }
         d.changed_at_ms = self.now_ms();
         self.check_device(&d).await?;
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "UPDATE devices SET collection_id = $1, name = $2, device_type = $3, vdisk_id = $4, \
-             cache_mode = $5, ram_bytes = $6, pinned_version = $7, changed_at_ms = $8 \
-             WHERE id = $9",
+             cache_mode = $5, ram_bytes = $6, pinned_version = $7, changed_at_ms = $8, \
+             diskless = $9 WHERE id = $10",
         )
         .bind(d.collection_id)
         .bind(&d.name)
@@ -225,6 +229,7 @@ impl Farm {
         .bind(d.ram_bytes)
         .bind(d.pinned_version)
         .bind(d.changed_at_ms)
+        .bind(i64::from(d.diskless.0))
         .bind(id)
         .execute(&mut *tx)
         .await?;
@@ -349,8 +354,8 @@ pub(crate) async fn insert_device(
 ) -> Result<i64> {
     Ok(sqlx::query_scalar(
         "INSERT INTO devices (collection_id, mac, name, device_type, vdisk_id, cache_mode, \
-         ram_bytes, pinned_version, created_at_ms, changed_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+         ram_bytes, pinned_version, created_at_ms, changed_at_ms, diskless) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
     )
     .bind(d.collection_id)
     .bind(&d.mac)
@@ -362,6 +367,7 @@ pub(crate) async fn insert_device(
     .bind(d.pinned_version)
     .bind(d.created_at_ms)
     .bind(d.changed_at_ms)
+    .bind(i64::from(d.diskless.0))
     .fetch_one(&mut **tx)
     .await?)
 }

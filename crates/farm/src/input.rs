@@ -152,6 +152,9 @@ pub struct NewDevice {
     /// The version a production device boots instead of the newest production one.
     #[serde(default)]
     pub pinned_version: Option<i64>,
+    /// It boots over the network with no disk: the farm key logs it in at every boot.
+    #[serde(default)]
+    pub diskless: bool,
 }
 
 /// A change of a device; absent fields stay, `null` clears an optional one.
@@ -180,6 +183,8 @@ pub struct DevicePatch {
     #[serde(default, deserialize_with = "double")]
     #[schema(value_type = Option<i64>)]
     pub pinned_version: Option<Option<i64>>,
+    /// Diskless or not (see [`NewDevice::diskless`]).
+    pub diskless: Option<bool>,
 }
 
 /// A new vDisk: an existing `NAME.vhdx` in the store is imported as version 0; otherwise,
@@ -222,6 +227,17 @@ pub struct VDiskPatch {
     pub ram_bytes: Option<i64>,
     /// Free text.
     pub description: Option<String>,
+    /// Kernel arguments the network boot appends (empty: none).
+    #[schema(max_length = 4096)]
+    pub boot_cmdline: Option<String>,
+    /// The kernel's path inside the version's filesystem (`null`: found in /boot).
+    #[serde(default, deserialize_with = "double")]
+    #[schema(value_type = Option<String>)]
+    pub boot_kernel: Option<Option<String>>,
+    /// The initramfs's path inside the version's filesystem (`null`: found in /boot).
+    #[serde(default, deserialize_with = "double")]
+    #[schema(value_type = Option<String>)]
+    pub boot_initrd: Option<Option<String>>,
 }
 
 /// A merge of a vDisk's chain.

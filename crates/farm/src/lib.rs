@@ -19,6 +19,7 @@
 //! login.rs      device login: challenge, HMAC proof, enrolment, boot version, session,
 //!               device certificate
 //! credentials.rs device credentials: reset; administrator certificates
+//! boot.rs       the network boot decision by MAC (BootPlan): read-only, login's rules
 //! sessions.rs   SessionTable: the in-process check of session export names
 //! grants.rs     a session's grant rebuilt from the database (other server, restart)
 //! error.rs      FarmError with a Kind the API maps to an HTTP status
@@ -30,6 +31,7 @@
 
 #![warn(missing_docs)]
 
+pub mod boot;
 mod confine;
 pub mod credentials;
 pub mod db;

@@ -19,7 +19,9 @@
 //! administrator added). The farm key's proof enrols such a device once: its grant carries
 //! the device's secret, [`contract::login::device_key`] of the farm key, the MAC and the
 //! generation, which the farm derives again at each login and never stores. After that the
-//! farm key proves nothing for that MAC; an administrator's reset
+//! farm key proves nothing for that MAC, except for a *diskless* device (`devices.diskless`:
+//! it boots over the network and has nowhere to keep its secret), which the farm key's proof
+//! logs in at every boot, with no new secret after the first; an administrator's reset
 //! (`Farm::reset_device_credential`) makes a new generation and secret. `nonce` is the
 //! nonce's hex text as sent and `mac` the normalized MAC text (`aa:bb:cc:dd:ee:ff`), both
 //! as UTF-8 bytes; `hmac` is sent as lowercase hex. [`proof`] computes it.
@@ -36,7 +38,7 @@ pub use contract::login::{Challenge, ChallengeRequest, DeviceTls, LoginRequest, 
 use crate::db::{Farm, audit, hash_secret};
 use crate::devices::insert_device;
 use crate::error::{FarmError, Kind, Result};
-use crate::model::{CacheMode, Device, DeviceType, OptCacheMode, Server};
+use crate::model::{CacheMode, Device, DeviceType, Flag, OptCacheMode, Server};
 use crate::sessions::SessionGrant;
 use crate::validate;
 
@@ -77,6 +79,30 @@ pub fn effective_cache_mode(
         (DeviceType::Maintenance, _) => CacheMode::Private,
         (_, CacheMode::Private) => CacheMode::Server,
         (_, m) => m,
+    }
+}
+
+/// The device a MAC auto-add creates (id 0 until inserted).
+pub(crate) fn auto_device(
+    mac: Mac,
+    collection_id: i64,
+    vdisk_id: Option<i64>,
+    diskless: bool,
+    now: i64,
+) -> Device {
+    Device {
+        id: 0,
+        collection_id,
+        mac: mac.to_string(),
+        name: format!("auto-{}", hex::encode(mac.octets())),
+        device_type: DeviceType::Production,
+        vdisk_id,
+        cache_mode: OptCacheMode(None),
+        ram_bytes: None,
+        pinned_version: None,
+        created_at_ms: now,
+        changed_at_ms: now,
+        diskless: Flag(diskless),
     }
 }
 
@@ -157,14 +183,23 @@ impl Farm {
             None => master.clone(),
         };
         if !contract::login::verify(&key, &r.nonce, mac, &sent) {
-            if generation.is_some() && contract::login::verify(&master, &r.nonce, mac, &sent) {
-                tracing::warn!(%mac, "refused a farm-key login of an enrolled device");
+            let by_farm_key =
+                generation.is_some() && contract::login::verify(&master, &r.nonce, mac, &sent);
+            let diskless = known.as_ref().is_some_and(|d| d.diskless.0);
+            if !by_farm_key {
+                return Err(unauthenticated());
             }
-            return Err(unauthenticated());
+            if !diskless {
+                tracing::warn!(%mac, "refused a farm-key login of an enrolled device");
+                return Err(unauthenticated());
+            }
+            // A diskless device keeps no device secret: the farm key logs it in again,
+            // and no new secret is issued (it could not keep that one either).
+            tracing::debug!(%mac, "farm-key login of an enrolled diskless device");
         }
         let device = match known {
             Some(d) => d,
-            None => self.auto_add(mac).await?,
+            None => self.auto_add(mac, r.diskless).await?,
         };
         let enrol = generation.is_none().then_some(&master[..]);
         self.grant(device, server_id, enrol).await
@@ -200,33 +235,26 @@ impl Farm {
         }))
     }
 
-    /// Adds an unknown device to the first collection that allows auto-add.
-    async fn auto_add(&self, mac: Mac) -> Result<Device> {
-        let found: Option<(i64, Option<i64>)> = sqlx::query_as(
+    /// The first collection that adds unknown devices, and its default vDisk.
+    pub(crate) async fn auto_add_collection(&self) -> Result<Option<(i64, Option<i64>)>> {
+        Ok(sqlx::query_as(
             "SELECT id, default_vdisk_id FROM collections WHERE auto_add = 1 ORDER BY id",
         )
         .fetch_optional(&self.pool)
-        .await?;
-        let Some((collection_id, vdisk_id)) = found else {
+        .await?)
+    }
+
+    /// Adds an unknown device to the first collection that allows auto-add (diskless when
+    /// its login says so).
+    async fn auto_add(&self, mac: Mac, diskless: bool) -> Result<Device> {
+        let Some((collection_id, vdisk_id)) = self.auto_add_collection().await? else {
             return Err(FarmError::new(
                 Kind::Forbidden,
                 format!("unknown device {mac}, and no collection adds devices automatically"),
             ));
         };
         let now = self.now_ms();
-        let d = Device {
-            id: 0,
-            collection_id,
-            mac: mac.to_string(),
-            name: format!("auto-{}", hex::encode(mac.octets())),
-            device_type: DeviceType::Production,
-            vdisk_id,
-            cache_mode: OptCacheMode(None),
-            ram_bytes: None,
-            pinned_version: None,
-            created_at_ms: now,
-            changed_at_ms: now,
-        };
+        let d = auto_device(mac, collection_id, vdisk_id, diskless, now);
         let mut tx = self.pool.begin().await?;
         let id = insert_device(&mut tx, &d).await?;
         let actor = format!("device:{mac}");
@@ -415,7 +443,7 @@ impl Farm {
     }
 
     /// The servers of a collection's site, alive ones first.
-    async fn site_servers(&self, collection_id: i64) -> Result<Vec<LoginServer>> {
+    pub(crate) async fn site_servers(&self, collection_id: i64) -> Result<Vec<LoginServer>> {
         let site = self.collection(collection_id).await?.site_id;
         let rows: Vec<Server> = sqlx::query_as(
             "SELECT id, site_id, name, address, registered_at_ms, heartbeat_at_ms FROM servers \

@@ -231,6 +231,11 @@ pub struct Device {
     pub created_at_ms: i64,
     /// When it was last changed.
     pub changed_at_ms: i64,
+    /// It boots over the network with no disk to keep its device secret: the farm key's
+    /// proof logs it in at every boot (see `login`).
+    #[sqlx(try_from = "i64")]
+    #[serde(default)]
+    pub diskless: Flag,
 }
 
 /// A flag as the database stores it (an integer, 0 or 1: both backends map it alike).
@@ -290,6 +295,15 @@ pub struct VDisk {
     pub size_bytes: i64,
     /// When it was created.
     pub created_at_ms: i64,
+    /// Kernel arguments the network boot appends to its own (empty: none).
+    #[serde(default)]
+    pub boot_cmdline: String,
+    /// The kernel's path inside the version's filesystem (none: found in /boot).
+    #[serde(default)]
+    pub boot_kernel: Option<String>,
+    /// The initramfs's path inside the version's filesystem (none: found in /boot).
+    #[serde(default)]
+    pub boot_initrd: Option<String>,
 }
 
 /// A version of a vDisk.

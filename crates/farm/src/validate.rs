@@ -15,6 +15,8 @@ pub const NAME_BYTES_MAX: usize = 200;
 pub const TEXT_BYTES_MAX: usize = 4096;
 /// The largest vDisk and RAM cache size accepted: 64 TiB, the VHDX limit.
 pub const SIZE_BYTES_MAX: i64 = 64 << 40;
+/// The longest per-vDisk boot command line and boot file path, in bytes.
+pub const BOOT_TEXT_BYTES_MAX: usize = 1024;
 /// The default page size of a list.
 pub const PAGE_LIMIT_DEFAULT: i64 = 100;
 /// The largest page size of a list.
@@ -51,6 +53,52 @@ pub fn text(field: &str, value: &str) -> Result<()> {
     }
     if value.contains('\0') {
         return Err(FarmError::invalid(format!("{field} must not contain NUL")));
+    }
+    Ok(())
+}
+
+/// True for a character a kernel argument in a boot script may hold: ASCII letters, digits
+/// and `._:=,/+@%-[]` (no space, quote, `$`, `#`, `&`, `|` or control character, which iPXE
+/// or the kernel would read as syntax).
+pub fn boot_arg_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "._:=,/+@%-[]".contains(c)
+}
+
+/// Checks a vDisk's boot command line: at most [`BOOT_TEXT_BYTES_MAX`] bytes of kernel
+/// arguments separated by spaces, each of [`boot_arg_char`]s.
+///
+/// # Errors
+/// [`crate::Kind::InvalidInput`].
+pub fn boot_cmdline(value: &str) -> Result<()> {
+    if value.len() > BOOT_TEXT_BYTES_MAX {
+        return Err(FarmError::invalid(format!(
+            "boot_cmdline must have at most {BOOT_TEXT_BYTES_MAX} bytes"
+        )));
+    }
+    if let Some(c) = value.chars().find(|&c| c != ' ' && !boot_arg_char(c)) {
+        return Err(FarmError::invalid(format!(
+            "boot_cmdline must not contain {c:?}: kernel arguments of letters, digits and \
+             ._:=,/+@%-[] separated by spaces"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a boot file's path inside a version's filesystem: absolute, at most
+/// [`BOOT_TEXT_BYTES_MAX`] bytes, no `.` or `..` component, no control character.
+///
+/// # Errors
+/// [`crate::Kind::InvalidInput`].
+pub fn boot_path(field: &str, value: &str) -> Result<()> {
+    let bad = value.len() > BOOT_TEXT_BYTES_MAX
+        || !value.starts_with('/')
+        || value.chars().any(char::is_control)
+        || value.split('/').any(|c| c == "." || c == "..");
+    if bad {
+        return Err(FarmError::invalid(format!(
+            "{field} must be an absolute path in the version's filesystem (at most \
+             {BOOT_TEXT_BYTES_MAX} bytes, no . or .. component), e.g. /boot/vmlinuz"
+        )));
     }
     Ok(())
 }
@@ -182,6 +230,19 @@ mod tests {
         let root = Path::new("/srv/ferry");
         assert_eq!(store_path(root, "a/./b/../c").unwrap(), "a/c");
         assert_eq!(store_path(root, "/srv/ferry/x").unwrap(), "x");
+    }
+
+    #[test]
+    fn boot_overrides_are_checked() {
+        assert!(boot_cmdline("").is_ok());
+        assert!(boot_cmdline("console=ttyS0,115200 quiet net.ifnames=0").is_ok());
+        for bad in ["a\nkernel x", "${x}", "a || b", "q\"x", "a#b", "a\tb"] {
+            assert!(boot_cmdline(bad).is_err(), "{bad:?}");
+        }
+        assert!(boot_path("k", "/boot/vmlinuz-6.1").is_ok());
+        for bad in ["boot/vmlinuz", "/boot/../etc/shadow", "/a/./b", "/a\nb"] {
+            assert!(boot_path("k", bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -18,8 +18,8 @@ pub const SECTOR_BYTES: i64 = 512;
 /// The default RAM cache of a new vDisk's devices: 1 GiB.
 pub const RAM_BYTES_DEFAULT: i64 = 1 << 30;
 
-const VDISK_COLUMNS: &str =
-    "id, store_id, name, cache_mode, ram_bytes, description, size_bytes, created_at_ms";
+const VDISK_COLUMNS: &str = "id, store_id, name, cache_mode, ram_bytes, description, size_bytes, created_at_ms, \
+     boot_cmdline, boot_kernel, boot_initrd";
 
 impl Farm {
     /// A page of vDisks.
@@ -181,13 +181,33 @@ impl Farm {
             validate::text("description", d)?;
             v.description.clone_from(d);
         }
+        if let Some(c) = &p.boot_cmdline {
+            validate::boot_cmdline(c)?;
+            v.boot_cmdline.clone_from(c);
+        }
+        if let Some(k) = &p.boot_kernel {
+            if let Some(k) = k {
+                validate::boot_path("boot_kernel", k)?;
+            }
+            v.boot_kernel.clone_from(k);
+        }
+        if let Some(i) = &p.boot_initrd {
+            if let Some(i) = i {
+                validate::boot_path("boot_initrd", i)?;
+            }
+            v.boot_initrd.clone_from(i);
+        }
         let mut tx = self.pool.begin().await?;
         sqlx::query(
-            "UPDATE vdisks SET cache_mode = $1, ram_bytes = $2, description = $3 WHERE id = $4",
+            "UPDATE vdisks SET cache_mode = $1, ram_bytes = $2, description = $3, \
+             boot_cmdline = $4, boot_kernel = $5, boot_initrd = $6 WHERE id = $7",
         )
         .bind(v.cache_mode.farm_name())
         .bind(v.ram_bytes)
         .bind(&v.description)
+        .bind(&v.boot_cmdline)
+        .bind(v.boot_kernel.as_deref())
+        .bind(v.boot_initrd.as_deref())
         .bind(id)
         .execute(&mut *tx)
         .await?;

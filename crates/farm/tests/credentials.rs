@@ -120,6 +120,7 @@ async fn login_with(farm: &Farm, mac: &str, key_hex: &str) -> farm::Result<Login
         mac: mac.into(),
         nonce: c.nonce,
         hmac,
+        diskless: false,
     };
     farm.login(&r, None).await
 }
@@ -259,6 +260,7 @@ async fn the_farm_key_enrols_a_device_once_then_only_its_secret_logs_it_in(t: Te
         cache_mode: None,
         ram_bytes: None,
         pinned_version: None,
+        diskless: false,
     };
     t.farm.create_device(&d, ADMIN).await.unwrap();
     let g2 = login_with(&t.farm, other, &farm_key).await.unwrap();

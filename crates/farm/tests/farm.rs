@@ -70,6 +70,7 @@ async fn add_device(t: &TestFarm, fx: &Fixture, mac: &str, ty: DeviceType) -> i6
         cache_mode: None,
         ram_bytes: None,
         pinned_version: None,
+        diskless: false,
     };
     t.farm.create_device(&d, ADMIN).await.unwrap().id
 }
@@ -87,6 +88,7 @@ async fn login(t: &TestFarm, mac: &str) -> farm::Result<farm::login::LoginGrant>
                 mac: mac.into(),
                 nonce: c.nonce,
                 hmac,
+                diskless: false,
             },
             None,
         )
@@ -444,6 +446,7 @@ async fn login_with_a_wrong_proof_or_reused_nonce_is_refused(t: TestFarm) {
         mac: mac.into(),
         nonce: c.nonce.clone(),
         hmac: wrong,
+        diskless: false,
     };
     assert_eq!(
         t.farm.login(&r, None).await.unwrap_err().kind(),

@@ -1,0 +1,396 @@
+//! The network boot service: plain HTTP routes for iPXE, apart from the authenticated API.
+//!
+//! ```text
+//!   iPXE ── GET /boot/ipxe ─────────────► chain /boot/ipxe/${netX/mac:hexhyp}
+//!        ── GET /boot/ipxe/{mac} ───────► Farm::boot_plan ─► kernel/initrd/boot script,
+//!                                         or a refusal script (reason, sleep, poweroff)
+//!        ── GET /boot/files/{vdisk}/{version}/kernel|initrd
+//!                                    ───► DATA/boot-cache/ (filled once per version file
+//!                                         state, through the version's chain) ─► bytes
+//! ```
+//!
+//! It exposes boot data only (what any PXE server serves: scripts, kernels, initramfs
+//! images) and nothing of the API: no route under `/api`, no secret, no file but a
+//! version's boot files. The device logs in over the API's HTTPS afterwards, with its key.
+//!
+//! The boot files come from a [`BootSource`] (the `bootfiles` crate, bound by the server),
+//! called on the blocking pool. Requests are bounded ([`REQUESTS_MAX`] at once, more get
+//! 503) and cache fills more so ([`FILLS_MAX`]).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::{Path as UrlPath, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use farm::boot::{BootPlan, BootTarget};
+use tokio::sync::Semaphore;
+
+use crate::boot_cache::{self, CacheKey};
+use crate::boot_script::{self, DeviceScript};
+pub use crate::boot_source::{BootFileKind, BootInfo, BootOverrides, BootSource};
+
+/// The most boot requests served at once; more are answered 503 at once.
+pub const REQUESTS_MAX: usize = 64;
+/// The most boot file reads through a chain (cache fills, boot file searches) at once.
+pub const FILLS_MAX: usize = 2;
+/// The largest kernel or initramfs served.
+pub const BOOT_FILE_BYTES_MAX: u64 = 512 << 20;
+/// The most versions whose boot files' description is kept in memory.
+pub const INFOS_MAX: usize = 256;
+/// Refusals are logged at most once per this many milliseconds (the rest are counted).
+pub const REFUSAL_LOG_EVERY_MS: i64 = 10_000;
+
+/// How the boot service is set up.
+#[derive(Debug, Clone)]
+pub struct BootConfig {
+    /// The farm API URLs the scripts tell the agent (`https://HOST:PORT`).
+    pub api_urls: Vec<String>,
+    /// The directory of cached boot files (made 0700 when missing).
+    pub cache_dir: PathBuf,
+    /// Where boot files come from.
+    pub source: Arc<dyn BootSource>,
+}
+
+/// What the boot service has served, since it started.
+#[derive(Debug, Default)]
+pub struct BootCounters {
+    /// Device scripts that boot a version.
+    pub scripts: AtomicU64,
+    /// Refusal scripts.
+    pub refusals: AtomicU64,
+    /// Boot files served.
+    pub files: AtomicU64,
+    /// Boot file bytes served.
+    pub file_bytes: AtomicU64,
+    /// Requests answered 404.
+    pub not_found: AtomicU64,
+    /// Requests answered 503 (too many at once).
+    pub busy: AtomicU64,
+    /// Cache fills (boot files read through a chain).
+    pub fills: AtomicU64,
+}
+
+impl BootCounters {
+    /// The counters as (name, value) pairs, for a metrics page or a log line.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            ("scripts", g(&self.scripts)),
+            ("refusals", g(&self.refusals)),
+            ("files", g(&self.files)),
+            ("file_bytes", g(&self.file_bytes)),
+            ("not_found", g(&self.not_found)),
+            ("busy", g(&self.busy)),
+            ("fills", g(&self.fills)),
+        ]
+    }
+}
+
+/// What the boot handlers see.
+#[derive(Debug, Clone)]
+pub struct BootState {
+    farm: Arc<farm::Farm>,
+    server_id: Option<i64>,
+    config: Arc<BootConfig>,
+    counters: Arc<BootCounters>,
+    requests: Arc<Semaphore>,
+    fills: Arc<Semaphore>,
+    infos: Arc<Mutex<HashMap<CacheKey, BootInfo>>>,
+    refusal_logged_ms: Arc<AtomicI64>,
+    refusals_unlogged: Arc<AtomicU64>,
+}
+
+impl BootState {
+    /// The boot service of `farm` on the server `server_id` (its store paths apply).
+    pub fn new(farm: Arc<farm::Farm>, server_id: Option<i64>, config: BootConfig) -> BootState {
+        BootState {
+            farm,
+            server_id,
+            config: Arc::new(config),
+            counters: Arc::default(),
+            requests: Arc::new(Semaphore::new(REQUESTS_MAX)),
+            fills: Arc::new(Semaphore::new(FILLS_MAX)),
+            infos: Arc::default(),
+            refusal_logged_ms: Arc::new(AtomicI64::new(i64::MIN)),
+            refusals_unlogged: Arc::default(),
+        }
+    }
+
+    /// Its counters.
+    pub fn counters(&self) -> Arc<BootCounters> {
+        Arc::clone(&self.counters)
+    }
+}
+
+/// The boot routes alone (mount nothing else beside them on the boot listener).
+pub fn router(state: BootState) -> Router {
+    Router::new()
+        .route("/boot/ipxe", get(chain))
+        .route("/boot/ipxe/{mac}", get(device))
+        .route("/boot/files/{vdisk_id}/{version}/{name}", get(file))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), bounded))
+        .with_state(state)
+}
+
+/// Serves [`router`] in plain HTTP on `listener` until `shutdown` completes (on any
+/// address: the boot routes carry public boot data only).
+///
+/// # Errors
+/// I/O errors of the listener.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: BootState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Answers 503 when [`REQUESTS_MAX`] requests are under way.
+async fn bounded(State(s): State<BootState>, req: Request, next: Next) -> Response {
+    let Ok(_permit) = Arc::clone(&s.requests).try_acquire_owned() else {
+        s.counters.busy.fetch_add(1, Ordering::Relaxed);
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "boot service busy; try again\n",
+        );
+    };
+    next.run(req).await
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body.into(),
+    )
+        .into_response()
+}
+
+fn ipxe(body: String) -> Response {
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn not_found(State(s): State<BootState>) -> Response {
+    s.counters.not_found.fetch_add(1, Ordering::Relaxed);
+    text(StatusCode::NOT_FOUND, "not a boot file of this farm\n")
+}
+
+async fn chain() -> Response {
+    ipxe(boot_script::chain_script())
+}
+
+impl BootState {
+    fn refuse(&self, mac: &str, reason: &str) -> Response {
+        self.counters.refusals.fetch_add(1, Ordering::Relaxed);
+        let now = self.farm.now_ms();
+        let last = self.refusal_logged_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= REFUSAL_LOG_EVERY_MS
+            && self
+                .refusal_logged_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let unlogged = self.refusals_unlogged.swap(0, Ordering::Relaxed);
+            tracing::warn!(mac, reason, unlogged, "boot refused");
+        } else {
+            self.refusals_unlogged.fetch_add(1, Ordering::Relaxed);
+        }
+        ipxe(boot_script::refusal_script(reason))
+    }
+
+    /// What the version of `t` offers, from memory or found through its chain.
+    async fn info(&self, t: &BootTarget) -> Result<BootInfo, String> {
+        let overrides = overrides_of(&t.vdisk);
+        let key = boot_cache::key_of(&t.path, t.vdisk.id, t.version.number, &overrides)
+            .await
+            .map_err(|e| format!("version file {}: {e}", t.version.file_name))?;
+        if let Some(i) = lock(&self.infos).get(&key) {
+            return Ok(i.clone());
+        }
+        let _fill = self.fills.acquire().await.map_err(|e| e.to_string())?;
+        let (source, path) = (Arc::clone(&self.config.source), t.path.clone());
+        let o = overrides.clone();
+        let info = tokio::task::spawn_blocking(move || source.find(&path, &o))
+            .await
+            .map_err(|e| format!("boot file search stopped: {e}"))??;
+        let mut infos = lock(&self.infos);
+        if infos.len() >= INFOS_MAX {
+            infos.clear();
+        }
+        infos.insert(key, info.clone());
+        Ok(info)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn overrides_of(v: &farm::model::VDisk) -> BootOverrides {
+    BootOverrides {
+        kernel: v.boot_kernel.clone(),
+        initrd: v.boot_initrd.clone(),
+    }
+}
+
+async fn device(State(s): State<BootState>, UrlPath(mac): UrlPath<String>) -> Response {
+    let plan = match s.farm.boot_plan(&mac, s.server_id).await {
+        Ok(p) => p,
+        Err(e) if e.kind() == farm::Kind::InvalidInput => {
+            return s.refuse(&mac, &format!("{mac:?} is not a MAC address"));
+        }
+        Err(e) => {
+            tracing::error!(mac, error = %e, "boot plan failed");
+            return s.refuse(
+                &mac,
+                "the farm could not decide (server error: see its log)",
+            );
+        }
+    };
+    let t = match plan {
+        BootPlan::Boot(t) => t,
+        BootPlan::Refuse(r) => return s.refuse(&mac, &r.reason),
+    };
+    let info = match s.info(&t).await {
+        Ok(i) => i,
+        Err(e) => {
+            let why = format!(
+                "version {} of vDisk {} has no kernel to boot: {e}",
+                t.version.number, t.vdisk.name
+            );
+            return s.refuse(&mac, &why);
+        }
+    };
+    let name = if t.auto_add {
+        "(new, added at login)".to_string()
+    } else {
+        t.device.name.clone()
+    };
+    let d = DeviceScript {
+        mac: &t.device.mac,
+        device: &name,
+        vdisk_id: t.vdisk.id,
+        vdisk: &t.vdisk.name,
+        version: t.version.number,
+        api_urls: &s.config.api_urls,
+        root: info.root,
+        initrd: info.initrd,
+        image_cmdline: info.cmdline.as_deref(),
+        vdisk_cmdline: &t.vdisk.boot_cmdline,
+    };
+    match boot_script::device_script(&d) {
+        Ok(script) => {
+            s.counters.scripts.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                mac = %t.device.mac, vdisk = %t.vdisk.name, version = t.version.number,
+                auto_add = t.auto_add, "boot script served"
+            );
+            script_response(script)
+        }
+        Err(e) => s.refuse(&mac, &e.to_string()),
+    }
+}
+
+fn script_response(script: String) -> Response {
+    ipxe(script)
+}
+
+async fn file(
+    State(s): State<BootState>,
+    UrlPath((vdisk_id, version, name)): UrlPath<(i64, i64, String)>,
+) -> Response {
+    let kind = match name.as_str() {
+        "kernel" => BootFileKind::Kernel,
+        "initrd" => BootFileKind::Initrd,
+        _ => return not_found(State(s)).await,
+    };
+    match serve_file(&s, vdisk_id, version, kind).await {
+        Ok(r) => r,
+        Err(why) => {
+            s.counters.not_found.fetch_add(1, Ordering::Relaxed);
+            text(StatusCode::NOT_FOUND, format!("{why}\n"))
+        }
+    }
+}
+
+async fn serve_file(
+    s: &BootState,
+    vdisk_id: i64,
+    number: i64,
+    kind: BootFileKind,
+) -> Result<Response, String> {
+    let what = format!("no {} for vdisk {vdisk_id} version {number}", kind.as_str());
+    let vdisk = s.farm.vdisk(vdisk_id).await.map_err(|_| what.clone())?;
+    let version = s
+        .farm
+        .version(vdisk_id, number)
+        .await
+        .map_err(|_| what.clone())?;
+    let path = s
+        .farm
+        .store_dir(vdisk.store_id, s.server_id)
+        .await
+        .map_err(|_| what.clone())?
+        .join(&version.file_name);
+    let overrides = overrides_of(&vdisk);
+    let key = boot_cache::key_of(&path, vdisk_id, number, &overrides)
+        .await
+        .map_err(|_| format!("{what}: the version's file is missing"))?;
+    let dir = s.config.cache_dir.clone();
+    let cached = boot_cache::path_of(&dir, &key, kind);
+    if !tokio::fs::try_exists(&cached).await.unwrap_or(false) {
+        let _fill = s.fills.acquire().await.map_err(|e| e.to_string())?;
+        if !tokio::fs::try_exists(&cached).await.unwrap_or(false) {
+            s.counters.fills.fetch_add(1, Ordering::Relaxed);
+            let source = Arc::clone(&s.config.source);
+            let k = key.clone();
+            tokio::task::spawn_blocking(move || {
+                let bytes = source.read(&path, kind, &overrides, BOOT_FILE_BYTES_MAX)?;
+                boot_cache::store(&dir, &k, kind, &bytes).map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|e| format!("boot file read stopped: {e}"))?
+            .map_err(|e| {
+                tracing::warn!(vdisk_id, number, kind = kind.as_str(), error = %e, "boot file");
+                format!("{what}: {e}")
+            })?;
+        }
+    }
+    let f = tokio::fs::File::open(&cached)
+        .await
+        .map_err(|e| format!("{what}: cache: {e}"))?;
+    let len = f
+        .metadata()
+        .await
+        .map_err(|e| format!("{what}: cache: {e}"))?
+        .len();
+    s.counters.files.fetch_add(1, Ordering::Relaxed);
+    s.counters.file_bytes.fetch_add(len, Ordering::Relaxed);
+    let body = axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(f));
+    Ok((
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_LENGTH, len.to_string()),
+        ],
+        body,
+    )
+        .into_response())
+}

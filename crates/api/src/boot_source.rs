@@ -1,0 +1,138 @@
+//! Where the boot service gets a version's boot files: the [`BootSource`] trait and its
+//! implementation over the `bootfiles` crate, [`BootfilesSource`]: a version's chain opened
+//! read-only, its kernel, initramfs, command line and root found in its own filesystem. An
+//! override path (the vDisk's `boot_kernel`/`boot_initrd`) names a file in the filesystem
+//! the search found the kernel in.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use disk::BlockDevice;
+
+use crate::boot_script::RootDev;
+
+/// Which boot file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BootFileKind {
+    /// The kernel.
+    Kernel,
+    /// The initramfs.
+    Initrd,
+}
+
+impl BootFileKind {
+    /// Its name in the URL and the cache.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BootFileKind::Kernel => "kernel",
+            BootFileKind::Initrd => "initrd",
+        }
+    }
+}
+
+/// A vDisk's boot file paths, when the administrator set them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct BootOverrides {
+    /// The kernel's path in the version's filesystem.
+    pub kernel: Option<String>,
+    /// The initramfs's path in the version's filesystem.
+    pub initrd: Option<String>,
+}
+
+/// What a version's filesystem offers for booting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootInfo {
+    /// True when it has an initramfs.
+    pub initrd: bool,
+    /// Its own kernel command line, if it has one.
+    pub cmdline: Option<String>,
+    /// Its root filesystem.
+    pub root: RootDev,
+}
+
+/// Where the boot service reads a version's boot files: `image` is the version's file, the
+/// top of its chain. Both calls block (they read the chain); the service calls them on the
+/// blocking pool. Errors are one line for a person.
+pub trait BootSource: Send + Sync + std::fmt::Debug + 'static {
+    /// What the version offers.
+    ///
+    /// # Errors
+    /// No kernel found, an image or filesystem error.
+    fn find(&self, image: &Path, overrides: &BootOverrides) -> Result<BootInfo, String>;
+    /// The bytes of one boot file, at most `max_bytes`.
+    ///
+    /// # Errors
+    /// As `find`; the file is missing or larger than `max_bytes`.
+    fn read(
+        &self,
+        image: &Path,
+        kind: BootFileKind,
+        overrides: &BootOverrides,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, String>;
+}
+
+/// Boot files through the `bootfiles` crate: the version's chain opened read-only.
+#[derive(Debug, Default)]
+pub struct BootfilesSource;
+
+fn open_chain(image: &Path) -> Result<Arc<dyn BlockDevice>, String> {
+    disk::open::open(image, disk::open::OpenOptions::default())
+        .map(|c| c.top())
+        .map_err(|e| format!("open {}: {}", image.display(), contract::ErrorChain(&e)))
+}
+
+fn found(dev: &Arc<dyn BlockDevice>) -> Result<bootfiles::BootFiles, String> {
+    bootfiles::find(dev).map_err(|e| contract::ErrorChain(&e).to_string())
+}
+
+/// `path` in the volume of `like` (an override names a file in the filesystem the search
+/// found the kernel in).
+fn at_path(like: &bootfiles::BootFile, path: &str) -> bootfiles::BootFile {
+    bootfiles::BootFile {
+        partition: like.partition,
+        path: path.to_string(),
+        size: 0,
+        version: None,
+    }
+}
+
+impl BootSource for BootfilesSource {
+    fn find(&self, image: &Path, overrides: &BootOverrides) -> Result<BootInfo, String> {
+        let dev = open_chain(image)?;
+        let f = found(&dev)?;
+        let root = match &f.root {
+            Some(r) => r.partition.map_or(RootDev::WholeDisk, RootDev::Partition),
+            None => RootDev::Unknown,
+        };
+        Ok(BootInfo {
+            initrd: f.initrd.is_some() || overrides.initrd.is_some(),
+            cmdline: f.cmdline,
+            root,
+        })
+    }
+
+    fn read(
+        &self,
+        image: &Path,
+        kind: BootFileKind,
+        overrides: &BootOverrides,
+        max_bytes: u64,
+    ) -> Result<Vec<u8>, String> {
+        let dev = open_chain(image)?;
+        let f = found(&dev)?;
+        let file = match kind {
+            BootFileKind::Kernel => match &overrides.kernel {
+                Some(p) => at_path(&f.kernel, p),
+                None => f.kernel,
+            },
+            BootFileKind::Initrd => match (&overrides.initrd, f.initrd) {
+                (Some(p), _) => at_path(&f.kernel, p),
+                (None, Some(i)) => i,
+                (None, None) => return Err("the version has no initramfs".into()),
+            },
+        };
+        bootfiles::read(&dev, &file, max_bytes)
+            .map_err(|e| format!("{}: {}", file.path, contract::ErrorChain(&e)))
+    }
+}

@@ -1,0 +1,350 @@
+//! The network boot routes through their router (no sockets), on SQLite and PostgreSQL,
+//! over a real vDisk: an ext4 filesystem made by `mkfs.ext4 -d` with `/boot/vmlinuz-*` and
+//! its initramfs, captured into the store's VHDX by Ferry. The chain script, a device's
+//! script (its kernel command line), the kernel and initramfs bytes (GET and HEAD), the
+//! on-disk cache (modes, re-read when the version file changes), refusals, and what an
+//! outsider cannot get: nothing of the API, no other file.
+//!
+//! `mkfs.ext4` follows the tool rule (docs/testing.md): missing outside CI, a test prints
+//! why and returns; under `CI=true` it fails.
+
+#[path = "../../farm/tests/common/mod.rs"]
+mod common;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use api::boot::{BootConfig, BootState};
+use api::boot_source::BootfilesSource;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use common::TestFarm;
+use farm::input::{NewCollection, NewDevice, NewSite, NewStore, NewVDisk};
+use tower::ServiceExt as _;
+
+const ADMIN: &str = "admin";
+const MAC: &str = "52:54:00:12:34:56";
+const API_URL: &str = "https://10.0.2.2:8443";
+const KVER: &str = "6.1.0-13-amd64";
+
+fn have_mkfs() -> bool {
+    let ok = Command::new("mkfs.ext4")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "mkfs.ext4 is required under CI"
+        );
+        eprintln!("mkfs.ext4 not found: skipping");
+    }
+    ok
+}
+
+/// Bytes that differ per name.
+fn fake(name: &str, len: usize) -> Vec<u8> {
+    let mut x: u32 = name.bytes().fold(2_166_136_261, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(16_777_619)
+    });
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x.to_le_bytes()[0]
+        })
+        .collect()
+}
+
+/// A root filesystem on the whole disk, captured into `vhdx`.
+fn root_image(work: &Path, vhdx: &Path) {
+    let tree = work.join("tree");
+    for d in ["etc/kernel", "sbin", "usr", "boot"] {
+        std::fs::create_dir_all(tree.join(d)).unwrap();
+    }
+    std::fs::write(
+        tree.join(format!("boot/vmlinuz-{KVER}")),
+        fake("kernel", 3 << 20),
+    )
+    .unwrap();
+    std::fs::write(
+        tree.join(format!("boot/initrd.img-{KVER}")),
+        fake("initrd", 5 << 20),
+    )
+    .unwrap();
+    std::fs::write(
+        tree.join("etc/kernel/cmdline"),
+        "root=UUID=2f4c1e8a-6b1d-4c77-9a1e-0d3b5f6a7c01 ro quiet\n",
+    )
+    .unwrap();
+    let raw = work.join("root.raw");
+    let out = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-d"])
+        .arg(&tree)
+        .arg(&raw)
+        .arg("32M")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    disk::ops::capture::capture(
+        &raw,
+        vhdx,
+        &disk::ops::capture::CaptureOptions::default(),
+        &disk::ops::NoProgress,
+    )
+    .unwrap();
+}
+
+struct Boot {
+    t: TestFarm,
+    router: axum::Router,
+    state: BootState,
+    vdisk: i64,
+    cache: std::path::PathBuf,
+    version_file: std::path::PathBuf,
+}
+
+/// A farm with vDisk "golden" (the root image), a collection that adds no device, and the
+/// diskless device `MAC` on the vDisk; the boot router over it.
+async fn setup(t: TestFarm) -> Boot {
+    let f = &t.farm;
+    let site = f
+        .create_site(
+            &NewSite {
+                name: "hq".into(),
+                description: String::new(),
+            },
+            ADMIN,
+        )
+        .await
+        .unwrap();
+    let store = NewStore {
+        name: "main".into(),
+        path: "main".into(),
+    };
+    let store = f.create_store(&store, ADMIN).await.unwrap();
+    let dir = f.store_dir(store.id, None).await.unwrap();
+    let version_file = dir.join("golden.vhdx");
+    root_image(t.dir.path(), &version_file);
+    let n = NewVDisk {
+        store_id: store.id,
+        name: "golden".into(),
+        size_bytes: None,
+        cache_mode: None,
+        ram_bytes: None,
+        description: String::new(),
+    };
+    let vdisk = f.create_vdisk(&n, ADMIN).await.unwrap().id;
+    let c = NewCollection {
+        site_id: site.id,
+        name: "lab".into(),
+        auto_add: false,
+        default_vdisk_id: None,
+    };
+    let collection = f.create_collection(&c, ADMIN).await.unwrap().id;
+    let d = NewDevice {
+        collection_id: collection,
+        mac: MAC.into(),
+        name: "vm1".into(),
+        device_type: None,
+        vdisk_id: Some(vdisk),
+        cache_mode: None,
+        ram_bytes: None,
+        pinned_version: None,
+        diskless: true,
+    };
+    f.create_device(&d, ADMIN).await.unwrap();
+    let p = farm::input::VDiskPatch {
+        boot_cmdline: Some("console=ttyS0,115200".into()),
+        ..Default::default()
+    };
+    f.update_vdisk(vdisk, &p, ADMIN).await.unwrap();
+    let cache = t.dir.path().join("data").join("boot-cache");
+    let state = BootState::new(
+        Arc::clone(&t.farm),
+        None,
+        BootConfig {
+            api_urls: vec![API_URL.into()],
+            cache_dir: cache.clone(),
+            source: Arc::new(BootfilesSource),
+        },
+    );
+    Boot {
+        router: api::boot::router(state.clone()),
+        state,
+        t,
+        vdisk,
+        cache,
+        version_file,
+    }
+}
+
+impl Boot {
+    async fn get(&self, method: Method, uri: &str) -> (StatusCode, Option<u64>, Vec<u8>) {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::empty())
+            .unwrap();
+        let resp = self.router.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let len = resp
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        let body = axum::body::to_bytes(resp.into_body(), 64 << 20)
+            .await
+            .unwrap();
+        (status, len, body.to_vec())
+    }
+
+    async fn text(&self, uri: &str) -> String {
+        let (s, _, b) = self.get(Method::GET, uri).await;
+        assert_eq!(s, StatusCode::OK, "{uri}");
+        String::from_utf8(b).unwrap()
+    }
+}
+
+async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFarm) {
+    if !have_mkfs() {
+        return;
+    }
+    let b = setup(t).await;
+    let chain = b.text("/boot/ipxe").await;
+    assert!(chain.starts_with("#!ipxe\n"), "{chain}");
+    assert!(chain.contains("chain --autofree /boot/ipxe/${netX/mac:hexhyp}"));
+    let script = b.text("/boot/ipxe/52-54-00-12-34-56").await;
+    let id = b.vdisk;
+    let want = format!(
+        "kernel /boot/files/{id}/0/kernel initrd=initrd boot=ferry ip=dhcp \
+         ferry.api={API_URL} ferry.mac={MAC} ferry.vdisk=golden ferry.version=0 \
+         root=/dev/nbd0 panic=30 ro quiet console=ttyS0,115200 || goto failed\n"
+    );
+    assert!(script.contains(&want), "{script}");
+    assert!(script.contains(&format!("initrd --name initrd /boot/files/{id}/0/initrd")));
+    assert!(script.contains("echo Ferry: device vm1 (52:54:00:12:34:56) boots vDisk golden"));
+    let (s, len, kernel) = b
+        .get(Method::GET, &format!("/boot/files/{id}/0/kernel"))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(kernel, fake("kernel", 3 << 20));
+    assert_eq!(len, Some(3 << 20));
+    let (s, len, body) = b
+        .get(Method::HEAD, &format!("/boot/files/{id}/0/initrd"))
+        .await;
+    assert_eq!((s, len, body.len()), (StatusCode::OK, Some(5 << 20), 0));
+    let (_, _, initrd) = b
+        .get(Method::GET, &format!("/boot/files/{id}/0/initrd"))
+        .await;
+    assert_eq!(initrd, fake("initrd", 5 << 20));
+    // Cached: owner-only, filled once per file.
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&b.cache), 0o700);
+    let files: Vec<_> = std::fs::read_dir(&b.cache).unwrap().flatten().collect();
+    assert_eq!(files.len(), 2, "{files:?}");
+    for f in &files {
+        assert_eq!(mode(&f.path()), 0o600);
+    }
+    let c = b.state.counters();
+    assert_eq!(c.fills.load(Ordering::Relaxed), 2);
+    b.get(Method::GET, &format!("/boot/files/{id}/0/kernel"))
+        .await;
+    assert_eq!(c.fills.load(Ordering::Relaxed), 2);
+    assert_eq!(c.scripts.load(Ordering::Relaxed), 1);
+    // The version file changes (a maintenance version written): read again, old entry gone.
+    let f = std::fs::File::options()
+        .write(true)
+        .open(&b.version_file)
+        .unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    f.set_modified(later).unwrap();
+    let (_, _, again) = b
+        .get(Method::GET, &format!("/boot/files/{id}/0/kernel"))
+        .await;
+    assert_eq!(again, kernel);
+    assert_eq!(c.fills.load(Ordering::Relaxed), 3);
+    assert_eq!(std::fs::read_dir(&b.cache).unwrap().count(), 2);
+    drop(b.t);
+}
+
+async fn refusals_are_scripts_that_say_why_and_power_off(t: TestFarm) {
+    if !have_mkfs() {
+        return;
+    }
+    let b = setup(t).await;
+    for (mac, why) in [
+        ("52-54-00-00-00-99", "ferry device add 52:54:00:00:00:99"),
+        ("zz", "is not a MAC address"),
+        ("52-54-00-00-00-99%0Akernel", "is not a MAC address"),
+    ] {
+        let s = b.text(&format!("/boot/ipxe/{mac}")).await;
+        assert!(s.starts_with("#!ipxe\n"), "{s}");
+        assert!(s.contains("echo Ferry: this machine cannot boot: "), "{s}");
+        assert!(s.contains(why), "{mac}: {s}");
+        assert!(s.ends_with("sleep 30\npoweroff || exit 1\n"), "{s}");
+        assert!(!s.lines().any(|l| l.starts_with("kernel")), "{s}");
+    }
+    // The version's file gone: refused with its name.
+    std::fs::remove_file(&b.version_file).unwrap();
+    let s = b.text("/boot/ipxe/52-54-00-12-34-56").await;
+    assert!(s.contains("golden.vhdx"), "{s}");
+    assert!(b.state.counters().refusals.load(Ordering::Relaxed) >= 4);
+}
+
+async fn an_outsider_gets_nothing_but_boot_files(t: TestFarm) {
+    if !have_mkfs() {
+        return;
+    }
+    let b = setup(t).await;
+    let id = b.vdisk;
+    let admin = b.t.secrets.admin_token.clone();
+    for uri in [
+        "/api/v1/farm".to_string(),
+        "/api/v1/openapi.json".to_string(),
+        format!("/api/v1/devices?token={admin}"),
+        "/".to_string(),
+        "/boot/".to_string(),
+        format!("/boot/files/{id}/0/cmdline"),
+        format!("/boot/files/{id}/0/..%2F..%2Fetc%2Fpasswd"),
+        format!("/boot/files/{id}/0/../../../etc/passwd"),
+        format!("/boot/files/{id}/0/kernel/../../golden.vhdx"),
+        format!("/boot/files/{id}/7/kernel"),
+        "/boot/files/999/0/kernel".to_string(),
+        "/boot/files/1/x/kernel".to_string(),
+        "/boot/files/-1/0/kernel".to_string(),
+    ] {
+        let (s, _, body) = b.get(Method::GET, &uri).await;
+        assert!(
+            s == StatusCode::NOT_FOUND || s == StatusCode::BAD_REQUEST,
+            "{uri}: {s}"
+        );
+        let body = String::from_utf8_lossy(&body);
+        assert!(
+            !body.contains("farm_key") && !body.contains(&admin),
+            "{uri}"
+        );
+    }
+    for m in [Method::POST, Method::PUT, Method::DELETE] {
+        let (s, _, _) = b.get(m.clone(), "/boot/ipxe").await;
+        assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED, "{m}");
+    }
+    // Nothing was created or read for those.
+    assert_eq!(b.state.counters().fills.load(Ordering::Relaxed), 0);
+    assert!(
+        b.t.farm
+            .device_by_mac("52:54:00:00:00:99")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+dual_tests!(
+    a_device_gets_its_script_and_its_version_s_kernel_and_initrd,
+    refusals_are_scripts_that_say_why_and_power_off,
+    an_outsider_gets_nothing_but_boot_files,
+);
