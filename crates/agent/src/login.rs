@@ -328,6 +328,22 @@ pub fn login(
     key: &[u8],
     ca_pem: Option<&str>,
 ) -> Result<LoginGrant, LoginError> {
+    login_as(api_url, mac, key, ca_pem, false)
+}
+
+/// [`login`], saying whether this device is diskless (the boot agent in a machine's
+/// initramfs, with no disk to keep a device secret in): a device the login adds
+/// automatically is then made diskless, so the farm key logs it in at every boot.
+///
+/// # Errors
+/// As [`login`].
+pub fn login_as(
+    api_url: &str,
+    mac: &str,
+    key: &[u8],
+    ca_pem: Option<&str>,
+    diskless: bool,
+) -> Result<LoginGrant, LoginError> {
     let base = parse_api_url(api_url)?;
     let mac = parse_mac(mac)?;
     if key.is_empty() {
@@ -354,7 +370,7 @@ pub fn login(
         mac: mac.to_string(),
         hmac: contract::login::proof(key, &challenge.nonce, mac),
         nonce: challenge.nonce,
-        diskless: false,
+        diskless,
     };
     let g: contract::login::LoginGrant<DeviceRef> = at.post("login", LOGIN_PATH, &body)?;
     let bad = |reason: String| LoginError::BadAnswer {

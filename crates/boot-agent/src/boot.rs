@@ -321,7 +321,7 @@ fn login_patiently(
     loop {
         let mut last = None;
         for api in apis {
-            match agent::login::login(api, mac, key, ca) {
+            match agent::login::login_as(api, mac, key, ca, true) {
                 Ok(g) => {
                     tracing::info!(%api, device = %g.device_name, vdisk = %g.vdisk,
                         version = g.version, "logged in to the farm");

@@ -526,7 +526,7 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
             &["farm", "vdisk", "set", "bad", "--boot-cmdline", args],
         );
     };
-    set("ferry.key=/etc/ferry/wrong.key");
+    set("console=ttyS0 ferry.key=/etc/ferry/wrong.key");
     let mut vm = machine(dir, &farm, bad_mac, "wrong-key");
     expect_message(
         &mut vm,
@@ -536,7 +536,7 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     expect_message(&mut vm, "wrong farm key", "Ferry: this machine cannot boot");
     vm.kill();
     // The farm's API unreachable.
-    set("ferry.api=https://10.0.2.2:9");
+    set("console=ttyS0 ferry.api=https://10.0.2.2:9");
     let mut vm = machine(dir, &farm, bad_mac, "unreachable");
     expect_message(&mut vm, "unreachable", "(server unreachable)");
     vm.kill();
