@@ -249,7 +249,7 @@ fn booted(vm: &mut guest::Running, step: &str, version: &str) -> guest::TestOutp
 fn golden_image(dir: &Path, farm: &Farm) -> guest::GuestImage {
     let install = "ferry target install-initramfs --agent /root/ferry-boot \
                    --farm-ca /root/farm-ca.pem --farm-key /root/farm.key \
-                   --overflow /dev/vdb --update && rm /root/ferry-boot /root/farm.key";
+                   --overflow /dev/vda --update && rm /root/ferry-boot /root/farm.key";
     guest::ImageBuilder::new(guest::guest_root())
         .copy(stripped_ferry(dir), "/usr/local/bin/ferry", 0o755)
         .copy(boot_agent(), "/root/ferry-boot", 0o755)
@@ -390,6 +390,16 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
             CACHE_RAM_BYTES,
         ],
     );
+    // The test OS has no /etc/kernel/cmdline: its console is the serial port.
+    let console = [
+        "farm",
+        "vdisk",
+        "set",
+        "debian",
+        "--boot-cmdline",
+        "console=ttyS0",
+    ];
+    json(&farm, &console);
     let lab = [
         "collection",
         "add",
