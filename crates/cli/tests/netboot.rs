@@ -119,8 +119,8 @@ struct Farm {
     dir: PathBuf,
     api: String,
     token: String,
-    /// Per server: its name, NBD port, boot port and process (None once killed).
-    servers: Vec<(String, u16, u16, Option<Proc>)>,
+    /// Per server: its name, NBD port, boot port, API URL and process (None once killed).
+    servers: Vec<(String, u16, u16, String, Option<Proc>)>,
 }
 
 impl Farm {
@@ -181,18 +181,20 @@ impl Farm {
                 && TcpStream::connect(("127.0.0.1", api)).is_ok()
                 && TcpStream::connect(("127.0.0.1", nbd)).is_ok()
         });
+        let url = format!("https://127.0.0.1:{api}");
         if self.servers.is_empty() {
-            self.api = format!("https://127.0.0.1:{api}");
+            self.api = url.clone();
         }
-        self.servers.push((name.to_string(), nbd, boot, Some(p)));
+        self.servers
+            .push((name.to_string(), nbd, boot, url, Some(p)));
     }
 
     /// The boot URL of the first server still running.
     fn bootfile(&self) -> String {
-        let (_, _, boot, _) = self
+        let (_, _, boot, _, _) = self
             .servers
             .iter()
-            .find(|s| s.3.is_some())
+            .find(|s| s.4.is_some())
             .expect("a server runs");
         format!("http://10.0.2.2:{boot}/boot/ipxe")
     }
@@ -204,14 +206,19 @@ impl Farm {
             .iter_mut()
             .find(|s| s.1 == nbd)
             .unwrap_or_else(|| panic!("no server on NBD port {nbd}"));
-        s.3.take().expect("running").kill();
-        s.0.clone()
+        s.4.take().expect("running").kill();
+        let name = s.0.clone();
+        // The test's commands go to a server still running.
+        if let Some(alive) = self.servers.iter().find(|s| s.4.is_some()) {
+            self.api = alive.3.clone();
+        }
+        name
     }
 }
 
 impl Drop for Farm {
     fn drop(&mut self) {
-        for p in self.servers.iter_mut().filter_map(|s| s.3.take()) {
+        for p in self.servers.iter_mut().filter_map(|s| s.4.take()) {
             p.kill();
         }
     }
