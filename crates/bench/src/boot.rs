@@ -77,6 +77,8 @@ pub struct Row {
     pub store_read: Vec<u64>,
     /// Bytes the server sent to the client per boot, when known (Ferry only).
     pub served: Vec<u64>,
+    /// Where each boot's time went, when its console said.
+    pub phases: Vec<Phases>,
 }
 
 impl Row {
@@ -86,11 +88,45 @@ impl Row {
     }
 }
 
-/// The median of `v` (the upper one of an even count; NaN when empty).
+/// The median of `v` (the mean of the middle two of an even count; NaN when empty).
 pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
-    s.get(s.len() / 2).copied().unwrap_or(f64::NAN)
+    let n = s.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => s[n / 2],
+        _ => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+/// Where a boot's time went, by the guest kernel's clock (seconds since it started).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Phases {
+    /// The initramfs's `/init` started.
+    pub init: f64,
+    /// The root file system was mounted (`EXT4-fs (…): mounted`).
+    pub root: f64,
+    /// The last kernel message before the marker.
+    pub last: f64,
+}
+
+/// The kernel timestamp `[   17.77]` a console line starts with.
+fn kernel_ts(line: &str) -> Option<f64> {
+    let rest = line.trim_start_matches(['\r', '\n']).strip_prefix('[')?;
+    rest.split_once(']')?.0.trim().parse().ok()
+}
+
+/// The [`Phases`] of a console log, when it holds all three.
+pub fn phases(log: &str) -> Option<Phases> {
+    let before = &log[..log.find(BOOT_MARKER)?];
+    let first =
+        |needle: &dyn Fn(&str) -> bool| before.lines().find(|l| needle(l)).and_then(kernel_ts);
+    Some(Phases {
+        init: first(&|l| l.contains("Run /init as init process"))?,
+        root: first(&|l| l.contains("EXT4-fs (") && l.contains("mounted filesystem"))?,
+        last: before.lines().filter_map(kernel_ts).last()?,
+    })
 }
 
 /// Everything the section measured.
@@ -286,13 +322,14 @@ fn run(cfg: &Config, b: &BootConfig, bins: &Binaries, root: &Path, dir: &Path) -
                 &image.initrd,
                 LOCAL_APPEND,
             );
-            let secs = boot_once(q, "local disk")?;
+            let (secs, ph) = boot_once(q, "local disk")?;
             let row = if warm {
                 &mut res.local_warm
             } else {
                 &mut res.local
             };
             row.secs.push(secs);
+            row.phases.extend(ph);
             note(&format!(
                 "boot run {run}: local disk{}: {secs:.1} s",
                 if warm { " (warm page cache)" } else { "" }
@@ -305,8 +342,9 @@ fn run(cfg: &Config, b: &BootConfig, bins: &Binaries, root: &Path, dir: &Path) -
         let q = vm("nbdkit").direct_boot(&image.kernel, &image.initrd, &nbdkit_append(nbdkit.port));
         let secs = boot_once(q, "nbdkit");
         let read = nbdkit.stop();
-        let secs = secs?;
+        let (secs, ph) = secs?;
         res.nbdkit.secs.push(secs);
+        res.nbdkit.phases.extend(ph);
         if let Some(r) = read {
             res.nbdkit.store_read.push(r);
         }
@@ -322,7 +360,7 @@ fn run(cfg: &Config, b: &BootConfig, bins: &Binaries, root: &Path, dir: &Path) -
             res.loads.push(sys::load1());
             let q =
                 vm("ferry").direct_boot(&image.kernel, &image.initrd, &ferry_append(server.nbd));
-            let secs = boot_once(q, "ferry")?;
+            let (secs, ph) = boot_once(q, "ferry")?;
             let after = server.metrics()?;
             let row = if warm {
                 &mut res.ferry_warm
@@ -330,6 +368,7 @@ fn run(cfg: &Config, b: &BootConfig, bins: &Binaries, root: &Path, dir: &Path) -
                 &mut res.ferry_cold
             };
             row.secs.push(secs);
+            row.phases.extend(ph);
             let (store_read, served) = after.since(before);
             row.store_read.push(store_read);
             row.served.push(served);
@@ -405,8 +444,8 @@ fn concurrent(
     Ok(())
 }
 
-/// Boots `q` to the marker; the seconds from QEMU's start.
-fn boot_once(q: Qemu, what: &str) -> Result<f64> {
+/// Boots `q` to the marker; the seconds from QEMU's start, and the phases its console shows.
+fn boot_once(q: Qemu, what: &str) -> Result<(f64, Option<Phases>)> {
     let mut vm = q
         .spawn()
         .map_err(|e| anyhow!("start the {what} machine: {e}"))?;
@@ -414,7 +453,7 @@ fn boot_once(q: Qemu, what: &str) -> Result<f64> {
         .wait_for(&format!("{BOOT_MARKER} version={VERSION}"), BOOT_WAIT)
         .map_err(|e| anyhow!("{what} boot: {e}"))?;
     vm.kill();
-    Ok(took.as_secs_f64())
+    Ok((took.as_secs_f64(), phases(&vm.log())))
 }
 
 fn mb(bytes: Option<u64>) -> String {
@@ -641,8 +680,31 @@ mod tests {
     }
 
     #[test]
+    fn phases_are_read_from_kernel_timestamps_before_the_marker() {
+        let log = "[    0.000000] Linux version\r\n[    4.070447] Run /init as init process\r\n\
+                   Begin: Mounting root file system ... done.\r\n\
+                   [   18.663148] EXT4-fs (nbd0p1): mounted filesystem with ordered data mode.\r\n\
+                   [   28.845914] random: crng init done\r\n\
+                   FERRY-BOOT-OK version=bench\r\n[   40.0] later\r\n";
+        assert_eq!(
+            phases(log),
+            Some(Phases {
+                init: 4.070447,
+                root: 18.663148,
+                last: 28.845914
+            })
+        );
+    }
+
+    #[test]
+    fn phases_need_the_marker() {
+        assert_eq!(phases("[    4.0] Run /init as init process\n"), None);
+    }
+
+    #[test]
     fn median_takes_the_middle_boot() {
         assert_eq!(median(&[30.0, 90.0, 31.0]), 31.0);
+        assert_eq!(median(&[30.0, 32.0]), 31.0);
         assert!(median(&[]).is_nan());
     }
 }

@@ -56,7 +56,7 @@ pub fn section(cfg: &Config, b: &BootConfig, r: &Results) -> String {
          `qemu-system-x86_64 -accel tcg` with {GUEST_CPUS} vCPU and {GUEST_MIB} MiB, the \
          image's own kernel and initramfs booted directly, the console on ttyS0; the time is \
          from QEMU's start to the `FERRY-BOOT-OK` line the guest prints after \
-         multi-user.target. Median of {} boot(s) per row (range in brackets).\n\n\
+         multi-user.target. Median of {} boot(s) per row (range in brackets; the mean of the middle two of an even count).\n\n\
          - *local disk*: the raw image as a virtio disk (`-snapshot`: writes go to a \
          throw-away overlay), `root=/dev/vda1`: the ceiling; once with the page cache dropped, \
          once right after (the image's blocks in the page cache).\n\
@@ -111,6 +111,7 @@ pub fn section(cfg: &Config, b: &BootConfig, r: &Results) -> String {
                 .map_or_else(|| "–".into(), |b| format!("{:.1}", b as f64 / 1e6)),
         );
     }
+    render_phases(&mut out, &rows);
     let _ = writeln!(
         out,
         "\nThe vDisk: a {:.0} MiB raw disk of which {:.0} MB are allocated (the root file \
@@ -123,6 +124,32 @@ pub fn section(cfg: &Config, b: &BootConfig, r: &Results) -> String {
     render_goals(&mut out, r);
     render_conditions(&mut out, cfg, b, r);
     out
+}
+
+/// Where the time went, by the guest kernel's clock (medians).
+fn render_phases(out: &mut String, rows: &[(&str, &Row)]) {
+    out.push_str(
+        "\nWhere the time went, by the guest kernel's clock (median seconds; the rest of a \
+         boot's time is QEMU's start and firmware before the kernel's clock starts):\n\n\
+         | boot | kernel start → initramfs `/init` | `/init` → root mounted (network, \
+         attach) | root mounted → last kernel message before the marker (systemd) |\n\
+         |---|---:|---:|---:|\n",
+    );
+    for (name, row) in rows {
+        if row.phases.is_empty() {
+            continue;
+        }
+        let m = |f: &dyn Fn(&super::Phases) -> f64| {
+            median(&row.phases.iter().map(f).collect::<Vec<_>>())
+        };
+        let _ = writeln!(
+            out,
+            "| {name} | {:.1} | {:.1} | {:.1} |",
+            m(&|p| p.init),
+            m(&|p| p.root - p.init),
+            m(&|p| p.last - p.root),
+        );
+    }
 }
 
 fn render_goals(out: &mut String, r: &Results) {
@@ -184,6 +211,6 @@ mod tests {
             secs: vec![40.0, 30.0],
             ..Row::default()
         };
-        assert_eq!(secs(&row), "40.0 (30.0–40.0)");
+        assert_eq!(secs(&row), "35.0 (30.0–40.0)");
     }
 }
