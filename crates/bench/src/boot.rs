@@ -125,7 +125,7 @@ pub fn phases(log: &str) -> Option<Phases> {
     Some(Phases {
         init: first(&|l| l.contains("Run /init as init process"))?,
         root: first(&|l| l.contains("EXT4-fs (") && l.contains("mounted filesystem"))?,
-        last: before.lines().filter_map(kernel_ts).last()?,
+        last: before.lines().rev().find_map(kernel_ts)?,
     })
 }
 
