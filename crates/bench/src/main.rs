@@ -14,12 +14,15 @@
 //!                                             TLS, vs qemu-nbd qcow2 overlays, nbdkit cow;
 //!                                             nbdkit memory and io_uring O_DIRECT ceilings
 //!   nbd-tls   nbdcopy and fio nbd over nbds:// Ferry with TLS vs without, vs nbdkit --tls
+//!   boot      Debian 12 in QEMU (TCG) to multi-user: local virtio disk, nbdkit + Debian's
+//!             nbd-client initramfs, `ferry server` + the boot agent (cold, warm, M at once)
 //! ```
 //!
 //! and prints a Markdown report (`--out FILE` rewrites that file, docs/BENCHMARKS.md through
 //! `scripts/bench.sh`). Progress goes to stderr. A measuring tool, not a library: errors are
 //! `anyhow` throughout, as in tests.
 
+mod boot;
 mod copy;
 mod data;
 mod iops;
@@ -86,7 +89,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls"
+        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,boot"
     )]
     only: Vec<Bench>,
     /// Skip the untimed qemu-img compare/check of Ferry's outputs.
@@ -107,6 +110,12 @@ struct Args {
     /// Concurrent boot-storm clients, one scenario each.
     #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
     boot_clients: Vec<usize>,
+    /// Boots per row of the boot section [default: 2, --quick: 1; --runs when given].
+    #[arg(long)]
+    boot_runs: Option<u32>,
+    /// Machines booted at once in the boot section's concurrency run.
+    #[arg(long, default_value_t = boot::MACHINES_DEFAULT)]
+    boot_machines: usize,
 }
 
 impl Args {
@@ -137,6 +146,7 @@ enum Bench {
     Bootstorm,
     Target,
     NbdTls,
+    Boot,
 }
 
 impl Bench {
@@ -364,6 +374,7 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
         nbd: Vec::new(),
         tls: None,
         target: None,
+        boot: None,
         total_minutes: 0.0,
     };
     if old_benches {
@@ -405,6 +416,23 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
     }
     if args.only.contains(&Bench::Bootstorm) {
         report.nbd.push(nbd::bootstorm_bench(&cfg, &ncfg)?);
+    }
+    if args.only.contains(&Bench::Boot) {
+        let b = boot::BootConfig {
+            runs: args
+                .boot_runs
+                .or(args.runs)
+                .unwrap_or(args.pick(boot::RUNS_DEFAULT, boot::RUNS_QUICK)),
+            machines: args.boot_machines,
+            quick: args.quick,
+        };
+        if b.runs == 0 || b.runs > RUNS_MAX || b.machines == 0 || b.machines > boot::MACHINES_MAX {
+            bail!(
+                "--boot-runs must be 1..={RUNS_MAX} and --boot-machines 1..={}",
+                boot::MACHINES_MAX
+            );
+        }
+        report.boot = Some(boot::boot_bench(&cfg, &b)?);
     }
     if args.only.contains(&Bench::Target) {
         let ds = nbd::make_data_set(&cfg, "golden", target::GOLDEN_BYTES, cfg.seed ^ 0x7a9)?;

@@ -245,11 +245,13 @@ pub struct Report {
     pub tls: Option<String>,
     /// The target write-cache section (`target.rs`), which carries its own conditions.
     pub target: Option<String>,
+    /// The boot section (`boot.rs`), which carries its own conditions.
+    pub boot: Option<String>,
     /// Wall-clock minutes of the whole harness run.
     pub total_minutes: f64,
 }
 
-/// Merges the `## NBD` and `## Target` sections of `new` into `old`, and its `## How to run`
+/// Merges the `## NBD`, `## Target` and `## Boot` sections of `new` into `old`, and its `## How to run`
 /// (the harness's own text, the same for every run): a section replaces the one of the same
 /// title in place, one without a match is appended; every other section of `old` is kept, so
 /// a run of only some NBD benchmarks keeps the rest of the report.
@@ -266,7 +268,10 @@ pub fn merge_nbd_sections(old: &str, new: &str) -> String {
     let fresh: Vec<&str> = sections(new)
         .into_iter()
         .filter(|s| {
-            s.starts_with("## NBD") || s.starts_with("## Target") || s.starts_with("## How to run")
+            s.starts_with("## NBD")
+                || s.starts_with("## Target")
+                || s.starts_with("## Boot")
+                || s.starts_with("## How to run")
         })
         .collect();
     let mut used = vec![false; fresh.len()];
@@ -294,20 +299,25 @@ pub fn merge_nbd_sections(old: &str, new: &str) -> String {
 const HOW_TO_RUN: &str = "\
 `./scripts/bench.sh` builds `ferry-bench` in release mode and runs `ferry-bench --out \
 docs/BENCHMARKS.md`, which rewrites this file from its own output (never edit it by hand); a \
-full run takes about 15 to 25 minutes. Options pass through: `--quick` (256 MiB disk, 2-second \
+full run takes about 35 to 50 minutes. Options pass through: `--quick` (256 MiB disk, 2-second \
 I/O runs: a smoke test), `--size 8G` (virtual disk size, default 4G), `--dir DIR` (work \
 directory on the disk to measure; default a temporary directory under /var/tmp, removed \
 afterwards; needs about 5× the disk size free), `--runs N` (timed runs per tool, default 3, \
 median reported), `--threads N` and `--iops-seconds S` (random I/O workers and duration), \
-`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls` (a run of only NBD or \
-target sections merges them into the existing file instead of rewriting it; `--only target` \
-runs the write-cache section alone, plain and over TLS, about 8 minutes; `--only nbd-tls` the TLS section alone, \
-about 8 minutes), `--nbd-size 2G`, `--boot-disk-size 4G`, \
+`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,boot` (a run of only \
+NBD, target or boot sections merges them into the existing file instead of rewriting it; \
+`--only target` runs the write-cache section alone, plain and over TLS, about 8 \
+minutes; `--only nbd-tls` the TLS \
+section alone, about 8 minutes; `--only boot` the QEMU boot section alone, about 15 to 25 \
+minutes on 2 cores, with `--boot-runs N` (default 2) and `--boot-machines M` (default 4)), \
+`--nbd-size 2G`, `--boot-disk-size 4G`, \
 `--boot-scale F` (boot trace size relative to 600 MB / 70,000 reads), `--boot-clients \
 1,10,100`, `--seed N`, `--no-verify` (skip the untimed `qemu-img \
 compare`/`check` of Ferry's outputs), `--keep`, and `--out FILE` (write the report \
 elsewhere). It needs qemu-img, fio and coreutils (and nbdkit, qemu-nbd and nbdcopy for the NBD \
-sections), and root to drop the page cache between runs \
+sections; for the boot section root, qemu-system-x86_64, debootstrap, nbdkit, the release \
+`ferry` binary beside `ferry-bench` or in `FERRY_BIN`, and the static boot agent, \
+`FERRY_BOOT_AGENT`), and root to drop the page cache between runs \
 (without root it still runs and says so below). Progress goes to stderr; run it on a quiet \
 machine.";
 
@@ -349,6 +359,9 @@ impl Report {
             out.push_str(t);
         }
         if let Some(t) = &self.target {
+            out.push_str(t);
+        }
+        if let Some(t) = &self.boot {
             out.push_str(t);
         }
         out
