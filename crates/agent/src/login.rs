@@ -802,11 +802,25 @@ mod tests {
             "mac": "aa:bb:cc:00:00:01",
             "nonce": "ab12",
             "hmac": contract::login::proof(&key, "ab12", mac),
+            "diskless": false,
         });
         assert_eq!(
             sent,
             [serde_json::json!({"mac": "aa:bb:cc:00:00:01"}), want]
         );
+    }
+
+    #[test]
+    fn a_diskless_login_says_so() {
+        let grant = r#"{"error":"stop here"}"#.to_string();
+        let (url, bodies) = fake_api_seen(vec![challenge(), (401, grant)]);
+        let _ = login_as(&url, "aa:bb:cc:00:00:01", &[7; 32], None, true);
+        let sent: Vec<serde_json::Value> = bodies
+            .iter()
+            .map(|b| serde_json::from_str(&b).unwrap())
+            .collect();
+        let sent = &sent[1];
+        assert_eq!(sent["diskless"], true, "{sent}");
     }
 
     #[test]
