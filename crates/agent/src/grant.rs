@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::daemon::AgentConfig;
 use crate::login::LoginGrant;
+use crate::remote::{Relogin, Session};
 
 /// The agent's configuration after device login, exporting on `export_socket`.
 ///
@@ -35,4 +36,40 @@ pub fn grant_tls(g: &LoginGrant) -> Result<Option<Arc<rustls::ClientConfig>>, pk
         .as_ref()
         .map(|t| pki::client_config(&t.ca_pem, Some((&t.cert_pem, &t.key_pem))))
         .transpose()
+}
+
+/// Logging in again for a failover whose servers all refuse the session (a farm that lost
+/// or ended it): `login` runs on a thread of its own (the blocking HTTP client must not
+/// run inside the runtime), and its grant is accepted only for the vDisk, version and
+/// cache mode of `first`, the ones attached now.
+pub fn relogin(
+    first: &LoginGrant,
+    login: impl Fn() -> Result<LoginGrant, String> + Send + Sync + 'static,
+) -> Relogin {
+    let want = (first.vdisk.clone(), first.version, first.cache_mode);
+    let login = Arc::new(login);
+    Relogin(Arc::new(move || {
+        let (login, want) = (Arc::clone(&login), want.clone());
+        std::thread::spawn(move || -> Result<Session, String> {
+            let g = login()?;
+            let got = (g.vdisk.clone(), g.version, g.cache_mode);
+            if got != want {
+                return Err(format!(
+                    "the farm now grants {} version {} ({}); this device keeps {} version {} \
+                     until it restarts",
+                    got.0,
+                    got.1,
+                    got.2.cli_name(),
+                    want.0,
+                    want.1
+                ));
+            }
+            Ok(Session {
+                export: g.export_name.to_string(),
+                tls: grant_tls(&g).map_err(|e| e.to_string())?,
+            })
+        })
+        .join()
+        .map_err(|_| "login thread panicked".to_string())?
+    }))
 }

@@ -4,7 +4,6 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent::login::{LoginError, LoginGrant};
@@ -341,8 +340,8 @@ fn login_patiently(
     }
 }
 
-/// Logging in again for a failover whose servers refuse the session: the same vDisk,
-/// version and cache mode only.
+/// Logging in again for a failover whose servers refuse the session
+/// ([`agent::grant::relogin`]: the same vDisk, version and cache mode only).
 fn relogin(
     apis: Vec<String>,
     mac: String,
@@ -350,33 +349,9 @@ fn relogin(
     ca: Option<String>,
     first: &LoginGrant,
 ) -> agent::remote::Relogin {
-    let want = (first.vdisk.clone(), first.version, first.cache_mode);
-    agent::remote::Relogin(Arc::new(move || {
-        let (apis, mac, key, ca, want) = (
-            apis.clone(),
-            mac.clone(),
-            key.clone(),
-            ca.clone(),
-            want.clone(),
-        );
-        std::thread::spawn(move || {
-            let g =
-                login_patiently(&apis, &mac, &key, ca.as_deref()).map_err(|e| format!("{e:#}"))?;
-            if (g.vdisk.clone(), g.version, g.cache_mode) != want {
-                return Err(format!(
-                    "the farm now grants {} version {}; this machine keeps {} version {} \
-                     until it reboots",
-                    g.vdisk, g.version, want.0, want.1
-                ));
-            }
-            Ok(agent::remote::Session {
-                export: g.export_name.to_string(),
-                tls: agent::grant::grant_tls(&g).map_err(|e| e.to_string())?,
-            })
-        })
-        .join()
-        .map_err(|_| "login thread panicked".to_string())?
-    }))
+    agent::grant::relogin(first, move || {
+        login_patiently(&apis, &mac, &key, ca.as_deref()).map_err(|e| format!("{e:#}"))
+    })
 }
 
 /// The MAC of the first network interface that has one (not loopback).

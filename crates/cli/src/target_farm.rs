@@ -112,42 +112,14 @@ pub(crate) fn config_from_grant(
     ::agent::grant::config_from_grant(g, export_socket).context("the login grant's TLS certificate")
 }
 
-/// [`::agent::grant::grant_tls`] with the error's context.
-pub(crate) fn grant_tls(
-    g: &LoginGrant,
-) -> anyhow::Result<Option<std::sync::Arc<rustls::ClientConfig>>> {
-    ::agent::grant::grant_tls(g).context("the login grant's TLS certificate")
-}
-
 /// Device login again, for a failover whose servers all refuse the session (a farm that
 /// lost or ended it): accepted only for the vDisk, version and cache mode attached now.
 pub(crate) fn relogin(a: &RunArgs, first: &LoginGrant) -> ::agent::remote::Relogin {
     let a = a.clone();
     let mac = first.mac.to_string();
-    let want = (first.vdisk.clone(), first.version, first.cache_mode);
-    ::agent::remote::Relogin(std::sync::Arc::new(move || {
-        let (a, mac, want) = (a.clone(), mac.clone(), want.clone());
-        // Its own thread: the blocking HTTP client must not run inside the runtime.
-        let login = std::thread::spawn(move || -> Result<::agent::remote::Session, String> {
-            let (g, _) = device_login(&a, &mac).map_err(|e| format!("{e:#}"))?;
-            let got = (g.vdisk.clone(), g.version, g.cache_mode);
-            if got != want {
-                return Err(format!(
-                    "the farm now grants {} version {} ({}); this device keeps {} version {} until it restarts",
-                    got.0,
-                    got.1,
-                    got.2.cli_name(),
-                    want.0,
-                    want.1
-                ));
-            }
-            Ok(::agent::remote::Session {
-                export: g.export_name.to_string(),
-                tls: grant_tls(&g).map_err(|e| format!("{e:#}"))?,
-            })
-        });
-        login
-            .join()
-            .map_err(|_| "login thread panicked".to_string())?
-    }))
+    ::agent::grant::relogin(first, move || {
+        device_login(&a, &mac)
+            .map(|(g, _)| g)
+            .map_err(|e| format!("{e:#}"))
+    })
 }

@@ -52,24 +52,37 @@ fn ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
-/// Why this machine cannot run the test, if it cannot.
-fn missing() -> Option<String> {
-    let uid = std::process::Command::new("id").arg("-u").output();
-    if !uid.is_ok_and(|o| o.stdout.starts_with(b"0\n")) {
-        return Some("needs root (chroot, loop mounts)".into());
+/// The tool rule (docs/testing.md): `true` when this machine can run the test; else it
+/// says why and returns `false`, or fails under CI. The harness checks root and its tools
+/// (`guest::can_run_or_skip`); this adds the boot agent.
+fn runnable(test: &str) -> bool {
+    if !guest::can_run_or_skip(test) {
+        return false;
     }
-    let tools = guest::missing_tools();
-    if !tools.is_empty() {
-        return Some(format!("missing tools: {}", tools.join(", ")));
+    if boot_agent().exists() {
+        return true;
     }
-    if !boot_agent().exists() {
-        return Some(format!(
-            "no boot agent at {} (cargo build --profile boot-agent --target \
-             x86_64-unknown-linux-musl -p boot-agent, or FERRY_BOOT_AGENT)",
-            boot_agent().display()
-        ));
-    }
-    None
+    let why = format!(
+        "no boot agent at {} (cargo build --profile boot-agent --target \
+         x86_64-unknown-linux-musl -p boot-agent, or FERRY_BOOT_AGENT)",
+        boot_agent().display()
+    );
+    assert!(!ci(), "CI=true and {why}");
+    eprintln!("{test}: skipped: {why}");
+    false
+}
+
+/// `ferry vdisk capture RAW VHDX`, which must succeed.
+fn capture(raw: &Path, vhdx: &Path) {
+    let out = ferry()
+        .args(["vdisk", "capture", path_str(raw), path_str(vhdx)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "capture: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The `ferry` binary under test without its debug information (the image carries it for
@@ -275,9 +288,7 @@ fn golden_image(dir: &Path, farm: &Farm) -> guest::GuestImage {
 /// multi-user with the boot agent serving its root, and its writes stay in its RAM.
 #[test]
 fn a_machine_boots_a_plain_export_through_the_boot_agent() {
-    if let Some(why) = missing() {
-        assert!(!ci(), "CI=true and {why}");
-        eprintln!("skipped: {why}");
+    if !runnable("a_machine_boots_a_plain_export_through_the_boot_agent") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -295,15 +306,7 @@ fn a_machine_boots_a_plain_export_through_the_boot_agent() {
     let store = dir.join("store");
     std::fs::create_dir_all(&store).unwrap();
     let vhdx = store.join("debian.vhdx");
-    let out = ferry()
-        .args(["vdisk", "capture", path_str(&image.disk), path_str(&vhdx)])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "capture: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    capture(&image.disk, &vhdx);
     let nbd = free_port();
     let mut cmd = ferry();
     cmd.args(["server", "--store", path_str(&store)])
@@ -341,9 +344,7 @@ fn a_machine_boots_a_plain_export_through_the_boot_agent() {
 
 #[test]
 fn a_bare_machine_boots_a_farm_version_diskless() {
-    if let Some(why) = missing() {
-        assert!(!ci(), "CI=true and {why}");
-        eprintln!("skipped: {why}");
+    if !runnable("a_bare_machine_boots_a_farm_version_diskless") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -352,15 +353,7 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     farm.start_server("s1");
     let image = golden_image(dir, &farm);
     let golden = farm.store().join("debian.vhdx");
-    let out = ferry()
-        .args(["vdisk", "capture", path_str(&image.disk), path_str(&golden)])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "capture: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    capture(&image.disk, &golden);
 
     // The farm: store, vDisk, collection, a production device (diskless).
     if json(&farm, &["site", "list"])["total"] == 0 {
