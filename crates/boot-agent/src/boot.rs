@@ -139,6 +139,12 @@ fn read_limited(path: &Path) -> anyhow::Result<String> {
 fn boot(opts: &Opts) -> anyhow::Result<()> {
     std::fs::create_dir_all(&opts.run_dir)
         .with_context(|| format!("create {}", opts.run_dir.display()))?;
+    // The export socket there is the root disk: root only.
+    std::fs::set_permissions(
+        &opts.run_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .with_context(|| format!("chmod 0700 {}", opts.run_dir.display()))?;
     let _ = std::fs::remove_file(opts.run_dir.join("ready"));
     let _ = std::fs::remove_file(opts.run_dir.join("failed"));
     let mut args = BootArgs::new();
