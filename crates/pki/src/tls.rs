@@ -36,8 +36,25 @@ pub enum TlsError {
     Verifier(String),
 }
 
+/// The ring provider with AES-128-GCM first. A vDisk's bytes are bulk data: AES-128-GCM
+/// costs both ends about a quarter less CPU than AES-256-GCM (ten AES rounds, not fourteen)
+/// and is TLS 1.3's mandatory suite. Servers choose in this order, not the client's:
+/// GnuTLS (qemu, nbdkit, libnbd, nbd-client) offers AES-256-GCM first.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::cipher_suite as cs;
+    let mut p = rustls::crypto::ring::default_provider();
+    p.cipher_suites = vec![
+        cs::TLS13_AES_128_GCM_SHA256,
+        cs::TLS13_AES_256_GCM_SHA384,
+        cs::TLS13_CHACHA20_POLY1305_SHA256,
+        cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+        cs::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+        cs::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+        cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+    ];
+    Arc::new(p)
 }
 
 fn certs(what: &'static str, pem: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -89,7 +106,7 @@ pub fn server_config(
             .allow_unauthenticated()
             .build()
             .map_err(|e| TlsError::Verifier(e.to_string()))?;
-    let config = ServerConfig::builder_with_provider(provider())
+    let mut config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|source| TlsError::Rustls {
             what: "protocol versions",
@@ -104,6 +121,7 @@ pub fn server_config(
             what: "server certificate and key",
             source,
         })?;
+    config.ignore_client_order = true;
     Ok(Arc::new(config))
 }
 

@@ -151,3 +151,33 @@ fn the_cert_dir_keeps_every_file_0600_in_a_0700_directory() {
     assert_eq!(mode(&dir.file(pki::CLIENT_KEY)), 0o600);
     assert_eq!(dir.read(pki::CLIENT_KEY).unwrap(), "secret");
 }
+
+#[test]
+fn the_server_chooses_aes_128_gcm_over_a_client_that_prefers_aes_256() {
+    use rustls::crypto::ring::cipher_suite as cs;
+    let (ca, server) = setup();
+    // A client offering what GnuTLS's NORMAL priority offers first: AES-256-GCM.
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.cipher_suites = vec![
+        cs::TLS13_AES_256_GCM_SHA384,
+        cs::TLS13_CHACHA20_POLY1305_SHA256,
+        cs::TLS13_AES_128_GCM_SHA256,
+    ];
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates({
+            let mut roots = rustls::RootCertStore::empty();
+            use rustls::pki_types::pem::PemObject as _;
+            let der = rustls::pki_types::CertificateDer::from_pem_slice(ca.cert_pem().as_bytes())
+                .unwrap();
+            roots.add(der).unwrap();
+            roots
+        })
+        .with_no_client_auth();
+    let s = handshake(Arc::new(client), server, "127.0.0.1").unwrap();
+    assert_eq!(
+        s.negotiated_cipher_suite().map(|c| c.suite()),
+        Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256)
+    );
+}
