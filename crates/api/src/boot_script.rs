@@ -19,10 +19,29 @@ pub const REFUSAL_SLEEP_SECS: u32 = 30;
 pub const REASON_CHARS_MAX: usize = 400;
 /// The longest kernel command line the script passes (Linux x86's `COMMAND_LINE_SIZE`).
 pub const CMDLINE_BYTES_MAX: usize = 2048;
+/// The network arguments of every boot, expanded by iPXE from the lease it booted with
+/// (`netX`: the interface it booted from). The initramfs configures that interface
+/// statically (initramfs-tools' `ip=CLIENT::GATEWAY:NETMASK:::off:DNS`, the interface found
+/// by `BOOTIF=01-MAC`, as pxelinux passes it) instead of asking DHCP again, which costs a
+/// boot seconds (klibc's `ipconfig` gives up on its first DISCOVER after 2 s) and, on a
+/// machine with several NICs, may pick another one. A vDisk's `--boot-cmdline` with
+/// `ip=dhcp` asks DHCP again (the last `ip=` wins).
+pub const NETWORK_ARGS: &str = "ip=${netX/ip}::${netX/gateway}:${netX/netmask}:::off:${netX/dns} \
+                                BOOTIF=01-${netX/mac:hexhyp}";
+/// The most bytes iPXE's expansion of [`NETWORK_ARGS`] adds (four IPv4 addresses and a MAC
+/// in place of their names), counted against [`CMDLINE_BYTES_MAX`].
+pub const NETWORK_ARGS_GROWTH_MAX: usize = 4 * 15 + 17;
 /// The kernel arguments of the image's own command line that the boot script sets itself
 /// (or that would boot the wrong root), dropped from it.
-pub const DROPPED_IMAGE_ARGS: [&str; 6] =
-    ["root=", "BOOT_IMAGE=", "initrd=", "boot=", "ip=", "ferry."];
+pub const DROPPED_IMAGE_ARGS: [&str; 7] = [
+    "root=",
+    "BOOT_IMAGE=",
+    "initrd=",
+    "boot=",
+    "ip=",
+    "BOOTIF=",
+    "ferry.",
+];
 
 /// The script every machine fetches first (`GET /boot/ipxe`): it chains the script of its
 /// own MAC, relative to where it came from (iPXE expands `${netX/mac:hexhyp}`, the MAC of
@@ -148,7 +167,7 @@ pub fn kernel_args(s: &DeviceScript<'_>) -> Result<String, ScriptError> {
     }
     let mut args = vec![
         "boot=ferry".to_string(),
-        "ip=dhcp".to_string(),
+        NETWORK_ARGS.to_string(),
         format!("ferry.api={}", s.api_urls.join(",")),
         format!("ferry.mac={}", arg_value(s.mac)),
         format!("ferry.vdisk={}", arg_value(s.vdisk)),
@@ -170,8 +189,8 @@ pub fn kernel_args(s: &DeviceScript<'_>) -> Result<String, ScriptError> {
             .map(str::to_string),
     );
     let line = args.join(" ");
-    if line.len() > CMDLINE_BYTES_MAX {
-        return Err(ScriptError::TooLong(line.len()));
+    if line.len() + NETWORK_ARGS_GROWTH_MAX > CMDLINE_BYTES_MAX {
+        return Err(ScriptError::TooLong(line.len() + NETWORK_ARGS_GROWTH_MAX));
     }
     Ok(line)
 }
@@ -260,8 +279,9 @@ mod tests {
     fn device_script_loads_kernel_and_initrd_with_the_arguments() {
         let urls = ["https://10.0.2.2:8443".to_string()];
         let s = device_script(&script(&urls)).unwrap();
-        let want = "kernel /boot/files/3/2/kernel initrd=initrd boot=ferry ip=dhcp \
-                    ferry.api=https://10.0.2.2:8443 ferry.mac=52:54:00:12:34:56 \
+        let want = "kernel /boot/files/3/2/kernel initrd=initrd boot=ferry \
+                    ip=${netX/ip}::${netX/gateway}:${netX/netmask}:::off:${netX/dns} \
+                    BOOTIF=01-${netX/mac:hexhyp} ferry.api=https://10.0.2.2:8443 ferry.mac=52:54:00:12:34:56 \
                     ferry.vdisk=golden ferry.version=2 root=/dev/nbd0p1 panic=30 ro quiet \
                     console=ttyS0,115200 || goto failed\n";
         assert!(s.contains(want), "{s}");
@@ -278,7 +298,11 @@ mod tests {
         d.vdisk = "a b\n#c${x}";
         let s = device_script(&d).unwrap();
         assert_eq!(s.lines().filter(|l| l.starts_with("kernel ")).count(), 1);
-        assert!(!s.contains("${"), "{s}");
+        assert!(s.contains(NETWORK_ARGS), "{s}");
+        assert!(
+            !s.replace(NETWORK_ARGS, "").contains("${"),
+            "only the script's own expansions: {s}"
+        );
         assert!(s.contains("ferry.vdisk=a%20b%0A%23c%24%7Bx%7D "), "{s}");
         let r = refusal_script("no\nshell ${x} && reboot");
         assert!(!r.contains("${") && !r.contains("&&"));

@@ -220,8 +220,9 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
     let script = b.text("/boot/ipxe/52-54-00-12-34-56").await;
     let id = b.vdisk;
     let want = format!(
-        "kernel /boot/files/{id}/0/kernel initrd=initrd boot=ferry ip=dhcp \
-         ferry.api={API_URL} ferry.mac={MAC} ferry.vdisk=golden ferry.version=0 \
+        "kernel /boot/files/{id}/0/kernel initrd=initrd boot=ferry \
+         ip=${{netX/ip}}::${{netX/gateway}}:${{netX/netmask}}:::off:${{netX/dns}} \
+         BOOTIF=01-${{netX/mac:hexhyp}} ferry.api={API_URL} ferry.mac={MAC} ferry.vdisk=golden ferry.version=0 \
          root=/dev/nbd0 panic=30 ro quiet console=ttyS0,115200 || goto failed\n"
     );
     assert!(script.contains(&want), "{script}");

@@ -57,13 +57,22 @@ pub const GOAL_WARM_VS_LOCAL: f64 = 1.10;
 /// The kernel command lines (the same console and panic for all).
 const LOCAL_APPEND: &str = "root=/dev/vda1 console=ttyS0 rw panic=30";
 
+/// The network of both network rows as Ferry's boot script hands iPXE's lease to the kernel
+/// (`api::boot_script::NETWORK_ARGS`, expanded for QEMU's user network and the machines'
+/// MAC, `guest::DEFAULT_MAC`): the initramfs configures the NIC without asking DHCP again.
+pub const NETWORK_APPEND: &str =
+    "ip=10.0.2.15::10.0.2.2:255.255.255.0:::off:10.0.2.3 BOOTIF=01-52-54-00-12-34-56";
+
 fn nbdkit_append(port: u16) -> String {
-    format!("ip=dhcp nbdroot=10.0.2.2:{port}/root root=/dev/nbd0p1 console=ttyS0 rw panic=30")
+    format!(
+        "{NETWORK_APPEND} nbdroot=10.0.2.2:{port}/root root=/dev/nbd0p1 console=ttyS0 rw \
+         panic=30"
+    )
 }
 
 fn ferry_append(port: u16) -> String {
     format!(
-        "boot=ferry ip=dhcp ferry.server=10.0.2.2:{port} ferry.export={EXPORT} \
+        "boot=ferry {NETWORK_APPEND} ferry.server=10.0.2.2:{port} ferry.export={EXPORT} \
          ferry.cache=ram root=/dev/nbd0p1 console=ttyS0 panic=30"
     )
 }

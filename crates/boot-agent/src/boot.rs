@@ -10,7 +10,7 @@ use agent::login::{LoginError, LoginGrant};
 use agent::{AgentConfig, CacheMode};
 use anyhow::{Context, anyhow, bail};
 
-use crate::cmdline::{BootArgs, TEXT_BYTES_MAX};
+use contract::boot_args::{BootArgs, TEXT_BYTES_MAX};
 
 /// How long the farm's API may stay unreachable at boot (the network may still be settling
 /// or a server restarting) before the machine says it cannot boot.
@@ -155,6 +155,9 @@ fn boot(opts: &Opts) -> anyhow::Result<()> {
         )?;
     }
     args.apply_cmdline(&read_limited(&opts.cmdline)?)?;
+    if !args.unknown.is_empty() {
+        tracing::info!(keys = %args.unknown.join(","), "unknown ferry.* settings skipped");
+    }
     let socket = opts.run_dir.join("agent.sock");
     let (mut cfg, what) = if !args.api.is_empty() {
         farm_config(&args, socket.clone())?

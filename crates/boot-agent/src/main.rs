@@ -12,14 +12,20 @@
 //!        writes /run/ferry/ready (or /run/ferry/failed with the reason)
 //! ```
 //!
+//! `BootArgs` and its parser are `contract::boot_args` (pure, fuzzed).
+//!
 //! Every failure ends in one line on the console saying why (`ferry-boot: cannot boot:
 //! …`) and the file `/run/ferry/failed`, which the initramfs script shows and then
 //! panics with (the kernel reboots after `panic=N`), never a silent hang.
 
 mod boot;
-mod cmdline;
 
 use std::process::ExitCode;
+
+/// mimalloc instead of musl's allocator, which maps and unmaps every buffer over 128 KiB
+/// (a page fault per 4 KiB on each request's buffers); see the workspace's Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     boot::main()

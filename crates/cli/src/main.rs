@@ -7,6 +7,7 @@
 //! vdisk.rs       `ferry vdisk create|info|check|version|read|write` and the dispatcher
 //! copy.rs        `ferry vdisk merge|convert|capture|compact` (long work: bars and summaries)
 //! quickstart.rs  `ferry quickstart`: a whole farm here (server, console, one target)
+//! quickstart_machine.rs its demo machine: the vDisk's boot sector, the QEMU command
 //! server.rs      `ferry server`: NBD + metrics over a store, until SIGINT/SIGTERM
 //! server_farm.rs `ferry server --farm`: farm API + console, session exports, heartbeat
 //! target.rs      `ferry target`: the target device agent; `status`, `mark-booted`
@@ -42,6 +43,7 @@ mod farm_client;
 mod farm_objects;
 mod progress;
 mod quickstart;
+mod quickstart_machine;
 mod server;
 mod server_boot;
 mod server_boot_http;
@@ -110,11 +112,15 @@ enum Command {
     /// --nbd-listen; the REST API and the web console on --api-listen, by default
     /// http://127.0.0.1:8080/) and `ferry target` for that device through device login, whose
     /// disk is exported on the unix socket ferry-data/target.sock. It prints the console's
-    /// URL, the admin token to log in with and what to try next, and runs until Ctrl-C
-    /// (logs in ferry-data/server.log and target.log). Running it again keeps what exists.
+    /// URL, the admin token to log in with and what to try next, with the QEMU command that
+    /// boots a demo machine from the target's disk when qemu-system-x86_64 is installed, and
+    /// runs until Ctrl-C (logs in ferry-data/server.log and target.log). Running it again
+    /// keeps what exists.
     #[command(after_help = "Examples:\n  \
         ferry quickstart                 # then open http://127.0.0.1:8080/ and paste the token\n  \
         nbdinfo 'nbd+unix:///?socket=ferry-data/target.sock'   # the target's disk\n  \
+        qemu-system-x86_64 -nographic -m 64 \\\n      \
+        -drive 'file=nbd+unix:///?socket=ferry-data/target.sock,format=raw'   # a demo machine\n  \
         ferry quickstart --data-dir /tmp/ferry-demo --api-listen 127.0.0.1:8081 \\\n      \
         --nbd-listen 127.0.0.1:10810\n  \
         ferry quickstart --check --json  # start, check the console and target, stop")]

@@ -9,8 +9,10 @@
 //!    `demo`), and the device `02:00:00:00:00:01`;
 //! 4. starts `ferry server --farm` (NBD, farm API and web console) and `ferry target` for
 //!    that device through device login, exporting its disk on `target.sock`;
-//! 5. prints the console's URL, the token and what to try next, and runs until Ctrl-C
-//!    (`--check`: checks the console and the target answer, then stops both and exits).
+//! 5. prints the console's URL, the token, what to try next and, when qemu-system-x86_64 is
+//!    installed, the command that boots a demo machine from the target's disk
+//!    (`quickstart_machine`), and runs until Ctrl-C (`--check`: checks the console and the
+//!    target answer and, with QEMU, that the demo machine boots version 1; then stops both).
 //!
 //! It is idempotent: what exists is kept (writing the base again would change its identity
 //! and break the version above it).
@@ -26,6 +28,7 @@ use disk::open::{self, OpenOptions};
 use disk::vhdx::CreateOptions;
 use farm::model::{CacheMode, DeviceType};
 
+use crate::quickstart_machine;
 use crate::vdisk::create_vhdx;
 use crate::{Global, print_json};
 
@@ -56,7 +59,9 @@ pub struct Args {
     /// Where the NBD server listens.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:10809")]
     pub nbd_listen: SocketAddr,
-    /// Check that the console and the target answer, then stop and exit (for tests and CI).
+    /// Check that the console and the target answer and, when qemu-system-x86_64 is
+    /// installed, that the demo machine boots version 1 from the target; then stop and exit
+    /// (for tests and CI).
     #[arg(long)]
     pub check: bool,
     /// Print the URLs, token and paths as JSON on stdout.
@@ -164,6 +169,8 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
         socket.display()
     ));
     let console = format!("{api}/");
+    let qemu = quickstart_machine::qemu_installed();
+    let machine = quickstart_machine::command_line(&socket);
     if a.json {
         print_json(&serde_json::json!({
             "console": console,
@@ -172,6 +179,7 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
             "nbd": a.nbd_listen.to_string(),
             "target_socket": socket,
             "data_dir": data,
+            "demo_machine": qemu.then_some(&machine),
         }))?;
     } else {
         outln!();
@@ -193,6 +201,16 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
         );
         outln!("  ferry version list --vdisk {DEMO}");
         outln!("  ferry target status --export unix:{}", socket.display());
+        outln!();
+        if qemu {
+            outln!("Boot a demo machine from the target's disk (it prints the version it read):");
+            outln!("  {machine}");
+        } else {
+            outln!(
+                "Install {} (Debian: qemu-system-x86) to boot a demo machine from the target's disk.",
+                quickstart_machine::QEMU
+            );
+        }
         outln!();
         outln!(
             "Logs: {}/server.log, {}/target.log",
@@ -216,6 +234,15 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
             .context("run ferry target status")?;
         if !status.success() {
             bail!("ferry target status failed ({status})");
+        }
+        if qemu {
+            quickstart_machine::boot_check(&socket, quickstart_machine::VERSION_MARK)?;
+            say(
+                "check passed: the console answers, the target is attached, and the demo \
+                 machine booted version 1 through it"
+                    .into(),
+            );
+            return Ok(ExitCode::SUCCESS);
         }
         say("check passed: the console answers and the target is attached".into());
         return Ok(ExitCode::SUCCESS);
@@ -418,7 +445,7 @@ fn make_base(path: &Path) -> anyhow::Result<()> {
         ..CreateOptions::default()
     };
     create_vhdx(path, &opts)?;
-    write_at(path, &boot_sector(), 0)?;
+    write_at(path, &crate::quickstart_machine::boot_sector(), 0)?;
     write_at(path, &base_block(), BASE_BLOCK_OFFSET)
 }
 
@@ -456,19 +483,6 @@ fn write_at(path: &Path, data: &[u8], offset: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A recognizable 512-byte boot sector: an x86 short jump, an OEM name, a message where boot
-/// code would be, and the 0x55 0xAA signature at its end.
-fn boot_sector() -> Vec<u8> {
-    let mut s = vec![0u8; 512];
-    s[..3].copy_from_slice(&[0xEB, 0x3C, 0x90]); // jmp short +0x3C; nop
-    s[3..11].copy_from_slice(b"FERRYDEM");
-    let msg = b"Ferry demo vDisk: streamed to diskless machines. Written by `ferry quickstart`.";
-    s[0x3E..0x3E + msg.len()].copy_from_slice(msg);
-    s[510] = 0x55;
-    s[511] = 0xAA;
-    s
-}
-
 /// 64 KiB of a repeating, numbered line, so that a dump shows where the block starts.
 fn base_block() -> Vec<u8> {
     let mut b = Vec::with_capacity(64 << 10);
@@ -481,11 +495,13 @@ fn base_block() -> Vec<u8> {
     b
 }
 
-/// The second sector as version 1 writes it.
+/// The second sector as version 1 writes it: [`VERSION_MARK`], a line feed, spaces, and a
+/// line feed at its end.
 fn version_mark() -> Vec<u8> {
+    use crate::quickstart_machine::VERSION_MARK;
     let mut s = vec![b' '; 512];
-    let msg = b"Ferry demo: this sector belongs to version 1 (demo.1.avhdx).";
-    s[..msg.len()].copy_from_slice(msg);
+    s[..VERSION_MARK.len()].copy_from_slice(VERSION_MARK.as_bytes());
+    s[VERSION_MARK.len()] = b'\n';
     s[511] = b'\n';
     s
 }

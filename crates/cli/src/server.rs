@@ -285,18 +285,21 @@ async fn serve(
     let nbd = Listener::bind(r.nbd.clone())
         .await
         .context("bind NBD listener")?;
-    let boot_task = match boot {
+    let (boot_task, boot_counters) = match boot {
         Some((farm, server_id, b)) => {
             let l = crate::server_boot_http::bind(&b).await?;
+            let state = crate::server_boot_http::state(farm, server_id, b, &l)?;
+            let counters = state.counters();
             let stop = stopped(stop_rx.clone());
-            Some(tokio::spawn(async move {
-                let r = crate::server_boot_http::serve(farm, server_id, b, l, stop).await;
+            let task = tokio::spawn(async move {
+                let r = crate::server_boot_http::serve(state, l, stop).await;
                 if let Err(e) = r {
                     tracing::error!(error = %ErrorChain(e.as_ref()), "boot service stopped");
                 }
-            }))
+            });
+            (Some(task), Some(counters))
         }
-        None => None,
+        None => (None, None),
     };
     let api_task = match farm {
         Some((handle, addr, tls)) => {
@@ -340,6 +343,9 @@ async fn serve(
             let mut text = m.render(&reg.cache().stats(), &reg.stats());
             if let Some(c) = &tftp_counters {
                 crate::server_boot::render_metrics(c, &mut text);
+            }
+            if let Some(c) = &boot_counters {
+                crate::server_boot::render_boot_metrics(c, &mut text);
             }
             text
         });

@@ -133,9 +133,44 @@ pub fn render_metrics(c: &Counters, out: &mut String) {
     }
 }
 
+/// Appends the HTTP boot service's counters (`api::boot::BootCounters`) to a Prometheus
+/// text exposition.
+pub fn render_boot_metrics(c: &api::boot::BootCounters, out: &mut String) {
+    for (name, v) in c.snapshot() {
+        let help = match name {
+            "scripts" => "iPXE scripts served that boot a version",
+            "refusals" => "iPXE scripts served that refuse a boot and say why",
+            "files" => "Boot files (kernels, initramfs images) served",
+            "file_bytes" => "Bytes of boot files served",
+            "not_found" => "Boot requests answered 404",
+            "busy" => "Boot requests answered 503 (too many at once)",
+            "fills" => "Boot files read from a version's file system into the boot cache",
+            _ => "Boot service counter",
+        };
+        let _ = writeln!(out, "# HELP ferry_boot_{name}_total {help}.");
+        let _ = writeln!(out, "# TYPE ferry_boot_{name}_total counter");
+        let _ = writeln!(out, "ferry_boot_{name}_total {v}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn renders_every_boot_counter_once() {
+        let c = api::boot::BootCounters::default();
+        c.scripts.fetch_add(3, std::sync::atomic::Ordering::Relaxed);
+        let mut out = String::new();
+        render_boot_metrics(&c, &mut out);
+        assert!(out.contains("ferry_boot_scripts_total 3\n"), "{out}");
+        assert!(out.contains("ferry_boot_file_bytes_total 0\n"));
+        assert_eq!(out.matches("# TYPE").count(), c.snapshot().len());
+        assert!(
+            !out.contains("Boot service counter"),
+            "every counter has its help"
+        );
+    }
 
     #[test]
     fn renders_every_counter_once() {

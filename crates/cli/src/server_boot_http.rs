@@ -96,17 +96,17 @@ pub async fn bind(b: &BootHttp) -> anyhow::Result<tokio::net::TcpListener> {
         .with_context(|| format!("bind boot listener {}", b.listen))
 }
 
-/// Serves the boot routes of `farm` on `listener` until `stop` completes.
+/// The boot service of `farm` for the server `server_id`, about to serve on `listener`
+/// (what [`serve`] runs; its counters go on `/metrics`).
 ///
 /// # Errors
-/// I/O errors of the listener.
-pub async fn serve(
+/// The listener's address cannot be read.
+pub fn state(
     farm: Arc<farm::Farm>,
     server_id: i64,
     b: BootHttp,
-    listener: tokio::net::TcpListener,
-    stop: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+    listener: &tokio::net::TcpListener,
+) -> anyhow::Result<BootState> {
     let at = listener.local_addr()?;
     tracing::info!(
         boot = %format!("http://{at}/boot/ipxe"),
@@ -114,7 +114,7 @@ pub async fn serve(
         cache = %b.cache_dir.display(),
         "serving network boot (plain HTTP: public boot data only)"
     );
-    let state = BootState::new(
+    Ok(BootState::new(
         farm,
         Some(server_id),
         BootConfig {
@@ -122,7 +122,18 @@ pub async fn serve(
             cache_dir: b.cache_dir,
             source: Arc::new(BootfilesSource),
         },
-    );
+    ))
+}
+
+/// Serves the boot routes of `state` on `listener` until `stop` completes.
+///
+/// # Errors
+/// I/O errors of the listener.
+pub async fn serve(
+    state: BootState,
+    listener: tokio::net::TcpListener,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     api::boot::serve(listener, state, stop)
         .await
         .context("serve boot routes")

@@ -97,13 +97,13 @@ fn a_diskless_device_s_boot_script_and_kernel_come_from_the_boot_port() {
     let store = data.join("stores").join("main");
     std::fs::create_dir_all(&store).unwrap();
     let kernel = root_image(dir.path(), &store.join("golden.vhdx"));
-    let (api, nbd, boot) = (free_port(), free_port(), free_port());
+    let (api, nbd, boot, metrics) = (free_port(), free_port(), free_port(), free_port());
     let mut cmd = ferry();
     cmd.args(["server", "--farm", path_str(&data)])
         .args(["--store", path_str(&store)])
         .args(["--advertise", "10.0.2.2"])
         .arg(format!("--nbd-listen=127.0.0.1:{nbd}"))
-        .arg("--metrics-listen=")
+        .arg(format!("--metrics-listen=127.0.0.1:{metrics}"))
         .arg(format!("--api-listen=127.0.0.1:{api}"))
         .arg(format!("--boot-listen=127.0.0.1:{boot}"))
         .args(["--server-name", "s1"]);
@@ -166,8 +166,9 @@ fn a_diskless_device_s_boot_script_and_kernel_come_from_the_boot_port() {
     let script = String::from_utf8(script).unwrap();
     assert_eq!(code, "200", "{script}");
     let want = format!(
-        "kernel /boot/files/1/0/kernel initrd=initrd boot=ferry ip=dhcp \
-         ferry.api=https://10.0.2.2:{api} ferry.mac={MAC} ferry.vdisk=golden \
+        "kernel /boot/files/1/0/kernel initrd=initrd boot=ferry \
+         ip=${{netX/ip}}::${{netX/gateway}}:${{netX/netmask}}:::off:${{netX/dns}} \
+         BOOTIF=01-${{netX/mac:hexhyp}} ferry.api=https://10.0.2.2:{api} ferry.mac={MAC} ferry.vdisk=golden \
          ferry.version=0 root=/dev/nbd0 panic=30 console=ttyS0,115200 || goto failed"
     );
     assert!(script.contains(&want), "{script}");
@@ -209,5 +210,25 @@ fn a_diskless_device_s_boot_script_and_kernel_come_from_the_boot_port() {
     assert!(
         refusal.contains("Ferry: this machine cannot boot: MAC 52:54:00:00:00:99 is not a device")
     );
+    // What the boot port served is counted on /metrics.
+    let (code, page) = curl(&format!("http://127.0.0.1:{metrics}/metrics"));
+    assert_eq!(code, "200");
+    let page = String::from_utf8(page).unwrap();
+    let value = |name: &str| -> u64 {
+        page.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{page}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("ferry_boot_scripts_total"), 1);
+    assert_eq!(value("ferry_boot_refusals_total"), 1);
+    assert_eq!(value("ferry_boot_files_total"), 2);
+    assert_eq!(
+        value("ferry_boot_file_bytes_total"),
+        (kernel.len() + initrd.len()) as u64
+    );
+    assert_eq!(value("ferry_boot_fills_total"), 2);
+    assert!(value("ferry_boot_not_found_total") >= 5);
     proc.stop();
 }

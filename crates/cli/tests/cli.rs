@@ -646,6 +646,27 @@ fn quickstart_runs_a_farm_and_a_target_and_is_idempotent() {
         v
     };
     let first = run();
+    // Issue 19: with QEMU installed, the check also booted the demo machine from the
+    // target's disk and saw version 1's sector (the run fails otherwise), and the output
+    // names the command that does it.
+    let qemu = std::process::Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if qemu {
+        let cmd = first["demo_machine"].as_str().expect("demo_machine named");
+        assert!(
+            cmd.starts_with("qemu-system-x86_64 -nographic") && cmd.contains("target.sock"),
+            "{cmd}"
+        );
+    } else {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true" && v != "1"),
+            "CI=true and qemu-system-x86_64 is not installed"
+        );
+        eprintln!("qemu-system-x86_64 missing: the demo machine's boot was not checked");
+        assert!(first["demo_machine"].is_null());
+    }
     let data = dir.path().join("ferry-data");
     for f in [
         "farm.db",

@@ -51,6 +51,8 @@ pub struct BootArgs {
     pub vdisk: Option<String>,
     /// The version the boot script chose.
     pub version: Option<i64>,
+    /// Keys skipped as unknown (at most [`LIST_MAX`], each cut to 64 characters).
+    pub unknown: Vec<String>,
 }
 
 /// A value the agent cannot use.
@@ -139,7 +141,7 @@ impl BootArgs {
             "server" => self.servers = list(value)?,
             "mac" => {
                 value
-                    .parse::<contract::Mac>()
+                    .parse::<crate::Mac>()
                     .map_err(|_| bad("not a MAC address"))?;
                 self.mac = Some(value.to_string());
             }
@@ -158,8 +160,13 @@ impl BootArgs {
             "version" => {
                 self.version = Some(value.parse().map_err(|_| bad("not a version number"))?);
             }
-            // Unknown keys: a newer boot script's; skipped, not fatal.
-            _ => tracing::debug!(key, "unknown ferry.* setting skipped"),
+            // Unknown keys: a newer boot script's; skipped, not fatal, and kept (the first
+            // LIST_MAX) so that the agent can say which it skipped.
+            _ => {
+                if self.unknown.len() < LIST_MAX && !self.unknown.iter().any(|k| k == key) {
+                    self.unknown.push(key.chars().take(64).collect());
+                }
+            }
         }
         Ok(())
     }
@@ -194,6 +201,7 @@ mod tests {
         assert_eq!(a.mac.as_deref(), Some("52:54:00:12:34:56"));
         assert_eq!(a.version, Some(7));
         assert_eq!(a.device, PathBuf::from(DEFAULT_DEVICE));
+        assert_eq!(a.unknown, ["future"]);
     }
 
     #[test]

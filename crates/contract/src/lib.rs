@@ -15,6 +15,7 @@
 //! access.rs       AccessMode: who may boot a version
 //! login.rs        device login: the JSON of /login/challenge and /login, and the proof
 //! error_chain.rs  ErrorChain: prints `what: cause: cause`
+//! boot_args.rs    BootArgs: the boot agent's `ferry.*` kernel arguments and boot.conf
 //! ```
 //!
 //! Who uses what:
@@ -27,6 +28,7 @@
 //!   api      login (request bodies and schemas), ExportName (status reports), ErrorChain
 //!   cli      ExportName + DeviceName (session grant -> registry export), CacheMode, Mac
 //!   pki      Identity (the SAN URI of every certificate it issues or reads back)
+//!   boot-agent BootArgs (what the farm's boot script and install-initramfs told it)
 //!   all      ErrorChain
 //! ```
 //!
@@ -37,6 +39,7 @@
 #![warn(missing_docs)]
 
 pub mod access;
+pub mod boot_args;
 pub mod cache_mode;
 pub mod error_chain;
 pub mod export;

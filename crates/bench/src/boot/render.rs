@@ -61,17 +61,21 @@ pub fn section(cfg: &Config, b: &BootConfig, r: &Results) -> String {
          throw-away overlay), `root=/dev/vda1`: the ceiling; once with the page cache dropped, \
          once right after (the image's blocks in the page cache).\n\
          - *nbdkit*: `nbdkit --filter=cow --filter=stats file disk.raw` (fresh process, page \
-         cache dropped), mounted by Debian's nbd-client initramfs support (`ip=dhcp \
-         nbdroot=10.0.2.2:PORT/root root=/dev/nbd0p1`) over QEMU's user network; the stats \
+         cache dropped), mounted by Debian's nbd-client initramfs support (`nbdroot=10.0.2.2:PORT/root \
+         root=/dev/nbd0p1`) over QEMU's user network; the stats \
          filter under the cow filter counts the bytes read from the file.\n\
          - *ferry cold*: `ferry server --store DIR` (standalone, fresh process, page cache \
          dropped) serving the image captured by `ferry vdisk capture` (VHDX), the boot agent \
-         in the initramfs (`boot=ferry ip=dhcp ferry.server=10.0.2.2:PORT \
-         ferry.export=debian ferry.cache=ram root=/dev/nbd0p1`); *ferry warm*: a second boot \
-         against the same running server (its block cache warm). Store bytes are the \
-         server's `ferry_store_read_bytes_total` over the boot, served bytes its \
-         `ferry_nbd_bytes_total{{type=\"read\"}}`.\n",
-        r.image_secs, b.runs,
+         in the initramfs (`boot=ferry ferry.server=10.0.2.2:PORT ferry.export=debian \
+         ferry.cache=ram root=/dev/nbd0p1`); *ferry warm*: a second boot against the same \
+         running server (its block cache warm). Store bytes are the server's \
+         `ferry_store_read_bytes_total` over the boot, served bytes its \
+         `ferry_nbd_bytes_total{{type=\"read\"}}`.\n\
+         - Both network rows get the network as Ferry's boot script passes iPXE's lease on \
+         (`{}`): the initramfs configures the NIC statically, without a second DHCP.\n",
+        r.image_secs,
+        b.runs,
+        super::NETWORK_APPEND,
     );
     out.push_str(
         "| boot | seconds to the marker | read from the store MB | served to the machine MB |\n\
