@@ -6,8 +6,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use farm::credentials::DeviceCredential;
 use farm::input::{
-    DevicePatch, NewCollection, NewDevice, NewServer, NewSite, NewStore, NewToken, SettingsPatch,
-    StorePath,
+    DevicePatch, NewCollection, NewDevice, NewServer, NewSite, NewStore, NewToken, ServerPatch,
+    SettingsPatch, StorePath,
 };
 use farm::login::{Challenge, ChallengeRequest, DeviceTls, LoginGrant, LoginRequest, LoginServer};
 use farm::model::{
@@ -226,6 +226,19 @@ pub async fn get_server(
     ApiPath(id): ApiPath<i64>,
 ) -> ApiResult<Json<Server>> {
     Ok(Json(s.farm.server(id).await?))
+}
+
+/// Changes a server's rating or draining flag (load balancing at login).
+#[utoipa::path(patch, path = "/api/v1/servers/{id}", tag = "servers",
+    params(("id" = i64, Path, description = "server id")), request_body = ServerPatch,
+    responses((status = 200, body = Server), Errors))]
+pub async fn patch_server(
+    Operator(c): Operator,
+    State(s): State<AppState>,
+    ApiPath(id): ApiPath<i64>,
+    ApiJson(b): ApiJson<ServerPatch>,
+) -> ApiResult<Json<Server>> {
+    Ok(Json(s.farm.set_server(id, &b, &c.name).await?))
 }
 
 /// A server's heartbeat.

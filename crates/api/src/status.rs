@@ -352,6 +352,15 @@ pub async fn report(
             cache_used_bytes: r.cache_used_bytes,
         },
     };
+    let server = match (entry.server_id, entry.server_address.as_deref()) {
+        (Some(id), _) => Some(farm::balance::SessionServer::Id(id)),
+        (None, Some(a)) => Some(farm::balance::SessionServer::Address(a)),
+        (None, None) => None,
+    };
+    if let Some(server) = server {
+        // Load balancing counts the device on the server it streams from now.
+        s.farm.note_session_server(&session.id, server).await?;
+    }
     board.record(session.device_id, entry)?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -487,6 +496,8 @@ mod tests {
             address: address.into(),
             registered_at_ms: 0,
             heartbeat_at_ms: 0,
+            rating: farm::balance::DEFAULT_RATING,
+            draining: farm::model::Flag(false),
         }
     }
 

@@ -10,6 +10,7 @@
 //! quickstart_machine.rs its demo machine: the vDisk's boot sector, the QEMU command
 //! server.rs      `ferry server`: NBD + metrics over a store, until SIGINT/SIGTERM
 //! server_farm.rs `ferry server --farm`: farm API + console, session exports, heartbeat
+//! server_drain.rs a draining farm server moves its sessions' devices to other servers
 //! target.rs      `ferry target`: the target device agent; `status`, `mark-booted`
 //! progress.rs    indicatif bars behind `disk::ops::Progress`
 //! size.rs        "10G", "512M", "32MiB" parsing
@@ -47,6 +48,7 @@ mod quickstart_machine;
 mod server;
 mod server_boot;
 mod server_boot_http;
+mod server_drain;
 mod server_farm;
 mod server_tls;
 mod size;

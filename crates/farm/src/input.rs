@@ -75,6 +75,19 @@ pub struct NewServer {
     pub address: String,
 }
 
+/// What an administrator may change of a server (`PATCH /servers/{id}`): its weight in load
+/// balancing and whether it drains (see `balance`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServerPatch {
+    /// Its rating, 1 to 10000 (`balance::RATING_MAX`): devices are spread so that each
+    /// server's share is proportional to it.
+    #[schema(minimum = 1, maximum = 10000)]
+    pub rating: Option<i64>,
+    /// Draining: named to devices after every other live server of its site.
+    pub draining: Option<bool>,
+}
+
 /// A new store.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -20,6 +20,8 @@
 //!               device certificate
 //! credentials.rs device credentials: reset; administrator certificates
 //! boot.rs       the network boot decision by MAC (BootPlan): read-only, login's rules
+//! balance.rs    load balancing at login: the servers' order (rating, load, draining),
+//!               the server each session streams from, ratings and drains
 //! sessions.rs   SessionTable: the in-process check of session export names
 //! grants.rs     a session's grant rebuilt from the database (other server, restart)
 //! error.rs      FarmError with a Kind the API maps to an HTTP status
@@ -31,6 +33,7 @@
 
 #![warn(missing_docs)]
 
+pub mod balance;
 pub mod boot;
 mod confine;
 pub mod credentials;

@@ -38,7 +38,7 @@ pub use contract::login::{Challenge, ChallengeRequest, DeviceTls, LoginRequest, 
 use crate::db::{Farm, audit, hash_secret};
 use crate::devices::insert_device;
 use crate::error::{FarmError, Kind, Result};
-use crate::model::{CacheMode, Device, DeviceType, Flag, OptCacheMode, Server};
+use crate::model::{CacheMode, Device, DeviceType, Flag, OptCacheMode};
 use crate::sessions::SessionGrant;
 use crate::validate;
 
@@ -395,6 +395,13 @@ impl Farm {
             self.sessions.remove(&e);
         }
         let servers = self.site_servers(device.collection_id).await?;
+        if let Some(first) = servers.first() {
+            self.note_session_server(
+                &session_id,
+                crate::balance::SessionServer::Name(&first.name),
+            )
+            .await?;
+        }
         Ok(LoginGrant {
             session_id,
             session_token,
@@ -440,26 +447,5 @@ impl Farm {
             )));
         }
         Ok(())
-    }
-
-    /// The servers of a collection's site, alive ones first.
-    pub(crate) async fn site_servers(&self, collection_id: i64) -> Result<Vec<LoginServer>> {
-        let site = self.collection(collection_id).await?.site_id;
-        let rows: Vec<Server> = sqlx::query_as(
-            "SELECT id, site_id, name, address, registered_at_ms, heartbeat_at_ms FROM servers \
-             WHERE site_id = $1 ORDER BY heartbeat_at_ms DESC, id",
-        )
-        .bind(site)
-        .fetch_all(&self.pool)
-        .await?;
-        let now = self.now_ms();
-        Ok(rows
-            .into_iter()
-            .map(|s| LoginServer {
-                alive: now - s.heartbeat_at_ms <= SERVER_ALIVE_MS,
-                name: s.name,
-                address: s.address,
-            })
-            .collect())
     }
 }

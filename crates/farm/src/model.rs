@@ -159,6 +159,24 @@ pub struct Server {
     pub registered_at_ms: i64,
     /// Its last heartbeat.
     pub heartbeat_at_ms: i64,
+    /// Its weight in load balancing (`balance`): devices are spread so that each server's
+    /// share is proportional to its rating (1 to [`RATING_MAX`], [`DEFAULT_RATING`] unless
+    /// set).
+    #[serde(default = "default_rating")]
+    pub rating: i64,
+    /// Draining: named to devices after every other live server of its site.
+    #[sqlx(try_from = "i64")]
+    #[serde(default)]
+    pub draining: Flag,
+}
+
+/// A server's rating unless set.
+pub const DEFAULT_RATING: i64 = 100;
+/// The highest rating (a server rated this carries that many times a server rated 1).
+pub const RATING_MAX: i64 = 10_000;
+
+fn default_rating() -> i64 {
+    DEFAULT_RATING
 }
 
 /// A store: a directory of vDisks under the farm's store root.

@@ -284,7 +284,7 @@ impl Farm {
         limit: Option<i64>,
         offset: Option<i64>,
     ) -> Result<Page<Server>> {
-        let cols = "id, site_id, name, address, registered_at_ms, heartbeat_at_ms";
+        let cols = crate::balance::SERVER_COLUMNS;
         self.page_of("servers", cols, "id", None, limit, offset)
             .await
     }
@@ -294,7 +294,7 @@ impl Farm {
     /// # Errors
     /// [`crate::Kind::NotFound`].
     pub async fn server(&self, id: i64) -> Result<Server> {
-        let cols = "id, site_id, name, address, registered_at_ms, heartbeat_at_ms";
+        let cols = crate::balance::SERVER_COLUMNS;
         self.one("servers", cols, "server", id).await
     }
 

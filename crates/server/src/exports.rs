@@ -264,6 +264,12 @@ impl Registry {
         n
     }
 
+    /// Closes every connection open on the session export `name` while the session stays
+    /// valid (a draining server moving its devices away: they fail over); returns how many.
+    pub fn move_session(&self, name: &str) -> usize {
+        self.inner.open_sessions.revoke(name)
+    }
+
     /// The session exports with open connections.
     pub fn open_session_names(&self) -> Vec<String> {
         self.inner.open_sessions.names()

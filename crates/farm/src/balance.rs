@@ -1,0 +1,305 @@
+//! Load balancing at login (issue 20): which servers a device is told, in which order.
+//!
+//! A device fails over down its list without a new login, so the order is the whole
+//! decision: the live servers of its site that are not draining first, the least loaded
+//! first (a server's load is the live sessions it carries divided by its rating), then the
+//! draining ones, then those that stopped heartbeating. A session's server is the one its
+//! login named first, and after a failover the one its status reports name, so the counts
+//! follow the devices without a new login, and a storm of logins spreads as it arrives
+//! (each login's assignment is counted by the next).
+//!
+//! ```text
+//!   login ──► site_servers ──► order(servers, live sessions per server) ──► grant.servers
+//!         └─► sessions.server_id = grant.servers[0]     status report ─► note_session_server
+//! ```
+//!
+//! The ordering is the pure [`order`]; the rest reads and writes the farm database.
+
+use std::cmp::Ordering;
+
+use contract::login::LoginServer;
+use serde_json::json;
+
+use crate::db::audit;
+use crate::error::{FarmError, Result};
+use crate::input::ServerPatch;
+use crate::model::{Flag, Server};
+use crate::{Farm, login::SERVER_ALIVE_MS};
+
+pub use crate::model::{DEFAULT_RATING, RATING_MAX};
+
+/// The columns of `servers` a [`Server`] is read from.
+pub(crate) const SERVER_COLUMNS: &str =
+    "id, site_id, name, address, registered_at_ms, heartbeat_at_ms, rating, draining";
+
+/// How a session's server is named: by login (its name) or by a status report (its id, or
+/// the address login gave the device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionServer<'a> {
+    /// The server's id.
+    Id(i64),
+    /// Its name.
+    Name(&'a str),
+    /// Its registered NBD address.
+    Address(&'a str),
+}
+
+/// One server as [`order`] weighs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// The server.
+    pub server: Server,
+    /// Live sessions it carries.
+    pub sessions: i64,
+}
+
+impl Candidate {
+    fn alive(&self, now_ms: i64) -> bool {
+        now_ms.saturating_sub(self.server.heartbeat_at_ms) <= SERVER_ALIVE_MS
+    }
+
+    /// Its class: 0 live and serving, 1 live and draining, 2 not heartbeating.
+    fn class(&self, now_ms: i64) -> u8 {
+        match (self.alive(now_ms), self.server.draining.0) {
+            (true, false) => 0,
+            (true, true) => 1,
+            (false, _) => 2,
+        }
+    }
+}
+
+/// Compares the loads `a.sessions / a.rating` and `b.sessions / b.rating` exactly (cross
+/// multiplication in 128 bits: no rounding, no overflow).
+fn load_cmp(a: &Candidate, b: &Candidate) -> Ordering {
+    let rating = |c: &Candidate| i128::from(c.server.rating.clamp(1, RATING_MAX));
+    (i128::from(a.sessions) * rating(b)).cmp(&(i128::from(b.sessions) * rating(a)))
+}
+
+/// The servers in the order a device is told them: live and serving, least loaded first
+/// (ties: the higher rating, then the lower id); then live and draining, the same way; then
+/// the ones that stopped heartbeating, the most recent heartbeat first.
+pub fn order(mut servers: Vec<Candidate>, now_ms: i64) -> Vec<LoginServer> {
+    servers.sort_by(|a, b| {
+        let (ca, cb) = (a.class(now_ms), b.class(now_ms));
+        ca.cmp(&cb).then_with(|| {
+            if ca == 2 {
+                b.server
+                    .heartbeat_at_ms
+                    .cmp(&a.server.heartbeat_at_ms)
+                    .then(a.server.id.cmp(&b.server.id))
+            } else {
+                load_cmp(a, b)
+                    .then(b.server.rating.cmp(&a.server.rating))
+                    .then(a.server.id.cmp(&b.server.id))
+            }
+        })
+    });
+    servers
+        .into_iter()
+        .map(|c| LoginServer {
+            alive: c.alive(now_ms),
+            name: c.server.name,
+            address: c.server.address,
+        })
+        .collect()
+}
+
+impl Farm {
+    /// The servers of a collection's site in the order its devices are told them
+    /// ([`order`]).
+    ///
+    /// # Errors
+    /// Database errors; [`crate::Kind::NotFound`] for an unknown collection.
+    pub(crate) async fn site_servers(&self, collection_id: i64) -> Result<Vec<LoginServer>> {
+        let site = self.collection(collection_id).await?.site_id;
+        let now = self.now_ms();
+        let servers: Vec<Server> = sqlx::query_as(&format!(
+            "SELECT {SERVER_COLUMNS} FROM servers WHERE site_id = $1 ORDER BY id"
+        ))
+        .bind(site)
+        .fetch_all(&self.pool)
+        .await?;
+        let counts: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT server_id, COUNT(*) FROM sessions \
+             WHERE server_id IS NOT NULL AND expires_at_ms > $1 GROUP BY server_id",
+        )
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?;
+        let candidates = servers
+            .into_iter()
+            .map(|server| Candidate {
+                sessions: counts
+                    .iter()
+                    .find(|(id, _)| *id == server.id)
+                    .map_or(0, |(_, n)| *n),
+                server,
+            })
+            .collect();
+        Ok(order(candidates, now))
+    }
+
+    /// Records that the session `session_id` streams from `server` (login's first choice,
+    /// or what a status report says after a failover). A server not registered, or a
+    /// session gone, changes nothing; neither does the server it already has.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn note_session_server(
+        &self,
+        session_id: &str,
+        server: SessionServer<'_>,
+    ) -> Result<()> {
+        let (column, key) = match server {
+            SessionServer::Id(id) => ("id", id.to_string()),
+            SessionServer::Name(n) => ("name", n.to_string()),
+            SessionServer::Address(a) => ("address", a.trim().to_string()),
+        };
+        // `id` is compared as text so that one statement serves the three keys.
+        let pick = if column == "id" {
+            "SELECT MIN(id) FROM servers WHERE CAST(id AS TEXT) = $1".to_string()
+        } else {
+            format!("SELECT MIN(id) FROM servers WHERE {column} = $1")
+        };
+        sqlx::query(&format!(
+            "UPDATE sessions SET server_id = ({pick}) \
+             WHERE id = $2 AND ({pick}) IS NOT NULL \
+             AND (server_id IS NULL OR server_id <> ({pick}))"
+        ))
+        .bind(key)
+        .bind(session_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Live sessions per server id, for status pages and tests.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn sessions_per_server(&self) -> Result<Vec<(i64, i64)>> {
+        Ok(sqlx::query_as(
+            "SELECT server_id, COUNT(*) FROM sessions \
+             WHERE server_id IS NOT NULL AND expires_at_ms > $1 \
+             GROUP BY server_id ORDER BY server_id",
+        )
+        .bind(self.now_ms())
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Changes a server's rating or draining flag (audited).
+    ///
+    /// # Errors
+    /// [`crate::Kind::InvalidInput`] for a rating out of 1..=[`RATING_MAX`];
+    /// [`crate::Kind::NotFound`].
+    pub async fn set_server(&self, id: i64, p: &ServerPatch, actor: &str) -> Result<Server> {
+        if let Some(r) = p.rating
+            && !(1..=RATING_MAX).contains(&r)
+        {
+            return Err(FarmError::invalid(format!(
+                "rating must be 1 to {RATING_MAX}, not {r}"
+            )));
+        }
+        let mut s = self.server(id).await?;
+        if let Some(r) = p.rating {
+            s.rating = r;
+        }
+        if let Some(d) = p.draining {
+            s.draining = Flag(d);
+        }
+        let now = self.now_ms();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("UPDATE servers SET rating = $1, draining = $2 WHERE id = $3")
+            .bind(s.rating)
+            .bind(i64::from(s.draining.0))
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        audit(
+            &mut tx,
+            now,
+            actor,
+            "server.set",
+            "server",
+            &id.to_string(),
+            &json!({ "rating": s.rating, "draining": s.draining.0 }),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_000_000;
+
+    fn c(id: i64, rating: i64, sessions: i64, heartbeat_ago_ms: i64, draining: bool) -> Candidate {
+        Candidate {
+            server: Server {
+                id,
+                site_id: 1,
+                name: format!("s{id}"),
+                address: format!("10.0.0.{id}:10809"),
+                registered_at_ms: 0,
+                heartbeat_at_ms: NOW - heartbeat_ago_ms,
+                rating,
+                draining: Flag(draining),
+            },
+            sessions,
+        }
+    }
+
+    fn names(v: &[LoginServer]) -> Vec<&str> {
+        v.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    #[test]
+    fn least_loaded_by_rating_first_then_draining_then_dead() {
+        let got = order(
+            vec![
+                c(1, 100, 10, 0, false),         // load 0.10
+                c(2, 200, 10, 0, false),         // load 0.05
+                c(3, 100, 0, 0, true),           // draining
+                c(4, 100, 0, 2 * 60_000, false), // dead
+                c(5, 100, 5, 0, false),          // load 0.05, lower rating than s2
+            ],
+            NOW,
+        );
+        assert_eq!(names(&got), ["s2", "s5", "s1", "s3", "s4"]);
+        assert!(got[..4].iter().all(|s| s.alive));
+        assert!(!got[4].alive);
+    }
+
+    #[test]
+    fn logins_one_by_one_spread_in_proportion_to_the_ratings() {
+        // Each login's first server is counted by the next, as login records it.
+        let mut servers = vec![
+            c(1, 100, 0, 0, false),
+            c(2, 100, 0, 0, false),
+            c(3, 200, 0, 0, false),
+        ];
+        for _ in 0..400 {
+            let first = order(servers.clone(), NOW)[0].name.clone();
+            let s = servers.iter_mut().find(|s| s.server.name == first).unwrap();
+            s.sessions += 1;
+        }
+        let counts: Vec<i64> = servers.iter().map(|s| s.sessions).collect();
+        assert_eq!(counts, [100, 100, 200]);
+    }
+
+    #[test]
+    fn extreme_counts_and_ratings_compare_without_overflow() {
+        let got = order(
+            vec![
+                c(1, RATING_MAX, i64::MAX, 0, false),
+                c(2, 1, i64::MAX / 2, 0, false),
+            ],
+            NOW,
+        );
+        assert_eq!(names(&got), ["s1", "s2"]);
+    }
+}
