@@ -38,6 +38,8 @@ APT_PACKAGES+=(qemu-system-x86 ipxe-qemu ipxe debootstrap nbd-client e2fsprogs f
 # musl-tools: musl-gcc, for the static boot agent (ferry-boot) that the QEMU boot tests put
 # into the test OS's initramfs.
 APT_PACKAGES+=(musl-tools)
+# iproute2: ss, which shows the NBD listener's accept queue (nbd-server's listener test).
+APT_PACKAGES+=(iproute2)
 # node and npm run playwright-core; Debian's are installed only when none is on PATH.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     APT_PACKAGES+=(nodejs npm)

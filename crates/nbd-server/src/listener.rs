@@ -31,6 +31,23 @@ use crate::transmission;
 const READ_BUFFER_BYTES: usize = 64 << 10;
 /// Pause after a failed `accept` (out of file descriptors, ...), so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// The TCP listener's accept queue. A boot storm connects every device at once (PVS lets 500
+/// boot at once by default, and a server carries up to 4,095): with a short queue, connects
+/// past it are dropped and retried by the client's SYN backoff (seconds each). The kernel
+/// caps it at `net.core.somaxconn` (4096 on current kernels).
+pub const ACCEPT_BACKLOG: u32 = 4096;
+
+/// A TCP listener on `addr` with [`ACCEPT_BACKLOG`] (tokio's `bind` asks for 1024).
+fn tcp_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(ACCEPT_BACKLOG)
+}
 
 /// Binds the configured listeners and serves NBD until `shutdown` completes, then stops
 /// accepting, lets every connection finish its in-flight requests, flushes writable devices,
@@ -65,7 +82,7 @@ impl Listener {
     /// Binding failed, or neither listener is configured.
     pub async fn bind(config: ServerConfig) -> std::io::Result<Listener> {
         let tcp = match config.nbd_listen {
-            Some(addr) => Some(TcpListener::bind(addr).await?),
+            Some(addr) => Some(tcp_listener(addr)?),
             None => None,
         };
         let unix = match &config.nbd_socket {
@@ -366,5 +383,39 @@ async fn handshake<S: Socket>(
             what: "starttls",
             detail: "second STARTTLS".into(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `ss` shows a listening socket's accept queue limit in its Send-Q column.
+    #[tokio::test]
+    async fn the_tcp_listener_asks_for_the_long_accept_queue() {
+        let l = tcp_listener("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let Ok(out) = std::process::Command::new("ss")
+            .args(["-Hltn", &format!("sport = :{port}")])
+            .output()
+        else {
+            assert!(
+                std::env::var("CI").is_err(),
+                "ss (iproute2) is required under CI"
+            );
+            eprintln!("skipping: ss is not installed");
+            return;
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        let send_q: u32 = text
+            .split_whitespace()
+            .nth(2)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no listening socket in: {text}"));
+        let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(ACCEPT_BACKLOG);
+        assert_eq!(send_q, ACCEPT_BACKLOG.min(somaxconn), "{text}");
     }
 }
