@@ -210,7 +210,7 @@ fn main() -> ExitCode {
         }
     };
     // A server reports what it serves and when it stops: info unless --quiet.
-    let serving = matches!(cli.command, Command::Server(_))
+    let serving = matches!(&cli.command, Command::Server(s) if s.command.is_none())
         || matches!(&cli.command, Command::Target(t) if t.command.is_none());
     let verbose = if serving && !cli.quiet {
         cli.verbose.max(1)

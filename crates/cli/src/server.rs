@@ -35,7 +35,11 @@ const RUNTIME_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Arguments of `server`.
 #[derive(Debug, ClapArgs)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    /// A farm server's drain, from any machine with the farm API (instead of serving).
+    #[command(subcommand)]
+    pub command: Option<crate::server_drain::DrainCommand>,
     /// TOML configuration file (see docs/config.md); flags override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -153,6 +157,9 @@ impl Args {
 /// # Errors
 /// Configuration, store, bind and signal-handler errors.
 pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
+    if let Some(c) = &a.command {
+        return crate::server_drain::run(c);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ferry-server")

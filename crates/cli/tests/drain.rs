@@ -1,5 +1,5 @@
 //! Two `ferry server --farm` processes on one farm (issue 20): a device logged in through
-//! the first reads from it; `ferry farm server set ID --drain` makes that server close the
+//! the first reads from it; `ferry server drain NAME` makes that server close the
 //! session's connections, the target fails over to the second server without a new login
 //! and keeps reading the same bytes (qemu-io verifies them), and the farm's live status
 //! shows it on the second server. (The login order itself is `crates/farm/tests/balance.rs`.)
@@ -197,10 +197,7 @@ fn a_drained_server_s_device_fails_over_and_keeps_reading() {
 
     // Drain s1: it closes the session's connections; the target's next request fails over
     // to s2 (the reads go on while it does: none may fail).
-    let set = f.json(
-        &api2,
-        &["farm", "server", "set", &id1.to_string(), "--drain"],
-    );
+    let set = f.json(&api2, &["server", "drain", "s1"]);
     assert_eq!(set["draining"], true, "{set}");
     let deadline = Instant::now() + MOVE_WAIT;
     loop {
@@ -262,6 +259,38 @@ fn a_drained_server_s_device_fails_over_and_keeps_reading() {
         .cloned()
         .unwrap();
     assert_eq!(s1_row["draining"], true, "{listed}");
+    // `ferry farm server set` (by id) ends it; `ferry server undrain` (by name) too.
+    let set = f.json(
+        &api2,
+        &[
+            "farm",
+            "server",
+            "set",
+            &id1.to_string(),
+            "--no-drain",
+            "--rating",
+            "200",
+        ],
+    );
+    assert_eq!(
+        (set["draining"].clone(), set["rating"].clone()),
+        (false.into(), 200.into())
+    );
+    f.json(&api2, &["server", "drain", "s1"]);
+    let set = f.json(&api2, &["server", "undrain", "s1"]);
+    assert_eq!(set["draining"], false, "{set}");
+    let out = ferry()
+        .args([
+            "server", "drain", "nosuch", "--api", &api2, "--token", &f.token,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no server named \"nosuch\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     target.stop();
     s2.stop();
     s1.stop();
