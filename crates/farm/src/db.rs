@@ -93,6 +93,7 @@ pub struct InitSecrets {
 pub struct Farm {
     pub(crate) pool: AnyPool,
     backend: Backend,
+    data_dir: PathBuf,
     store_root: PathBuf,
     secrets: Secrets,
     pub(crate) clock: Arc<dyn Clock>,
@@ -168,6 +169,7 @@ impl Farm {
         let farm = Farm {
             pool,
             backend,
+            data_dir: config.data_dir.clone(),
             store_root,
             secrets: Secrets::of_data_dir(&config.data_dir),
             clock,
@@ -292,6 +294,11 @@ impl Farm {
                 not_after_unix = issued.not_after_unix, "issued a server certificate");
         }
         Ok((ca.cert_pem().to_string(), issued))
+    }
+
+    /// The data directory (the SQLite file, the secrets, lock files).
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.data_dir
     }
 
     /// The backend in use.

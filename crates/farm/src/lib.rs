@@ -20,6 +20,8 @@
 //!               device certificate
 //! credentials.rs device credentials: reset; administrator certificates
 //! boot.rs       the network boot decision by MAC (BootPlan): read-only, login's rules
+//! vdisk_lock.rs a chain change's lock: the process's mutex, then PostgreSQL's advisory
+//!               lock or an flock of DATA/locks/vdisk-ID.lock (SQLite)
 //! balance.rs    load balancing at login: the servers' order (rating, load, draining),
 //!               the server each session streams from, ratings and drains
 //! sessions.rs   SessionTable: the in-process check of session export names
@@ -50,6 +52,7 @@ pub mod repo;
 pub mod secrets;
 pub mod sessions;
 pub mod validate;
+mod vdisk_lock;
 pub mod vdisks;
 
 pub use db::{Backend, Clock, Farm, FarmConfig, InitSecrets, SystemClock};

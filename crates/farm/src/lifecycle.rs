@@ -117,8 +117,7 @@ impl Farm {
     /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`] while a maintenance version
     /// exists or at [`VERSIONS_MAX`]; [`crate::Kind::Image`].
     pub async fn new_version(&self, vdisk_id: i64, actor: &str) -> Result<Version> {
-        let lock = self.vdisk_lock(vdisk_id);
-        let _held = lock.lock().await;
+        let _held = self.lock_vdisk(vdisk_id).await?;
         let vdisk = self.vdisk(vdisk_id).await?;
         let mut versions = self.versions(vdisk_id).await?;
         check_no_maintenance(&versions)?;
@@ -162,8 +161,7 @@ impl Farm {
     /// [`crate::Kind::Conflict`] while a maintenance version exists, or for merged updates
     /// of a chain that is only a base; [`crate::Kind::Image`].
     pub async fn merge(&self, vdisk_id: i64, m: &MergeRequest, actor: &str) -> Result<Version> {
-        let lock = self.vdisk_lock(vdisk_id);
-        let _held = lock.lock().await;
+        let _held = self.lock_vdisk(vdisk_id).await?;
         let vdisk = self.vdisk(vdisk_id).await?;
         let versions = self.versions(vdisk_id).await?;
         self.merge_locked(&vdisk, &versions, m.mode, m.access, actor)
@@ -291,8 +289,7 @@ impl Farm {
     /// # Errors
     /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`] past production or while booted.
     pub async fn promote(&self, vdisk_id: i64, number: i64, actor: &str) -> Result<Version> {
-        let lock = self.vdisk_lock(vdisk_id);
-        let _held = lock.lock().await;
+        let _held = self.lock_vdisk(vdisk_id).await?;
         let v = self.version(vdisk_id, number).await?;
         let to = match v.access {
             AccessMode::Maintenance => {
@@ -324,8 +321,7 @@ impl Farm {
     /// # Errors
     /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`].
     pub async fn revert(&self, vdisk_id: i64, number: i64, actor: &str) -> Result<Version> {
-        let lock = self.vdisk_lock(vdisk_id);
-        let _held = lock.lock().await;
+        let _held = self.lock_vdisk(vdisk_id).await?;
         let versions = self.versions(vdisk_id).await?;
         let v = versions
             .iter()
@@ -400,8 +396,7 @@ impl Farm {
     /// # Errors
     /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`].
     pub async fn delete_version(&self, vdisk_id: i64, number: i64, actor: &str) -> Result<()> {
-        let lock = self.vdisk_lock(vdisk_id);
-        let _held = lock.lock().await;
+        let _held = self.lock_vdisk(vdisk_id).await?;
         let vdisk = self.vdisk(vdisk_id).await?;
         let versions = self.versions(vdisk_id).await?;
         let v = versions

@@ -232,8 +232,7 @@ impl Farm {
     /// # Errors
     /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`].
     pub async fn delete_vdisk(&self, id: i64, actor: &str) -> Result<()> {
-        let lock = self.vdisk_lock(id);
-        let _held = lock.lock().await;
+        let _held = self.lock_vdisk(id).await?;
         self.vdisk(id).await?;
         let mut tx = self.pool.begin().await?;
         sqlx::query("DELETE FROM versions WHERE vdisk_id = $1")
