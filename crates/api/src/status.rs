@@ -357,8 +357,12 @@ pub async fn report(
         (None, Some(a)) => Some(farm::balance::SessionServer::Address(a)),
         (None, None) => None,
     };
-    if let Some(server) = server {
-        // Load balancing counts the device on the server it streams from now.
+    // Load balancing counts the device on the server it streams from now; the database is
+    // written only when that changed since this session's last report to this process.
+    let unchanged = board.get(session.device_id, &session.id).is_some_and(|p| {
+        (p.server_id, &p.server_address) == (entry.server_id, &entry.server_address)
+    });
+    if let (Some(server), false) = (server, unchanged) {
         s.farm.note_session_server(&session.id, server).await?;
     }
     board.record(session.device_id, entry)?;
