@@ -168,6 +168,25 @@ try {
   check((await text('#chart-legend')).includes('/s'), 'the chart legend shows a rate');
   await shot('devices');
 
+  step = 'farm tree: drain the server and end the drain';
+  await page.click('#nav a[data-screen=farm]');
+  const tree2 = page.locator('#farm-tree');
+  check((await tree2.innerText()).includes('rating 100'), 'the server shows its rating');
+  await tree2.getByRole('button', { name: `Drain server ${SERVER}`, exact: true }).click();
+  await tree2.getByRole('button', { name: `Undrain server ${SERVER}`, exact: true }).waitFor();
+  check((await tree2.innerText()).includes('draining'), 'a drained server shows it');
+  const drained = await page.evaluate(async (name) => {
+    const r = await fetch('/api/v1/servers', {
+      headers: { Authorization: `Bearer ${sessionStorage.getItem('ferry.token')}` },
+    });
+    return (await r.json()).items.find((x) => x.name === name).draining;
+  }, SERVER);
+  check(drained === true, 'the farm records the drain');
+  await tree2.getByRole('button', { name: `Undrain server ${SERVER}`, exact: true }).click();
+  await tree2.getByRole('button', { name: `Drain server ${SERVER}`, exact: true }).waitFor();
+  check(!(await tree2.innerText()).includes('draining'), 'the drain ended');
+  await shot('farm-drain');
+
   step = 'log out';
   await page.click('#logout');
   await page.locator('#login').waitFor({ state: 'visible' });

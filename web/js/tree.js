@@ -1,7 +1,34 @@
-// The farm tree: sites → servers and device collections → devices; stores → vDisks.
+// The farm tree: sites → servers and device collections → devices; stores → vDisks. A
+// server shows its rating and whether it drains, with a button that drains it (logins name
+// it last and it moves its devices to their next servers) or ends the drain.
 
 import { all, call } from './api.js';
 import { badge, h, fill } from './dom.js';
+import { clearError, showError } from './main.js';
+
+/** Drains the server `s` or ends its drain, then draws the tree again. */
+async function toggleDrain(s) {
+  clearError();
+  try {
+    await call('PATCH', `/servers/${s.id}`, { draining: !s.draining });
+    await showTree();
+  } catch (e) {
+    showError(e);
+  }
+}
+
+function serverLabel(s, now) {
+  return h('span', {},
+    kind('server'), s.name, ' ', h('span', { class: 'muted' }, s.address), ' ',
+    now - s.heartbeat_at_ms < 60000 ? badge('alive', 'ok') : badge('silent', 'bad'), ' ',
+    h('span', { class: 'muted' }, `rating ${s.rating}`), ' ',
+    s.draining ? badge('draining', 'bad') : null, ' ',
+    h('button', {
+      type: 'button', class: s.draining ? null : 'danger',
+      'aria-label': `${s.draining ? 'Undrain' : 'Drain'} server ${s.name}`,
+      onclick: () => toggleDrain(s),
+    }, s.draining ? 'Undrain' : 'Drain'));
+}
 
 function node(label, children, open = true) {
   const kids = children.filter(Boolean);
@@ -23,9 +50,7 @@ export async function showTree() {
   const vdiskName = new Map(vdisks.map((v) => [v.id, v.name]));
   const siteNodes = sites.map((site) => node(h('span', {}, kind('site'), site.name), [
     node(h('span', {}, kind('servers'), `${servers.filter((s) => s.site_id === site.id).length}`),
-      servers.filter((s) => s.site_id === site.id).map((s) => node(h('span', {},
-        kind('server'), s.name, ' ', h('span', { class: 'muted' }, s.address), ' ',
-        now - s.heartbeat_at_ms < 60000 ? badge('alive', 'ok') : badge('silent', 'bad')), []))),
+      servers.filter((s) => s.site_id === site.id).map((s) => node(serverLabel(s, now), []))),
     ...collections.filter((c) => c.site_id === site.id).map((c) => node(
       h('span', {}, kind('collection'), c.name, c.auto_add ? ' (auto-add)' : ''),
       devices.filter((d) => d.collection_id === c.id).map((d) => node(h('span', {},
