@@ -23,6 +23,9 @@ pub const TEXT_BYTES_MAX: usize = 64 * 1024;
 /// The most farm API URLs or servers.
 pub const LIST_MAX: usize = 16;
 
+/// The most characters of an unknown key kept (to say which were skipped).
+pub const UNKNOWN_KEY_CHARS_MAX: usize = 64;
+
 /// The kernel NBD device when none is named.
 pub const DEFAULT_DEVICE: &str = "/dev/nbd0";
 
@@ -51,7 +54,8 @@ pub struct BootArgs {
     pub vdisk: Option<String>,
     /// The version the boot script chose.
     pub version: Option<i64>,
-    /// Keys skipped as unknown (at most [`LIST_MAX`], each cut to 64 characters).
+    /// Keys skipped as unknown (at most [`LIST_MAX`], each cut to
+    /// [`UNKNOWN_KEY_CHARS_MAX`] characters).
     pub unknown: Vec<String>,
 }
 
@@ -163,8 +167,9 @@ impl BootArgs {
             // Unknown keys: a newer boot script's; skipped, not fatal, and kept (the first
             // LIST_MAX) so that the agent can say which it skipped.
             _ => {
-                if self.unknown.len() < LIST_MAX && !self.unknown.iter().any(|k| k == key) {
-                    self.unknown.push(key.chars().take(64).collect());
+                let kept: String = key.chars().take(UNKNOWN_KEY_CHARS_MAX).collect();
+                if self.unknown.len() < LIST_MAX && !self.unknown.contains(&kept) {
+                    self.unknown.push(kept);
                 }
             }
         }
@@ -202,6 +207,12 @@ mod tests {
         assert_eq!(a.version, Some(7));
         assert_eq!(a.device, PathBuf::from(DEFAULT_DEVICE));
         assert_eq!(a.unknown, ["future"]);
+        // A long unknown key is kept cut, once, however often it comes (found by fuzzing).
+        let long = format!("ferry.{}=1", "k".repeat(100));
+        a.apply_cmdline(&format!("{long} {long}")).unwrap();
+        a.apply_cmdline(&long).unwrap();
+        assert_eq!(a.unknown.len(), 2);
+        assert_eq!(a.unknown[1].chars().count(), UNKNOWN_KEY_CHARS_MAX);
     }
 
     #[test]
