@@ -119,13 +119,7 @@ impl Farm {
         .bind(site)
         .fetch_all(&self.pool)
         .await?;
-        let counts: Vec<(i64, i64)> = sqlx::query_as(
-            "SELECT server_id, COUNT(*) FROM sessions \
-             WHERE server_id IS NOT NULL AND expires_at_ms > $1 GROUP BY server_id",
-        )
-        .bind(now)
-        .fetch_all(&self.pool)
-        .await?;
+        let counts = self.sessions_per_server().await?;
         let candidates = servers
             .into_iter()
             .map(|server| Candidate {
@@ -150,30 +144,39 @@ impl Farm {
         session_id: &str,
         server: SessionServer<'_>,
     ) -> Result<()> {
-        let (column, key) = match server {
-            SessionServer::Id(id) => ("id", id.to_string()),
-            SessionServer::Name(n) => ("name", n.to_string()),
-            SessionServer::Address(a) => ("address", a.trim().to_string()),
+        let id: Option<i64> = match server {
+            SessionServer::Id(id) => {
+                sqlx::query_scalar("SELECT id FROM servers WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+            SessionServer::Name(n) => {
+                sqlx::query_scalar("SELECT id FROM servers WHERE name = $1")
+                    .bind(n)
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+            SessionServer::Address(a) => {
+                sqlx::query_scalar("SELECT MIN(id) FROM servers WHERE address = $1")
+                    .bind(a.trim())
+                    .fetch_one(&self.pool)
+                    .await?
+            }
         };
-        // `id` is compared as text so that one statement serves the three keys.
-        let pick = if column == "id" {
-            "SELECT MIN(id) FROM servers WHERE CAST(id AS TEXT) = $1".to_string()
-        } else {
-            format!("SELECT MIN(id) FROM servers WHERE {column} = $1")
-        };
-        sqlx::query(&format!(
-            "UPDATE sessions SET server_id = ({pick}) \
-             WHERE id = $2 AND ({pick}) IS NOT NULL \
-             AND (server_id IS NULL OR server_id <> ({pick}))"
-        ))
-        .bind(key)
+        let Some(id) = id else { return Ok(()) };
+        sqlx::query(
+            "UPDATE sessions SET server_id = $1 \
+             WHERE id = $2 AND (server_id IS NULL OR server_id <> $1)",
+        )
+        .bind(id)
         .bind(session_id)
         .execute(&self.pool)
         .await?;
         Ok(())
     }
 
-    /// Live sessions per server id, for status pages and tests.
+    /// Live sessions per server id (what [`order`] weighs).
     ///
     /// # Errors
     /// Database errors.
