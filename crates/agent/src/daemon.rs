@@ -76,6 +76,9 @@ pub struct AgentConfig {
     /// Device login again when the servers refuse the session (see
     /// [`crate::remote::Relogin`]).
     pub relogin: Option<crate::remote::Relogin>,
+    /// Newer server lists from the farm, taken at the next failover (see
+    /// [`crate::remote::ServerRefresh`]); the status reporter offers them.
+    pub refresh: Option<Arc<crate::remote::ServerRefresh>>,
 }
 
 impl AgentConfig {
@@ -103,6 +106,7 @@ impl AgentConfig {
             replay_bytes_max: 256 << 20,
             tls: None,
             relogin: None,
+            refresh: None,
         }
     }
 }
@@ -202,6 +206,7 @@ impl Agent {
             replay_bytes_max: cfg.replay_bytes_max,
             tls: cfg.tls.clone(),
             relogin: cfg.relogin.clone(),
+            refresh: cfg.refresh.clone(),
         })
         .map_err(AgentError::Attach)?;
         let cache = match crate::local_mode(cfg.mode) {
@@ -238,7 +243,10 @@ impl Agent {
         let booted = self.boot.booted();
         Status {
             server: self.remote.server(),
-            servers: self.cfg.servers.clone(),
+            servers: self
+                .remote
+                .servers()
+                .unwrap_or_else(|| self.cfg.servers.clone()),
             vdisk: self.cfg.vdisk.clone(),
             export: self.export.clone(),
             mac: self.cfg.mac.map(|m| m.to_string()),

@@ -40,6 +40,7 @@ pub mod kernel;
 pub mod login;
 pub mod remote;
 pub mod report;
+pub mod server_list;
 pub mod stats;
 
 pub use daemon::{AgentConfig, AgentError, run};

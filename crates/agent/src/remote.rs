@@ -9,6 +9,12 @@
 //! failed one, for at most `failover_timeout`. Other callers wait on the same lock and then
 //! retry on the new connection; at most [`RETRIES_MAX`] times per request.
 //!
+//! The list is the login's, and the farm may hand a newer one (servers that joined or
+//! returned, in its load order) through a [`ServerRefresh`]: the next failover takes it, in
+//! its order, with the server it leaves last. So a device that a server moves away (a
+//! drain, or a rebalance when a server joins) goes to the least loaded server the farm
+//! knows, without a new login.
+//!
 //! Writes survive a failover through a *replay log*: every acknowledged write, trim and
 //! zeroing is kept (a copy of the data) until it is known to be on stable storage, and on
 //! a new connection the log is replayed, in acknowledgement order, before any other
@@ -49,6 +55,7 @@ use nbd_proto::{
 use parking_lot::{Mutex, RwLock};
 
 use crate::client::{ClientError, Connection};
+pub use crate::server_list::{ServerRefresh, refreshed_order};
 
 /// Attempts of one request (each after a failover) before it fails with EIO.
 pub const RETRIES_MAX: u32 = 8;
@@ -91,6 +98,9 @@ pub struct RemoteConfig {
     /// How to get a new session when every server refuses this one (a farm that forgot it,
     /// or ended it): device login again. `None`: the export is fixed.
     pub relogin: Option<Relogin>,
+    /// Newer server lists from the farm (status reports), taken at the next failover.
+    /// `None`: the list is fixed.
+    pub refresh: Option<Arc<ServerRefresh>>,
 }
 
 /// A new session from the farm: the export to attach now and the TLS to attach it with.
@@ -111,6 +121,43 @@ pub struct Relogin(pub Arc<dyn Fn() -> std::result::Result<Session, String> + Se
 impl std::fmt::Debug for Relogin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Relogin")
+    }
+}
+
+/// How often an idle device looks whether its server closed the connection, so that a
+/// device a server moves away (drain, rebalance) or loses moves at once, not at its next
+/// request.
+pub const IDLE_CHECK_EVERY: Duration = Duration::from_millis(100);
+/// The longest pause between two failovers the idle watch starts when none succeeds.
+const IDLE_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// Watches `remote`'s connection while nothing else uses it: once its reader saw the
+/// server close it, fails over without waiting for a request (a thread that ends with the
+/// remote).
+fn watch(remote: Weak<Remote>) {
+    let spawned = std::thread::Builder::new()
+        .name("ferry-remote-watch".into())
+        .spawn(move || {
+            let mut pause = IDLE_CHECK_EVERY;
+            loop {
+                std::thread::sleep(pause);
+                let Some(r) = remote.upgrade() else { return };
+                let Some(conn) = r.active_now() else { continue };
+                if !conn.is_dead() {
+                    pause = IDLE_CHECK_EVERY;
+                    continue;
+                }
+                match r.failover(&conn) {
+                    Ok(()) => pause = IDLE_CHECK_EVERY,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no server took the idle device over; trying again");
+                        pause = (pause * 2).clamp(IDLE_CHECK_EVERY, IDLE_RETRY_MAX);
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no idle watch: a closed connection is replaced at the next request");
     }
 }
 
@@ -147,6 +194,8 @@ struct Log {
 #[derive(Debug)]
 struct Active {
     conn: Arc<Connection>,
+    /// The failover list, and the position of `conn`'s server in it.
+    servers: Vec<String>,
     index: usize,
 }
 
@@ -197,9 +246,10 @@ impl Remote {
                     let info = conn.info.clone();
                     tracing::info!(%server, export = %cfg.export, size = info.size,
                         description = %info.description, "attached");
-                    return Ok(Arc::new_cyclic(|me| Remote {
+                    let remote = Arc::new_cyclic(|me| Remote {
                         active: RwLock::new(Active {
                             conn: Arc::new(conn),
+                            servers: cfg.servers.clone(),
                             index,
                         }),
                         size: info.size,
@@ -214,7 +264,9 @@ impl Remote {
                         }),
                         relogins: AtomicU64::new(0),
                         cfg,
-                    }));
+                    });
+                    watch(Arc::downgrade(&remote));
+                    return Ok(remote);
                 }
                 Err(e) => {
                     tracing::warn!(%server, error = %e, "server unavailable");
@@ -232,6 +284,12 @@ impl Remote {
             Some(active) => active.conn.server().to_string(),
             None => "failing over".to_string(),
         }
+    }
+
+    /// The failover list in use (the login's, or the farm's latest after a failover took
+    /// it); `None` while a failover holds it.
+    pub fn servers(&self) -> Option<Vec<String>> {
+        self.active.try_read().map(|a| a.servers.clone())
     }
 
     /// The active connection, without waiting: `None` while a failover holds it. Submitted
@@ -308,14 +366,21 @@ impl Remote {
                 "server lost; the server cache had more writes than the replay log holds",
             ));
         }
-        let n = self.cfg.servers.len();
+        if let Some(offered) = self.cfg.refresh.as_ref().and_then(|r| r.take()) {
+            let current = active.conn.server().to_string();
+            active.servers = refreshed_order(offered, &current);
+            active.index = active.servers.len() - 1;
+            tracing::info!(servers = ?active.servers, "failover list refreshed by the farm");
+        }
+        let servers = active.servers.clone();
+        let n = servers.len();
         let deadline = Instant::now() + self.cfg.failover_timeout;
         let mut k = 1;
         let mut refused = false;
         let mut last_login: Option<Instant> = None;
         while Instant::now() < deadline {
             let index = (active.index + k) % n;
-            let server = &self.cfg.servers[index];
+            let server = &servers[index];
             k += 1;
             // A new round over the list (with one server, every try is one).
             if n == 1 || k % n == 1 {
@@ -353,6 +418,7 @@ impl Remote {
                         "failed over");
                     *active = Active {
                         conn: Arc::new(conn),
+                        servers,
                         index,
                     };
                     self.counters.failovers.fetch_add(1, Ordering::Relaxed);

@@ -3,18 +3,31 @@
 //! session export as the credential. Shared by `ferry target` and the boot agent.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::login::{self, LoginError};
+use crate::remote::ServerRefresh;
 
 /// How often a logged-in target reports its counters to the farm (the console's live status).
 pub const REPORT_EVERY: Duration = Duration::from_secs(2);
+/// Every this many reports, the agent asks for its site's servers (`servers_wanted`), so
+/// that its failover list follows servers that joined or returned (every 10 s).
+pub const SERVERS_REFRESH_REPORTS: u64 = 5;
 
 /// Starts a thread that reports this device's counters to the farm API every [`REPORT_EVERY`] for the console's
 /// live status: bytes read and written, retries and the write cache's use, read from the
 /// agent's own control socket and posted to `/api/v1/status/report` with the session export
 /// as the credential, with the address of the server in use (the console's Server column). Failures are logged, never fatal: status is not the data path.
-pub fn start(api: &str, ca: Option<String>, export_name: String, control: PathBuf) {
+/// With `refresh`, every [`SERVERS_REFRESH_REPORTS`]th report asks for the device's
+/// servers and offers their addresses to the agent's failover list.
+pub fn start(
+    api: &str,
+    ca: Option<String>,
+    export_name: String,
+    control: PathBuf,
+    refresh: Option<Arc<ServerRefresh>>,
+) {
     let url = match login::parse_api_url(api).and_then(|u| {
         u.join("api/v1/status/report")
             .map_err(|e| LoginError::BadUrl {
@@ -45,17 +58,31 @@ pub fn start(api: &str, ca: Option<String>, export_name: String, control: PathBu
                 }
             };
             let mut failures = 0u64;
+            let mut reports = 0u64;
             loop {
                 std::thread::sleep(REPORT_EVERY);
                 let Ok(v) = crate::control::request(&control, "status") else {
                     continue;
                 };
-                let body = report_body(&export_name, &v);
-                let ok = client
+                let mut body = report_body(&export_name, &v);
+                reports += 1;
+                let wanted = refresh.is_some() && reports.is_multiple_of(SERVERS_REFRESH_REPORTS);
+                if wanted {
+                    body["servers_wanted"] = true.into();
+                }
+                let answer = client
                     .post(url.clone())
                     .json(&body)
                     .send()
-                    .is_ok_and(|r| r.status().is_success());
+                    .ok()
+                    .filter(|r| r.status().is_success());
+                let ok = answer.is_some();
+                if let (Some(r), Some(refresh)) = (answer.filter(|_| wanted), &refresh) {
+                    match r.json::<serde_json::Value>() {
+                        Ok(a) => refresh.offer(answer_servers(&a)),
+                        Err(e) => tracing::debug!(error = %e, "servers answer unreadable"),
+                    }
+                }
                 if !ok {
                     failures += 1;
                     if failures.is_power_of_two() {
@@ -68,6 +95,24 @@ pub fn start(api: &str, ca: Option<String>, export_name: String, control: PathBu
         tracing::warn!(error = %e, "no status reports to the farm");
     }
 }
+
+/// The NBD addresses of a report's answer (`{"servers": [{"address": …}, …]}`), in its
+/// order; nothing when it holds none.
+pub fn answer_servers(answer: &serde_json::Value) -> Vec<String> {
+    answer["servers"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s["address"].as_str())
+                .filter(|s| !s.is_empty() && s.len() <= SERVER_ADDRESS_LEN_MAX)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The longest server address taken from an answer.
+const SERVER_ADDRESS_LEN_MAX: usize = 260;
 
 /// The body of a status report (`POST /api/v1/status/report`) from the agent's status `v`:
 /// the counters, and the NBD server it streams from now (its address, as login gave it;
@@ -82,4 +127,22 @@ pub fn report_body(export_name: &str, v: &serde_json::Value) -> serde_json::Valu
         "retries": n("retries"),
         "cache_used_bytes": n("ram_bytes") + n("overflow_bytes"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_s_addresses_come_in_its_order_and_bad_ones_are_dropped() {
+        let a = serde_json::json!({"servers": [
+            {"name": "s3", "address": "10.0.0.3:10809", "alive": true},
+            {"name": "s1", "address": "", "alive": true},
+            {"name": "s2", "address": "x".repeat(SERVER_ADDRESS_LEN_MAX + 1), "alive": true},
+            {"name": "s4", "address": 7, "alive": false},
+            {"name": "s1", "address": "10.0.0.1:10809", "alive": true}
+        ]});
+        assert_eq!(answer_servers(&a), ["10.0.0.3:10809", "10.0.0.1:10809"]);
+        assert!(answer_servers(&serde_json::json!({})).is_empty());
+    }
 }

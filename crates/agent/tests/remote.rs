@@ -178,6 +178,7 @@ fn remote_with_log(servers: Vec<String>, replay: Replay, replay_bytes_max: u64) 
         replay_bytes_max,
         tls: None,
         relogin: None,
+        refresh: None,
     })
     .unwrap()
 }
@@ -292,6 +293,50 @@ fn failover_replays_unflushed_writes_and_keeps_reading() {
     assert_eq!(c.replayed.load(Ordering::Relaxed), 1);
 }
 
+/// An idle device whose server goes away moves by itself (no request needed), to a server
+/// its login never named but the farm offered later (a server that joined).
+#[test]
+fn an_idle_device_moves_at_once_to_a_server_the_farm_offered_since() {
+    let disk = MemDisk::new();
+    let a = Server::start(&disk);
+    let b = Server::start(&disk);
+    let refresh = Arc::new(agent::remote::ServerRefresh::default());
+    let r = Remote::connect(RemoteConfig {
+        servers: vec![a.addr.clone()],
+        export: "golden".into(),
+        connect_timeout: Duration::from_secs(5),
+        request_timeout: Duration::from_secs(10),
+        failover_timeout: Duration::from_secs(10),
+        replay: Replay::None,
+        replay_bytes_max: 0,
+        tls: None,
+        relogin: None,
+        refresh: Some(Arc::clone(&refresh)),
+    })
+    .unwrap();
+    let a_addr = a.addr.clone();
+    refresh.offer(vec![b.addr.clone(), a_addr.clone()]);
+    a.stop();
+    // A hang guard, not a measure: the idle watch looks every 100 ms.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while r.server() != b.addr {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still on {}",
+            r.server()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(r.counters().failovers.load(Ordering::Relaxed), 1);
+    assert_eq!(r.servers(), Some(vec![b.addr.clone(), a_addr]));
+    let mut buf = vec![0u8; 4096];
+    r.read_at(&mut buf, 0).unwrap();
+    assert_eq!(
+        buf[..251],
+        (0..251).map(|i| i as u8).collect::<Vec<_>>()[..]
+    );
+}
+
 /// With every server gone, a request fails (EIO) after the failover timeout instead of
 /// hanging.
 #[test]
@@ -308,6 +353,7 @@ fn no_server_left_fails_the_request() {
         replay_bytes_max: 0,
         tls: None,
         relogin: None,
+        refresh: None,
     })
     .unwrap();
     a.stop();

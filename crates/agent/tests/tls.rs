@@ -265,6 +265,7 @@ fn failover_between_tls_servers_keeps_every_write() {
         replay_bytes_max: 16 << 20,
         tls: Some(pki.device(&pki.ca)),
         relogin: None,
+        refresh: None,
     })
     .unwrap();
     let first = pattern(256 << 10, 1);

@@ -85,7 +85,7 @@ pub struct AppState {
         vdisks::promote, vdisks::revert, vdisks::delete_version, vdisks::merge,
         status::status, status::report,
     ),
-    components(schemas(error::ErrorBody))
+    components(schemas(error::ErrorBody, status::ReportAnswer))
 )]
 pub struct ApiDoc;
 

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse as _, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use contract::ExportName;
@@ -56,6 +57,13 @@ pub struct Counters {
     pub cache_used_bytes: u64,
 }
 
+/// The answer to a report that asked for its servers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReportAnswer {
+    /// The servers of the device's site in the order a login would name them now.
+    pub servers: Vec<contract::login::LoginServer>,
+}
+
 /// A counter report of a session.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -79,6 +87,11 @@ pub struct Report {
     pub retries: u64,
     /// Bytes its write cache holds now.
     pub cache_used_bytes: u64,
+    /// True when the device wants its site's servers in the answer, in login order: how it
+    /// learns servers that joined or returned since its login (the agent asks every fifth
+    /// report, `agent::report::SERVERS_REFRESH_REPORTS`).
+    #[serde(default)]
+    pub servers_wanted: bool,
 }
 
 /// The counters last reported for a device.
@@ -300,12 +313,14 @@ pub async fn status(
 
 /// Reports the counters of a session: the body names it by its export name.
 #[utoipa::path(post, path = "/api/v1/status/report", tag = "status", request_body = Report,
-    security(()), responses((status = 204, description = "recorded"), Errors))]
+    security(()), responses((status = 204, description = "recorded"),
+        (status = 200, description = "recorded; the servers asked for", body = ReportAnswer),
+        Errors))]
 pub async fn report(
     State(s): State<AppState>,
     Extension(board): Extension<Arc<StatusBoard>>,
     ApiJson(r): ApiJson<Report>,
-) -> ApiResult<StatusCode> {
+) -> ApiResult<Response> {
     let unknown = || ApiError::new(StatusCode::UNAUTHORIZED, "no live session of that name");
     if !is_export_name(&r.export_name) {
         return Err(unknown());
@@ -366,7 +381,11 @@ pub async fn report(
         s.farm.note_session_server(&session.id, server).await?;
     }
     board.record(session.device_id, entry)?;
-    Ok(StatusCode::NO_CONTENT)
+    if r.servers_wanted {
+        let servers = s.farm.device_servers(session.device_id).await?;
+        return Ok(Json(ReportAnswer { servers }).into_response());
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// True for text shaped like a session export name (`ferry-s-` and 1 to 56 hex digits, as

@@ -308,11 +308,14 @@ fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig,
         grant.device_name,
         grant.servers.join(",")
     );
+    let refresh = std::sync::Arc::new(agent::remote::ServerRefresh::default());
+    cfg.refresh = Some(std::sync::Arc::clone(&refresh));
     agent::report::start(
         &args.api[0],
         ca,
         grant.export_name.to_string(),
         cfg.control_socket.clone(),
+        Some(refresh),
     );
     Ok((cfg, what))
 }

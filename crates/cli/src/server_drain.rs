@@ -6,11 +6,22 @@
 //!
 //! Each session is moved once per drain: a device whose list holds no other server comes
 //! back and is served. Ending the drain (`--no-drain`) forgets the moves.
+//!
+//! **Rebalancing** uses the same move. A serving server that carries more than its share
+//! of its site's sessions (`farm::balance::excess`: a server joined, returned or ended a
+//! drain) moves its excess away, at most [`REBALANCE_MOVES_PER_CHECK`] sessions per check,
+//! checks [`REBALANCE_EVERY`] apart with ±20 % jitter (so that the servers of a site do
+//! not move in step), and only once the excess has lasted [`REBALANCE_SETTLE`]: a device
+//! learns a server that joined from its status reports within 12 s, and a moved device
+//! should find it. A session is moved for balance at most once per [`REBALANCE_FORGET`]
+//! (one whose list did not hold the new server yet comes back and is moved again later). A
+//! move is a failover, not a login: the device keeps its session and its boot is not
+//! counted again.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Subcommand;
 use reqwest::Method;
@@ -105,7 +116,56 @@ pub fn to_move(open: &[String], moved: &HashSet<String>, turn: usize) -> Vec<Str
         .collect()
 }
 
-/// Watches this server's draining flag and moves its sessions away while it is set.
+/// How often, on average, a serving server checks whether it carries more than its share.
+pub const REBALANCE_EVERY: Duration = Duration::from_secs(5);
+/// The most sessions one rebalance check moves.
+pub const REBALANCE_MOVES_PER_CHECK: usize = 8;
+/// How long a session moved for balance is not moved again.
+pub const REBALANCE_FORGET: Duration = Duration::from_secs(60);
+/// How long an excess must last before sessions move: longer than a device takes to learn
+/// a new server (a server-list refresh every 10 s, `agent::report::SERVERS_REFRESH_REPORTS`
+/// reports of 2 s, plus one report).
+pub const REBALANCE_SETTLE: Duration = Duration::from_secs(15);
+
+/// The sessions a rebalance check moves: up to `excess` (and
+/// [`REBALANCE_MOVES_PER_CHECK`]) of `open`, skipping those moved within
+/// [`REBALANCE_FORGET`], from a position that changes with `turn`.
+pub fn to_rebalance(
+    open: &[String],
+    recent: &HashMap<String, Instant>,
+    excess: usize,
+    turn: usize,
+    now: Instant,
+) -> Vec<String> {
+    let waiting: Vec<&String> = open
+        .iter()
+        .filter(|n| {
+            recent
+                .get(*n)
+                .is_none_or(|t| now.saturating_duration_since(*t) >= REBALANCE_FORGET)
+        })
+        .collect();
+    if waiting.is_empty() {
+        return Vec::new();
+    }
+    let start = turn % waiting.len();
+    waiting
+        .iter()
+        .cycle()
+        .skip(start)
+        .take(waiting.len().min(excess).min(REBALANCE_MOVES_PER_CHECK))
+        .map(|n| (*n).clone())
+        .collect()
+}
+
+/// The pause before the next rebalance check: [`REBALANCE_EVERY`] ± 20 %.
+fn rebalance_pause() -> Duration {
+    use rand::Rng as _;
+    REBALANCE_EVERY.mul_f64(rand::thread_rng().gen_range(0.8..1.2))
+}
+
+/// Watches this server's draining flag and moves its sessions away while it is set; while
+/// it is not, moves its excess over its share of the site's sessions (rebalancing).
 pub fn drain_when_told(
     handle: &FarmHandle,
     registry: &server::exports::Registry,
@@ -118,6 +178,9 @@ pub fn drain_when_told(
         let mut tick = tokio::time::interval(DRAIN_CHECK_EVERY);
         let mut moved: HashSet<String> = HashSet::new();
         let mut turn = 0usize;
+        let mut rebalanced: HashMap<String, Instant> = HashMap::new();
+        let mut next_rebalance = Instant::now() + rebalance_pause();
+        let mut excess_since: Option<Instant> = None;
         loop {
             tick.tick().await;
             let draining = match farm.server(id).await {
@@ -131,6 +194,36 @@ pub fn drain_when_told(
                 if !moved.is_empty() {
                     tracing::info!(moved = moved.len(), "drain ended");
                     moved.clear();
+                }
+                let now = Instant::now();
+                if now < next_rebalance {
+                    continue;
+                }
+                next_rebalance = now + rebalance_pause();
+                let excess = match farm.rebalance_excess(id).await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "rebalance check failed");
+                        continue;
+                    }
+                };
+                if excess == 0 {
+                    excess_since = None;
+                    continue;
+                }
+                let since = *excess_since.get_or_insert(now);
+                if now.saturating_duration_since(since) < REBALANCE_SETTLE {
+                    continue;
+                }
+                rebalanced.retain(|_, t| now.saturating_duration_since(*t) < REBALANCE_FORGET);
+                let mut open = reg.open_session_names();
+                open.sort();
+                turn = turn.wrapping_add(1);
+                for name in to_rebalance(&open, &rebalanced, excess, turn, now) {
+                    let n = reg.move_session(&name);
+                    tracing::info!(session = %name, connections = n, excess,
+                        "rebalancing: closed the session's connections (the device moves to a less loaded server)");
+                    rebalanced.insert(name, now);
                 }
                 continue;
             }
@@ -173,6 +266,24 @@ mod tests {
         }
         assert_eq!(moved.len(), 40);
         assert_eq!(checks, 3, "40 sessions, 16 per check");
+    }
+
+    #[test]
+    fn rebalance_moves_at_most_the_excess_and_not_the_same_session_twice() {
+        let open = names(40);
+        let now = Instant::now();
+        let mut recent = HashMap::new();
+        let first = to_rebalance(&open, &recent, 5, 0, now);
+        assert_eq!(first.len(), 5);
+        for n in &first {
+            recent.insert(n.clone(), now);
+        }
+        let second = to_rebalance(&open, &recent, 100, 0, now);
+        assert_eq!(second.len(), REBALANCE_MOVES_PER_CHECK);
+        assert!(second.iter().all(|n| !first.contains(n)));
+        let later = now + REBALANCE_FORGET;
+        assert_eq!(to_rebalance(&open[..5], &recent, 9, 0, later).len(), 5);
+        assert!(to_rebalance(&open, &recent, 0, 0, now).is_empty());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::agent::boot::BootEnd;
@@ -182,7 +183,9 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
             Some(f) => std::fs::read_to_string(f).ok(),
             None => None,
         };
-        start_reporter(&api, ca, export, cfg.control_socket.clone());
+        let refresh = Arc::new(agent::remote::ServerRefresh::default());
+        cfg.refresh = Some(Arc::clone(&refresh));
+        start_reporter(&api, ca, export, cfg.control_socket.clone(), Some(refresh));
     }
     if let Some(dir) = export_socket.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;

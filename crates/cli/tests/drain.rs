@@ -4,6 +4,11 @@
 //! and keeps reading the same bytes (qemu-io verifies them), and the farm's live status
 //! shows it on the second server. (The login order itself is `crates/farm/tests/balance.rs`.)
 //!
+//! Rebalancing: four devices logged in to the only server; a second server joins; the
+//! first moves its excess (two devices) to it, each device learning the new server from
+//! its status reports and failing over to it, with the same session (no new login) and
+//! reads that keep verifying.
+//!
 //! Tool rule: a missing qemu-io skips with a printed reason, and fails under `CI=true`.
 
 use std::net::TcpStream;
@@ -21,6 +26,9 @@ const MAC: &str = "aa:bb:cc:00:20:01";
 const SIZE: u64 = 64 * MIB;
 /// A hang guard for the move (a drain check each second), not a measure.
 const MOVE_WAIT: Duration = Duration::from_secs(60);
+/// A hang guard for a rebalance (15 s of settling, then checks 4 to 6 s apart), not a
+/// measure.
+const REBALANCE_WAIT: Duration = Duration::from_secs(120);
 
 struct Farm {
     dir: tempfile::TempDir,
@@ -29,6 +37,89 @@ struct Farm {
 }
 
 impl Farm {
+    /// `ferry farm init` with a store holding `golden.vhdx` (0x21 at 0, 0x22 at 32 MiB).
+    fn init() -> Farm {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let init: Value = serde_json::from_str(&run_ok(ferry().args([
+            "farm",
+            "init",
+            "--data",
+            path_str(&data),
+            "--json",
+        ])))
+        .unwrap();
+        let f = Farm {
+            token: init["admin_token"].as_str().unwrap().to_string(),
+            key_file: PathBuf::from(init["farm_key_file"].as_str().unwrap()),
+            dir,
+        };
+        std::fs::create_dir_all(f.store()).unwrap();
+        let base = f.store().join("golden.vhdx");
+        create_vhdx(&base, &dynamic(SIZE, 2 * MIB as u32));
+        session(&base, |d| {
+            d.write_at(&vec![0x21; MIB as usize], 0).unwrap();
+            d.write_at(&vec![0x22; MIB as usize], 32 * MIB).unwrap();
+        });
+        f
+    }
+
+    /// The store, the vDisk, collection `lab` and one device per `(mac, name)`.
+    fn objects(&self, api: &str, devices: &[(&str, &str)]) {
+        self.json(api, &["store", "add", "main", "--path", "main"]);
+        self.json(api, &["farm", "vdisk", "add", "golden", "--store", "1"]);
+        self.json(
+            api,
+            &[
+                "collection",
+                "add",
+                "lab",
+                "--site",
+                "1",
+                "--vdisk",
+                "golden",
+            ],
+        );
+        for (mac, name) in devices {
+            self.json(
+                api,
+                &[
+                    "device",
+                    "add",
+                    mac,
+                    "--name",
+                    name,
+                    "--collection",
+                    "1",
+                    "--vdisk",
+                    "golden",
+                ],
+            );
+        }
+    }
+
+    /// `ferry target` of device `mac` logged in through `api`, exporting `NAME.sock`.
+    fn target(&self, api: &str, mac: &str, name: &str) -> (Proc, PathBuf) {
+        let socket = self.dir.path().join(format!("{name}.sock"));
+        let overflow = self.dir.path().join(format!("overflow-{name}"));
+        std::fs::create_dir_all(&overflow).unwrap();
+        let mut cmd = ferry();
+        cmd.args(["target", "--server", api, "--device", mac])
+            .args(["--farm-key", path_str(&self.key_file)])
+            .args([
+                "--state-dir",
+                path_str(&self.dir.path().join(format!("state-{name}"))),
+            ])
+            .arg(format!("--export=unix:{}", path_str(&socket)))
+            .args(["--overflow", path_str(&overflow)]);
+        let mut target = Proc::spawn(&mut cmd, self.dir.path().join(format!("{name}.log")));
+        let ctl = PathBuf::from(format!("{}.ctl", path_str(&socket)));
+        target.wait_until("exporting", || {
+            std::os::unix::net::UnixStream::connect(&socket).is_ok() && ctl.exists()
+        });
+        (target, socket)
+    }
+
     fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
@@ -112,58 +203,9 @@ fn a_drained_server_s_device_fails_over_and_keeps_reading() {
     if !require("qemu-io") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let init: Value = serde_json::from_str(&run_ok(ferry().args([
-        "farm",
-        "init",
-        "--data",
-        path_str(&data),
-        "--json",
-    ])))
-    .unwrap();
-    let f = Farm {
-        token: init["admin_token"].as_str().unwrap().to_string(),
-        key_file: PathBuf::from(init["farm_key_file"].as_str().unwrap()),
-        dir,
-    };
-    std::fs::create_dir_all(f.store()).unwrap();
-    let base = f.store().join("golden.vhdx");
-    create_vhdx(&base, &dynamic(SIZE, 2 * MIB as u32));
-    session(&base, |d| {
-        d.write_at(&vec![0x21; MIB as usize], 0).unwrap();
-        d.write_at(&vec![0x22; MIB as usize], 32 * MIB).unwrap();
-    });
-
+    let f = Farm::init();
     let (s1, api1, nbd1) = f.server("s1");
-    f.json(&api1, &["store", "add", "main", "--path", "main"]);
-    f.json(&api1, &["farm", "vdisk", "add", "golden", "--store", "1"]);
-    f.json(
-        &api1,
-        &[
-            "collection",
-            "add",
-            "lab",
-            "--site",
-            "1",
-            "--vdisk",
-            "golden",
-        ],
-    );
-    f.json(
-        &api1,
-        &[
-            "device",
-            "add",
-            MAC,
-            "--name",
-            "pc1",
-            "--collection",
-            "1",
-            "--vdisk",
-            "golden",
-        ],
-    );
+    f.objects(&api1, &[(MAC, "pc1")]);
     let (s2, api2, nbd2) = f.server("s2");
     let servers = f.json(&api2, &["farm", "server", "list"]);
     let id_of = |name: &str| {
@@ -178,20 +220,7 @@ fn a_drained_server_s_device_fails_over_and_keeps_reading() {
     let (id1, id2) = (id_of("s1"), id_of("s2"));
 
     // The device logs in through s1's API: both servers empty, s1 (the lower id) first.
-    let socket = f.dir.path().join("pc1.sock");
-    let overflow = f.dir.path().join("overflow");
-    std::fs::create_dir_all(&overflow).unwrap();
-    let mut cmd = ferry();
-    cmd.args(["target", "--server", &api1, "--device", MAC])
-        .args(["--farm-key", path_str(&f.key_file)])
-        .args(["--state-dir", path_str(&f.dir.path().join("state"))])
-        .arg(format!("--export=unix:{}", path_str(&socket)))
-        .args(["--overflow", path_str(&overflow)]);
-    let mut target = Proc::spawn(&mut cmd, f.dir.path().join("target.log"));
-    let ctl = PathBuf::from(format!("{}.ctl", path_str(&socket)));
-    target.wait_until("exporting", || {
-        std::os::unix::net::UnixStream::connect(&socket).is_ok() && ctl.exists()
-    });
+    let (target, socket) = f.target(&api1, MAC, "pc1");
     assert_eq!(status(&socket)["server"], nbd1.as_str());
     reads_verify(&socket);
 
@@ -292,6 +321,91 @@ fn a_drained_server_s_device_fails_over_and_keeps_reading() {
         String::from_utf8_lossy(&out.stderr)
     );
     target.stop();
+    s2.stop();
+    s1.stop();
+}
+
+/// The ids of the farm's live sessions.
+fn session_ids(f: &Farm, api: &str) -> Vec<String> {
+    let v = f.json(api, &["farm", "session", "list"]);
+    let mut ids: Vec<String> = v["items"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no sessions: {v}"))
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[test]
+fn a_server_that_joins_takes_its_share_without_a_new_login() {
+    if !require("qemu-io") {
+        return;
+    }
+    let f = Farm::init();
+    let (s1, api1, nbd1) = f.server("s1");
+    let devices = [
+        ("aa:bb:cc:00:20:11", "pc11"),
+        ("aa:bb:cc:00:20:12", "pc12"),
+        ("aa:bb:cc:00:20:13", "pc13"),
+        ("aa:bb:cc:00:20:14", "pc14"),
+    ];
+    f.objects(&api1, &devices);
+    let targets: Vec<(Proc, PathBuf)> = devices
+        .iter()
+        .map(|(mac, name)| f.target(&api1, mac, name))
+        .collect();
+    for (_, socket) in &targets {
+        assert_eq!(status(socket)["server"], nbd1.as_str());
+    }
+    let sessions = session_ids(&f, &api1);
+    assert_eq!(sessions.len(), 4);
+
+    // s2 joins: s1 carries 4 of 4, its share is 2, so it moves 2 (after the excess has
+    // lasted REBALANCE_SETTLE, by then every device has learnt s2 from its reports).
+    let (s2, _api2, nbd2) = f.server("s2");
+    let deadline = Instant::now() + REBALANCE_WAIT;
+    let on = |nbd: &str| {
+        targets
+            .iter()
+            .filter(|(_, socket)| status(socket)["server"] == nbd)
+            .count()
+    };
+    loop {
+        let (n1, n2) = (on(&nbd1), on(&nbd2));
+        if n2 == 2 && n1 == 2 {
+            break;
+        }
+        assert!(n2 <= 2, "s2 got more than its share: {n2} of 4");
+        assert!(
+            Instant::now() < deadline,
+            "no rebalance within {REBALANCE_WAIT:?} (s1 {n1}, s2 {n2})\ns1 log:\n{}",
+            s1.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        s1.log_text()
+            .contains("rebalancing: closed the session's connections"),
+        "{}",
+        s1.log_text()
+    );
+    // Moved by failover, not by a new login: the same four sessions, reads that verify,
+    // no error on any device.
+    assert_eq!(session_ids(&f, &api1), sessions);
+    for (target, socket) in &targets {
+        reads_verify(socket);
+        let s = status(socket);
+        if s["server"] == nbd2.as_str() {
+            assert!(s["failovers"].as_u64().unwrap_or(0) >= 1, "{s}");
+        }
+        let log = target.log_text();
+        assert!(!log.contains("ERROR"), "{log}");
+    }
+    for (target, _) in targets {
+        target.stop();
+    }
     s2.stop();
     s1.stop();
 }

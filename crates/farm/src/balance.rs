@@ -16,6 +16,7 @@
 //! The ordering is the pure [`order`]; the rest reads and writes the farm database.
 
 use std::cmp::Ordering;
+use std::sync::PoisonError;
 
 use contract::login::LoginServer;
 use serde_json::json;
@@ -27,6 +28,11 @@ use crate::model::{Flag, Server};
 use crate::{Farm, login::SERVER_ALIVE_MS};
 
 pub use crate::model::{DEFAULT_RATING, RATING_MAX};
+
+/// How long [`Farm::device_servers`] reuses a site's order.
+pub const ORDER_REUSE_MS: i64 = 1_000;
+/// The most sites whose order is kept for reuse (past it the cache starts over).
+pub const ORDER_CACHE_SITES_MAX: usize = 4_096;
 
 /// The columns of `servers` a [`Server`] is read from.
 pub(crate) const SERVER_COLUMNS: &str =
@@ -104,6 +110,41 @@ pub fn order(mut servers: Vec<Candidate>, now_ms: i64) -> Vec<LoginServer> {
         .collect()
 }
 
+/// How far above its fair share a server may carry sessions before it moves some: 10 %, and
+/// at least one session, so that rounding and a device in flight never trigger moves.
+pub const REBALANCE_TOLERANCE_PERCENT: i64 = 10;
+
+/// How many of server `me`'s sessions to move so that the live, serving servers of its site
+/// carry sessions in proportion to their ratings (0 when it is within
+/// [`REBALANCE_TOLERANCE_PERCENT`] of its share, is draining or not heartbeating (a drain
+/// moves everything anyway), or is the only serving server).
+///
+/// Its share is `ceil(total × rating / Σ ratings)` over the serving servers; when it
+/// carries more than that plus the tolerance, it moves down to the share. Moved devices
+/// go to the least loaded servers of their (refreshed) lists, which are the ones below
+/// their share: a server that joins or returns fills up without a reconnect storm, each
+/// overloaded server giving only its own excess.
+pub fn excess(me: i64, servers: &[Candidate], now_ms: i64) -> usize {
+    let serving: Vec<&Candidate> = servers.iter().filter(|c| c.class(now_ms) == 0).collect();
+    let Some(mine) = serving.iter().find(|c| c.server.id == me) else {
+        return 0;
+    };
+    if serving.len() < 2 {
+        return 0;
+    }
+    let rating = |c: &Candidate| i128::from(c.server.rating.clamp(1, RATING_MAX));
+    let total: i128 = serving.iter().map(|c| i128::from(c.sessions.max(0))).sum();
+    let ratings: i128 = serving.iter().map(|c| rating(c)).sum();
+    let share = (total * rating(mine) + ratings - 1) / ratings;
+    let tolerance = (share * i128::from(REBALANCE_TOLERANCE_PERCENT) / 100).max(1);
+    let carried = i128::from(mine.sessions.max(0));
+    if carried <= share + tolerance {
+        return 0;
+    }
+    debug_assert!(carried > share);
+    usize::try_from(carried - share).unwrap_or(usize::MAX)
+}
+
 impl Farm {
     /// The servers of a collection's site in the order its devices are told them
     /// ([`order`]).
@@ -112,7 +153,12 @@ impl Farm {
     /// Database errors; [`crate::Kind::NotFound`] for an unknown collection.
     pub(crate) async fn site_servers(&self, collection_id: i64) -> Result<Vec<LoginServer>> {
         let site = self.collection(collection_id).await?.site_id;
-        let now = self.now_ms();
+        let candidates = self.site_candidates(site).await?;
+        Ok(order(candidates, self.now_ms()))
+    }
+
+    /// The servers of a collection's site with their live session counts.
+    async fn site_candidates(&self, site: i64) -> Result<Vec<Candidate>> {
         let servers: Vec<Server> = sqlx::query_as(&format!(
             "SELECT {SERVER_COLUMNS} FROM servers WHERE site_id = $1 ORDER BY id"
         ))
@@ -120,7 +166,7 @@ impl Farm {
         .fetch_all(&self.pool)
         .await?;
         let counts = self.sessions_per_server().await?;
-        let candidates = servers
+        Ok(servers
             .into_iter()
             .map(|server| Candidate {
                 sessions: counts
@@ -129,8 +175,54 @@ impl Farm {
                     .map_or(0, |(_, n)| *n),
                 server,
             })
-            .collect();
-        Ok(order(candidates, now))
+            .collect())
+    }
+
+    /// How many of its sessions server `id` should move now ([`excess`] over its site).
+    ///
+    /// # Errors
+    /// Database errors; [`crate::Kind::NotFound`] for an unknown server.
+    pub async fn rebalance_excess(&self, id: i64) -> Result<usize> {
+        let site = self.server(id).await?.site_id;
+        let candidates = self.site_candidates(site).await?;
+        Ok(excess(id, &candidates, self.now_ms()))
+    }
+
+    /// The servers a device's status report is told, in login order ([`order`]), so that a
+    /// device learns servers that joined since its login and fails over (or is moved) to
+    /// the least loaded. Within [`ORDER_REUSE_MS`] a site's order is reused: a thousand
+    /// devices refreshing their lists cost one count, not a thousand (logins never reuse
+    /// it: each login must be counted by the next).
+    ///
+    /// # Errors
+    /// Database errors; [`crate::Kind::NotFound`] for an unknown device.
+    pub async fn device_servers(&self, device_id: i64) -> Result<Vec<LoginServer>> {
+        let collection = self.device(device_id).await?.collection_id;
+        let site = self.collection(collection).await?.site_id;
+        let now = self.now_ms();
+        let cached = {
+            let cache = self
+                .order_cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            cache
+                .get(&site)
+                .filter(|(at, _)| now.saturating_sub(*at) < ORDER_REUSE_MS)
+                .map(|(_, list)| list.clone())
+        };
+        if let Some(list) = cached {
+            return Ok(list);
+        }
+        let list = order(self.site_candidates(site).await?, now);
+        let mut cache = self
+            .order_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if cache.len() >= ORDER_CACHE_SITES_MAX {
+            cache.clear();
+        }
+        cache.insert(site, (now, list.clone()));
+        Ok(list)
     }
 
     /// Records that the session `session_id` streams from `server` (login's first choice,
@@ -292,6 +384,54 @@ mod tests {
         }
         let counts: Vec<i64> = servers.iter().map(|s| s.sessions).collect();
         assert_eq!(counts, [100, 100, 200]);
+    }
+
+    #[test]
+    fn a_server_that_joins_is_filled_by_the_others_excess_only() {
+        // 30 devices on s1 and s2; s3 joins empty: each gives its excess over 10.
+        let servers = vec![
+            c(1, 100, 15, 0, false),
+            c(2, 100, 15, 0, false),
+            c(3, 100, 0, 0, false),
+        ];
+        assert_eq!(excess(1, &servers, NOW), 5);
+        assert_eq!(excess(2, &servers, NOW), 5);
+        assert_eq!(excess(3, &servers, NOW), 0);
+        // After the moves nobody moves again.
+        let after = vec![
+            c(1, 100, 10, 0, false),
+            c(2, 100, 10, 0, false),
+            c(3, 100, 10, 0, false),
+        ];
+        assert!((1..=3).all(|id| excess(id, &after, NOW) == 0));
+    }
+
+    #[test]
+    fn moves_follow_the_ratings_and_stop_within_the_tolerance() {
+        // s2 is rated twice s1: of 30 sessions its share is 20, s1's 10.
+        let servers = vec![c(1, 100, 30, 0, false), c(2, 200, 0, 0, false)];
+        assert_eq!(excess(1, &servers, NOW), 20);
+        // One over the share (and within 10 %, at least one) is left alone.
+        let near = vec![c(1, 100, 11, 0, false), c(2, 200, 19, 0, false)];
+        assert_eq!(excess(1, &near, NOW), 0);
+        // Rounding of an odd count never moves a device back and forth.
+        let odd = vec![c(1, 100, 2, 0, false), c(2, 100, 1, 0, false)];
+        assert_eq!(excess(1, &odd, NOW) + excess(2, &odd, NOW), 0);
+    }
+
+    #[test]
+    fn draining_dead_and_lone_servers_do_not_rebalance() {
+        let lone = vec![c(1, 100, 50, 0, false), c(2, 100, 0, 2 * 60_000, false)];
+        assert_eq!(excess(1, &lone, NOW), 0, "the other server is dead");
+        let draining = vec![c(1, 100, 50, 0, true), c(2, 100, 0, 0, false)];
+        assert_eq!(excess(1, &draining, NOW), 0, "a drain moves them, not this");
+        let onto_draining = vec![c(1, 100, 50, 0, false), c(2, 100, 0, 0, true)];
+        assert_eq!(
+            excess(1, &onto_draining, NOW),
+            0,
+            "never onto a draining server"
+        );
+        assert_eq!(excess(9, &lone, NOW), 0, "an unknown server");
     }
 
     #[test]

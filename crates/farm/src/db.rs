@@ -102,6 +102,9 @@ pub struct Farm {
     pub(crate) vdisk_locks: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<()>>>>,
     /// Sessions granted by this process, for the NBD server's export check.
     pub(crate) sessions: Arc<SessionTable>,
+    /// Each site's server order as status reports are told it, with when it was computed
+    /// (`balance::Farm::device_servers`).
+    pub(crate) order_cache: Mutex<HashMap<i64, (i64, Vec<contract::login::LoginServer>)>>,
 }
 
 impl Farm {
@@ -175,6 +178,7 @@ impl Farm {
             clock,
             vdisk_locks: Mutex::new(HashMap::new()),
             sessions: Arc::new(SessionTable::new()),
+            order_cache: Mutex::new(HashMap::new()),
         };
         farm.move_key_out_of_the_database().await?;
         Ok(farm)
