@@ -452,6 +452,7 @@ fn run(cfg: &Config, ferry: PathBuf, dir: &Path, quick: bool) -> Result<String> 
         let n = if event == Event::None { 1 } else { trials };
         let mut t = Vec::with_capacity(n);
         for _ in 0..n {
+            cfg.loads.sample();
             t.push(b.trial(event)?);
         }
         rows.push((event, t));

@@ -378,6 +378,7 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
         nbd: Vec::new(),
         tls: None,
         target: None,
+        multi: None,
         boot: None,
         total_minutes: 0.0,
     };
@@ -424,9 +425,7 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
     if args.only.contains(&Bench::Multi) {
         let storm = nbd::multi_storm(&cfg, &ncfg)?;
         let stall = failover::failover_stall(&cfg, args.quick)?;
-        report.nbd.push(format!(
-            "## NBD over several servers (multi)\n\n{storm}\n{stall}"
-        ));
+        report.multi = Some(format!("{storm}\n{stall}"));
     }
     if args.only.contains(&Bench::Boot) {
         let b = boot::BootConfig {

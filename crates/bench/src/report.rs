@@ -245,6 +245,9 @@ pub struct Report {
     pub tls: Option<String>,
     /// The target write-cache section (`target.rs`), which carries its own conditions.
     pub target: Option<String>,
+    /// The several-servers section (`nbd/multi.rs`, `failover.rs`); its conditions line is
+    /// added here.
+    pub multi: Option<String>,
     /// The boot section (`boot.rs`), which carries its own conditions.
     pub boot: Option<String>,
     /// Wall-clock minutes of the whole harness run.
@@ -271,6 +274,7 @@ pub fn merge_nbd_sections(old: &str, new: &str) -> String {
             s.starts_with("## NBD")
                 || s.starts_with("## Target")
                 || s.starts_with("## Boot")
+                || s.starts_with("## Several servers")
                 || s.starts_with("## How to run")
         })
         .collect();
@@ -362,10 +366,50 @@ impl Report {
         if let Some(t) = &self.target {
             out.push_str(t);
         }
+        if let Some(m) = &self.multi {
+            out.push_str("## Several servers (multi)\n\n");
+            self.render_run_line(&mut out);
+            out.push_str(m);
+        }
         if let Some(t) = &self.boot {
             out.push_str(t);
         }
         out
+    }
+
+    /// When, with what, and under which load a section that stands alone ran (the machine as
+    /// in the other sections).
+    fn render_run_line(&self, out: &mut String) {
+        let row = |k: &str| {
+            self.machine
+                .rows
+                .iter()
+                .find(|(key, _)| key == k)
+                .map_or("?", |(_, v)| v.as_str())
+        };
+        let _ = write!(
+            out,
+            "Run {} UTC, ferry {}, {} CPUs (the machine of *NBD serving: machine and \
+             conditions*)",
+            row("date (UTC)"),
+            row("ferry"),
+            self.cpus
+        );
+        match self.load_during {
+            Some((min, mean, max)) => {
+                let _ = writeln!(
+                    out,
+                    "; the 1-minute load as the timed runs started was {min:.1} / {mean:.1} / \
+                     {max:.1} (min / mean / max){}.\n",
+                    if mean > self.cpus as f64 {
+                        ": **the machine was busy**, other processes competed for its CPUs"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            None => out.push_str(".\n\n"),
+        }
     }
 
     /// The NBD sections' own conditions, so they stand alone when merged into a report

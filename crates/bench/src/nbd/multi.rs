@@ -145,16 +145,37 @@ pub fn multi_storm(cfg: &Config, n: &NbdConfig) -> Result<String> {
     let log = cfg.dir.join("multi-trace.iolog");
     write_iolog(&t, &log)?;
     let ds = make_data_set(cfg, NAME, n.boot_disk_bytes, cfg.seed ^ 0xb0)?;
-    let rows = SERVER_COUNTS
-        .iter()
-        .map(|&s| storm(cfg, &ds, &t, &log, s))
+    // Runs interleaved (1, 3, 1, 3, ...), so both counts meet the same background load.
+    let rows = (0..cfg.runs)
+        .flat_map(|_| SERVER_COUNTS)
+        .map(|s| storm(cfg, &ds, &t, &log, s))
         .collect::<Result<Vec<_>>>();
     remove_data_set(cfg, &ds);
     let _ = std::fs::remove_file(&log);
-    Ok(render(&t, &rows?))
+    Ok(render(&t, &rows?, cfg.runs))
 }
 
-fn render(t: &Trace, rows: &[MultiRow]) -> String {
+/// The median storm of `servers` servers by boots per minute, and the range of boots per
+/// minute and of CPU-s per boot over its runs.
+fn summary(rows: &[MultiRow], servers: usize) -> Option<(MultiRow, (f64, f64), (f64, f64))> {
+    let mut of: Vec<&MultiRow> = rows.iter().filter(|r| r.servers == servers).collect();
+    of.sort_by(|a, b| a.boots_per_min().total_cmp(&b.boots_per_min()));
+    let mid = (*of.get(of.len() / 2)?).clone();
+    let range = |f: fn(&MultiRow) -> f64| {
+        of.iter()
+            .map(|r| f(r))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            })
+    };
+    Some((
+        mid,
+        range(MultiRow::boots_per_min),
+        range(MultiRow::cpu_per_boot),
+    ))
+}
+
+fn render(t: &Trace, rows: &[MultiRow], runs: u32) -> String {
     let mut out = String::new();
     let cpus = crate::sys::cpus();
     let _ = writeln!(
@@ -165,7 +186,9 @@ fn render(t: &Trace, rows: &[MultiRow]) -> String {
          time), once against one `ferry-bench serve-internal` and once against three serving \
          the same store directory, each with its own block cache, clients assigned \
          round-robin (10 per server: what the farm's least-loaded login order does with a \
-         storm of equal devices). Page cache dropped and fresh servers before each storm. \
+         storm of equal devices). Page cache dropped and fresh servers before each storm; \
+         {runs} runs of each, interleaved (1, 3, 1, 3, ...); the median run by boots/min \
+         shown, with the range over the runs. \
          Server CPU is utime + stime of every server process over the storm, summed. **All \
          the servers and all {STORM_CLIENTS} clients share this machine's {cpus} CPUs**: \
          three servers here add no CPU and no disk, only separate caches (each reads the \
@@ -176,13 +199,15 @@ fn render(t: &Trace, rows: &[MultiRow]) -> String {
         t.total_bytes as f64 / 1e6,
     );
     out.push_str(
-        "| servers | clients | p50 s | p99 s | boots/min | server CPU s (sum) | CPU s per boot |\n\
+        "| servers | clients | p50 s | p99 s | boots/min (min–max) | server CPU s (sum) | CPU s per boot (min–max) |\n\
          |---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for r in rows {
+    let one = summary(rows, 1);
+    let three = summary(rows, 3);
+    for (r, (blo, bhi), (clo, chi)) in one.iter().chain(three.iter()) {
         let _ = writeln!(
             out,
-            "| {} | {} | {:.2} | {:.2} | {:.0} | {:.1} | {:.2} |",
+            "| {} | {} | {:.2} | {:.2} | {:.0} ({blo:.0}–{bhi:.0}) | {:.1} | {:.2} ({clo:.2}–{chi:.2}) |",
             r.servers,
             r.clients,
             percentile(&r.completion, 50.0),
@@ -193,10 +218,7 @@ fn render(t: &Trace, rows: &[MultiRow]) -> String {
         );
     }
     out.push('\n');
-    if let (Some(one), Some(three)) = (
-        rows.iter().find(|r| r.servers == 1),
-        rows.iter().find(|r| r.servers == 3),
-    ) {
+    if let (Some((one, ..)), Some((three, ..))) = (one, three) {
         let ratio = three.boots_per_min() / one.boots_per_min();
         let cpu = three.cpu_per_boot() / one.cpu_per_boot();
         let at = cpus as f64 * 60.0 / three.cpu_per_boot();
