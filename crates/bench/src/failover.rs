@@ -529,3 +529,25 @@ fn render(rows: &[(Event, Vec<Trial>)]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stall_is_the_longest_read_or_write_and_a_job_error_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("fio.json");
+        std::fs::write(
+            &out,
+            "fio: note\n{\"jobs\":[{\"error\":0,\
+             \"read\":{\"total_ios\":10,\"lat_ns\":{\"max\":2500000}},\
+             \"write\":{\"total_ios\":5,\"lat_ns\":{\"max\":17000000}}}]}",
+        )
+        .unwrap();
+        let t = fio_result(&out).unwrap();
+        assert_eq!((t.stall_ms, t.ios), (17.0, 15));
+        std::fs::write(&out, "{\"jobs\":[{\"error\":5}]}").unwrap();
+        assert!(fio_result(&out).is_err());
+    }
+}

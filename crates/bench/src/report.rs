@@ -627,6 +627,18 @@ mod tests {
     }
 
     #[test]
+    fn a_multi_run_replaces_its_section_and_keeps_the_nbd_conditions() {
+        let old = "# T\n\n## NBD serving: machine and conditions\n\nm\n\n\
+                   ## Several servers (multi)\n\nold\n\n## Boot\n\nb\n\n";
+        let new = "# T\n\n## Several servers (multi)\n\nnew\n\n";
+        assert_eq!(
+            merge_nbd_sections(old, new),
+            "# T\n\n## NBD serving: machine and conditions\n\nm\n\n\
+             ## Several servers (multi)\n\nnew\n\n## Boot\n\nb\n\n"
+        );
+    }
+
+    #[test]
     fn median_of_three_runs_ignores_the_outlier() {
         assert_eq!(run("ferry", &[2.0, 9.0, 1.0], 1).secs_median(), 2.0);
     }

@@ -155,9 +155,12 @@ pub fn multi_storm(cfg: &Config, n: &NbdConfig) -> Result<String> {
     Ok(render(&t, &rows?, cfg.runs))
 }
 
+/// Lowest and highest of a figure over runs.
+type Range = (f64, f64);
+
 /// The median storm of `servers` servers by boots per minute, and the range of boots per
 /// minute and of CPU-s per boot over its runs.
-fn summary(rows: &[MultiRow], servers: usize) -> Option<(MultiRow, (f64, f64), (f64, f64))> {
+fn summary(rows: &[MultiRow], servers: usize) -> Option<(MultiRow, Range, Range)> {
     let mut of: Vec<&MultiRow> = rows.iter().filter(|r| r.servers == servers).collect();
     of.sort_by(|a, b| a.boots_per_min().total_cmp(&b.boots_per_min()));
     let mid = (*of.get(of.len() / 2)?).clone();
@@ -239,4 +242,35 @@ fn render(t: &Trace, rows: &[MultiRow], runs: u32) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(servers: usize, makespan: f64, cpu_secs: f64) -> MultiRow {
+        MultiRow {
+            servers,
+            clients: 30,
+            completion: vec![makespan],
+            makespan,
+            cpu_secs,
+        }
+    }
+
+    #[test]
+    fn summary_takes_the_median_run_of_a_count_and_its_ranges() {
+        // 30 boots in 60 s = 30/min, in 90 s = 20/min, in 45 s = 40/min.
+        let rows = [
+            row(1, 60.0, 30.0),
+            row(3, 10.0, 300.0),
+            row(1, 90.0, 60.0),
+            row(1, 45.0, 15.0),
+        ];
+        let (mid, boots, cpu) = summary(&rows, 1).unwrap();
+        assert_eq!(mid.boots_per_min(), 30.0);
+        assert_eq!(boots, (20.0, 40.0));
+        assert_eq!(cpu, (0.5, 2.0));
+        assert!(summary(&rows, 2).is_none());
+    }
 }
