@@ -14,6 +14,8 @@
 //!                                             TLS, vs qemu-nbd qcow2 overlays, nbdkit cow;
 //!                                             nbdkit memory and io_uring O_DIRECT ceilings
 //!   nbd-tls   nbdcopy and fio nbd over nbds:// Ferry with TLS vs without, vs nbdkit --tls
+//!   multi     the boot storm over 1 and 3 `ferry-bench serve-internal`; the longest I/O
+//!             stall of a `ferry target` whose `ferry server --farm` is drained, killed, frozen
 //!   boot      Debian 12 in QEMU (TCG) to multi-user: local virtio disk, nbdkit + Debian's
 //!             nbd-client initramfs, `ferry server` + the boot agent (cold, warm, M at once)
 //! ```
@@ -25,6 +27,7 @@
 mod boot;
 mod copy;
 mod data;
+mod failover;
 mod iops;
 mod nbd;
 mod report;
@@ -89,7 +92,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,boot"
+        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,multi,boot"
     )]
     only: Vec<Bench>,
     /// Skip the untimed qemu-img compare/check of Ferry's outputs.
@@ -146,6 +149,7 @@ enum Bench {
     Bootstorm,
     Target,
     NbdTls,
+    Multi,
     Boot,
 }
 
@@ -374,6 +378,7 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
         nbd: Vec::new(),
         tls: None,
         target: None,
+        multi: None,
         boot: None,
         total_minutes: 0.0,
     };
@@ -416,6 +421,11 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
     }
     if args.only.contains(&Bench::Bootstorm) {
         report.nbd.push(nbd::bootstorm_bench(&cfg, &ncfg)?);
+    }
+    if args.only.contains(&Bench::Multi) {
+        let storm = nbd::multi_storm(&cfg, &ncfg)?;
+        let stall = failover::failover_stall(&cfg, args.quick)?;
+        report.multi = Some(format!("{storm}\n{stall}"));
     }
     if args.only.contains(&Bench::Boot) {
         let b = boot::BootConfig {

@@ -7,6 +7,7 @@
 //!   nbd-iops   fio --ioengine=nbd randread 4k iodepth 16      IOPS
 //!   bootstorm  N × fio --ioengine=nbd --read_iolog=TRACE      per-client completion, CPU,
 //!              (a synthesized boot trace, queue depth 1)     store bytes ÷ unique bytes
+//!   multi      the same storm over 1 and over 3 servers      boots/min 3 ÷ 1, CPU-s per boot
 //!   nbd-tls    nbd-seq and nbd-iops over nbds:// (TLS        ferry TLS ÷ plain, ÷ nbdkit TLS
 //!              required), ferry and nbdkit, with and without
 //! ```
@@ -22,6 +23,7 @@
 //!   bootstorm.rs  ──► harness.rs, trace.rs
 //!   sim.rs        ──► harness.rs, trace.rs
 //!   tls.rs        ──► harness.rs
+//!   multi.rs      ──► harness.rs, trace.rs
 //!
 //!   harness.rs    settings, servers (Ferry's child side too), certificates, data sets,
 //!                 measuring
@@ -35,6 +37,7 @@
 mod bootstorm;
 mod harness;
 mod iops;
+mod multi;
 mod seq;
 mod sim;
 mod tls;
@@ -43,9 +46,11 @@ mod trace;
 pub use bootstorm::bootstorm_bench;
 pub use harness::{
     BOOT_DISK_BYTES_DEFAULT, BOOT_DISK_BYTES_QUICK, DataSet, Kind, NbdConfig, SEQ_BYTES_DEFAULT,
-    SEQ_BYTES_QUICK, Server, make_cert_dir, make_data_set, remove_data_set, serve_internal,
+    SEQ_BYTES_QUICK, Server, make_cert_dir, make_data_set, median, remove_data_set, serve_internal,
+    verdict,
 };
 pub use iops::iops_bench;
+pub use multi::multi_storm;
 pub use seq::seq_bench;
 pub use sim::sim_boot;
 pub use tls::tls_bench;

@@ -245,6 +245,9 @@ pub struct Report {
     pub tls: Option<String>,
     /// The target write-cache section (`target.rs`), which carries its own conditions.
     pub target: Option<String>,
+    /// The several-servers section (`nbd/multi.rs`, `failover.rs`); its conditions line is
+    /// added here.
+    pub multi: Option<String>,
     /// The boot section (`boot.rs`), which carries its own conditions.
     pub boot: Option<String>,
     /// Wall-clock minutes of the whole harness run.
@@ -271,6 +274,7 @@ pub fn merge_nbd_sections(old: &str, new: &str) -> String {
             s.starts_with("## NBD")
                 || s.starts_with("## Target")
                 || s.starts_with("## Boot")
+                || s.starts_with("## Several servers")
                 || s.starts_with("## How to run")
         })
         .collect();
@@ -304,8 +308,9 @@ I/O runs: a smoke test), `--size 8G` (virtual disk size, default 4G), `--dir DIR
 directory on the disk to measure; default a temporary directory under /var/tmp, removed \
 afterwards; needs about 5× the disk size free), `--runs N` (timed runs per tool, default 3, \
 median reported), `--threads N` and `--iops-seconds S` (random I/O workers and duration), \
-`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,boot` (a run of only \
+`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,multi,boot` (a run of only \
 NBD, target or boot sections merges them into the existing file instead of rewriting it; \
+`--only multi` the boot storm over 1 and 3 servers and the failover stalls, about 8 minutes; \
 `--only target` runs the write-cache section alone, plain and over TLS, about 8 \
 minutes; `--only nbd-tls` the TLS \
 section alone, about 8 minutes; `--only boot` the QEMU boot section alone, about 15 to 25 \
@@ -361,10 +366,50 @@ impl Report {
         if let Some(t) = &self.target {
             out.push_str(t);
         }
+        if let Some(m) = &self.multi {
+            out.push_str("## Several servers (multi)\n\n");
+            self.render_run_line(&mut out);
+            out.push_str(m);
+        }
         if let Some(t) = &self.boot {
             out.push_str(t);
         }
         out
+    }
+
+    /// When, with what, and under which load a section that stands alone ran (the machine as
+    /// in the other sections).
+    fn render_run_line(&self, out: &mut String) {
+        let row = |k: &str| {
+            self.machine
+                .rows
+                .iter()
+                .find(|(key, _)| key == k)
+                .map_or("?", |(_, v)| v.as_str())
+        };
+        let _ = write!(
+            out,
+            "Run {} UTC, ferry {}, {} CPUs (the machine of *NBD serving: machine and \
+             conditions*)",
+            row("date (UTC)"),
+            row("ferry"),
+            self.cpus
+        );
+        match self.load_during {
+            Some((min, mean, max)) => {
+                let _ = writeln!(
+                    out,
+                    "; the 1-minute load as the timed runs started was {min:.1} / {mean:.1} / \
+                     {max:.1} (min / mean / max){}.\n",
+                    if mean > self.cpus as f64 {
+                        ": **the machine was busy**, other processes competed for its CPUs"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            None => out.push_str(".\n\n"),
+        }
     }
 
     /// The NBD sections' own conditions, so they stand alone when merged into a report
@@ -578,6 +623,18 @@ mod tests {
         assert_eq!(
             merge_nbd_sections(old, new),
             "# T\n\n## How to run\n\nnew\n\n## Capture\n\nc\n\n## NBD over TLS\n\nt\n\n"
+        );
+    }
+
+    #[test]
+    fn a_multi_run_replaces_its_section_and_keeps_the_nbd_conditions() {
+        let old = "# T\n\n## NBD serving: machine and conditions\n\nm\n\n\
+                   ## Several servers (multi)\n\nold\n\n## Boot\n\nb\n\n";
+        let new = "# T\n\n## Several servers (multi)\n\nnew\n\n";
+        assert_eq!(
+            merge_nbd_sections(old, new),
+            "# T\n\n## NBD serving: machine and conditions\n\nm\n\n\
+             ## Several servers (multi)\n\nnew\n\n## Boot\n\nb\n\n"
         );
     }
 
