@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::login::{self, LoginError};
-use crate::remote::ServerRefresh;
+use crate::server_list::{Offered, ServerRefresh};
 
 /// How often a logged-in target reports its counters to the farm (the console's live status).
 pub const REPORT_EVERY: Duration = Duration::from_secs(2);
@@ -96,16 +96,24 @@ pub fn start(
     }
 }
 
-/// The NBD addresses of a report's answer (`{"servers": [{"address": …}, …]}`), in its
-/// order; nothing when it holds none.
-pub fn answer_servers(answer: &serde_json::Value) -> Vec<String> {
+/// The servers of a report's answer (`{"servers": [{"address", "alive", "draining"}, …]}`),
+/// in its order; a server is a place to move to when alive and not draining. Nothing when
+/// it holds none.
+pub fn answer_servers(answer: &serde_json::Value) -> Vec<Offered> {
     answer["servers"]
         .as_array()
         .map(|a| {
             a.iter()
-                .filter_map(|s| s["address"].as_str())
-                .filter(|s| !s.is_empty() && s.len() <= SERVER_ADDRESS_LEN_MAX)
-                .map(str::to_string)
+                .filter_map(|s| {
+                    let address = s["address"].as_str()?;
+                    (!address.is_empty() && address.len() <= SERVER_ADDRESS_LEN_MAX).then(|| {
+                        Offered {
+                            address: address.to_string(),
+                            serving: s["alive"].as_bool() == Some(true)
+                                && s["draining"].as_bool() != Some(true),
+                        }
+                    })
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -142,7 +150,22 @@ mod tests {
             {"name": "s4", "address": 7, "alive": false},
             {"name": "s1", "address": "10.0.0.1:10809", "alive": true}
         ]});
-        assert_eq!(answer_servers(&a), ["10.0.0.3:10809", "10.0.0.1:10809"]);
+        let got: Vec<(String, bool)> = answer_servers(&a)
+            .into_iter()
+            .map(|o| (o.address, o.serving))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("10.0.0.3:10809".to_string(), true),
+                ("10.0.0.1:10809".to_string(), true)
+            ]
+        );
+        let d = serde_json::json!({"servers": [
+            {"address": "a:1", "alive": true, "draining": true},
+            {"address": "b:1", "alive": false}
+        ]});
+        assert!(answer_servers(&d).iter().all(|o| !o.serving));
         assert!(answer_servers(&serde_json::json!({})).is_empty());
     }
 }

@@ -315,7 +315,16 @@ fn an_idle_device_moves_at_once_to_a_server_the_farm_offered_since() {
     })
     .unwrap();
     let a_addr = a.addr.clone();
-    refresh.offer(vec![b.addr.clone(), a_addr.clone()]);
+    refresh.offer(vec![
+        agent::server_list::Offered {
+            address: b.addr.clone(),
+            serving: true,
+        },
+        agent::server_list::Offered {
+            address: a_addr.clone(),
+            serving: true,
+        },
+    ]);
     a.stop();
     // A hang guard, not a measure: the idle watch looks every 100 ms.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);

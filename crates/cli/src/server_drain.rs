@@ -4,8 +4,11 @@
 //! its login gave it: the same path as a crash, without the wait for a dead connection and
 //! without a new login. Logins name a draining server last (`farm::balance`).
 //!
-//! Each session is moved once per drain: a device whose list holds no other server comes
-//! back and is served. Ending the drain (`--no-drain`) forgets the moves.
+//! Each session is moved at most [`DRAIN_MOVES_PER_SESSION`] times per drain, at least
+//! [`DRAIN_MOVE_AGAIN_AFTER`] apart: a device that comes back (its list, refreshed every
+//! 10 s, did not say the server drains yet) is moved again once it knows, and a device
+//! whose list holds no other server comes back for good and is served. Ending the drain
+//! (`--no-drain`) forgets the moves.
 //!
 //! **Rebalancing** uses the same move. A serving server that carries more than its share
 //! of its site's sessions (`farm::balance::excess`: a server joined, returned or ended a
@@ -18,7 +21,7 @@
 //! move is a failover, not a login: the device keeps its session and its boot is not
 //! counted again.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -98,11 +101,32 @@ pub const DRAIN_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// other servers.
 pub const DRAIN_SESSIONS_PER_CHECK: usize = 16;
 
-/// The sessions to move now: those open and not moved yet, at most
-/// [`DRAIN_SESSIONS_PER_CHECK`], starting at a position that changes with `turn` so that no
-/// session is always last.
-pub fn to_move(open: &[String], moved: &HashSet<String>, turn: usize) -> Vec<String> {
-    let waiting: Vec<&String> = open.iter().filter(|n| !moved.contains(*n)).collect();
+/// The most times a drain moves one session.
+pub const DRAIN_MOVES_PER_SESSION: u32 = 3;
+/// The least time between two moves of one session by a drain: longer than a device takes
+/// to learn that the server drains (a list refresh every 10 s, plus a report).
+pub const DRAIN_MOVE_AGAIN_AFTER: Duration = Duration::from_secs(15);
+
+/// The sessions to move now: those open and not moved yet, or moved fewer than
+/// [`DRAIN_MOVES_PER_SESSION`] times and last more than [`DRAIN_MOVE_AGAIN_AFTER`] ago; at
+/// most [`DRAIN_SESSIONS_PER_CHECK`], starting at a position that changes with `turn` so
+/// that no session is always last.
+pub fn to_move(
+    open: &[String],
+    moved: &HashMap<String, (u32, Instant)>,
+    turn: usize,
+    now: Instant,
+) -> Vec<String> {
+    let waiting: Vec<&String> = open
+        .iter()
+        .filter(|n| match moved.get(*n) {
+            None => true,
+            Some((times, at)) => {
+                *times < DRAIN_MOVES_PER_SESSION
+                    && now.saturating_duration_since(*at) >= DRAIN_MOVE_AGAIN_AFTER
+            }
+        })
+        .collect();
     if waiting.is_empty() {
         return Vec::new();
     }
@@ -124,8 +148,9 @@ pub const REBALANCE_MOVES_PER_CHECK: usize = 8;
 pub const REBALANCE_FORGET: Duration = Duration::from_secs(60);
 /// How long an excess must last before sessions move: longer than a device takes to learn
 /// a new server (a server-list refresh every 10 s, `agent::report::SERVERS_REFRESH_REPORTS`
-/// reports of 2 s, plus one report).
-pub const REBALANCE_SETTLE: Duration = Duration::from_secs(15);
+/// reports of 2 s, plus one report), and longer than `farm::balance::REBALANCE_ALIVE_MS`,
+/// so that the empty place of a server killed a moment ago never moves a device.
+pub const REBALANCE_SETTLE: Duration = Duration::from_secs(25);
 
 /// The sessions a rebalance check moves: up to `excess` (and
 /// [`REBALANCE_MOVES_PER_CHECK`]) of `open`, skipping those moved within
@@ -176,7 +201,7 @@ pub fn drain_when_told(
     let id = handle.server_id;
     runtime.spawn(async move {
         let mut tick = tokio::time::interval(DRAIN_CHECK_EVERY);
-        let mut moved: HashSet<String> = HashSet::new();
+        let mut moved: HashMap<String, (u32, Instant)> = HashMap::new();
         let mut turn = 0usize;
         let mut rebalanced: HashMap<String, Instant> = HashMap::new();
         let mut next_rebalance = Instant::now() + rebalance_pause();
@@ -230,11 +255,13 @@ pub fn drain_when_told(
             let mut open = reg.open_session_names();
             open.sort();
             turn = turn.wrapping_add(1);
-            for name in to_move(&open, &moved, turn) {
+            let now = Instant::now();
+            for name in to_move(&open, &moved, turn, now) {
                 let n = reg.move_session(&name);
-                tracing::info!(session = %name, connections = n,
+                let times = moved.get(&name).map_or(0, |(t, _)| *t) + 1;
+                tracing::info!(session = %name, connections = n, times,
                     "draining: closed the session's connections (the device fails over)");
-                moved.insert(name);
+                moved.insert(name, (times, now));
             }
         }
     });
@@ -251,21 +278,38 @@ mod tests {
     #[test]
     fn moves_each_session_once_a_bounded_number_at_a_time() {
         let open = names(40);
-        let mut moved = HashSet::new();
+        let mut moved = HashMap::new();
         let mut checks = 0;
+        let t0 = Instant::now();
         loop {
-            let now = to_move(&open, &moved, checks);
+            let now = to_move(&open, &moved, checks, t0);
             if now.is_empty() {
                 break;
             }
             assert!(now.len() <= DRAIN_SESSIONS_PER_CHECK);
             for n in now {
-                assert!(moved.insert(n), "a session moved twice");
+                assert!(moved.insert(n, (1, t0)).is_none(), "a session moved twice");
             }
             checks += 1;
         }
         assert_eq!(moved.len(), 40);
         assert_eq!(checks, 3, "40 sessions, 16 per check");
+    }
+
+    #[test]
+    fn a_session_that_comes_back_is_moved_again_later_a_bounded_number_of_times() {
+        let open = names(1);
+        let t0 = Instant::now();
+        let mut moved = HashMap::new();
+        moved.insert(open[0].clone(), (1, t0));
+        assert!(to_move(&open, &moved, 0, t0 + Duration::from_secs(1)).is_empty());
+        let later = t0 + DRAIN_MOVE_AGAIN_AFTER;
+        assert_eq!(to_move(&open, &moved, 0, later), open);
+        moved.insert(open[0].clone(), (DRAIN_MOVES_PER_SESSION, t0));
+        assert!(
+            to_move(&open, &moved, 0, later).is_empty(),
+            "it stays at last"
+        );
     }
 
     #[test]
@@ -289,9 +333,10 @@ mod tests {
     #[test]
     fn the_first_session_moved_changes_with_the_turn() {
         let open = names(5);
-        let moved = HashSet::new();
-        let firsts: HashSet<String> = (0..5)
-            .map(|t| to_move(&open, &moved, t)[0].clone())
+        let moved = HashMap::new();
+        let t0 = Instant::now();
+        let firsts: std::collections::HashSet<String> = (0..5)
+            .map(|t| to_move(&open, &moved, t, t0)[0].clone())
             .collect();
         assert_eq!(firsts.len(), 5);
     }

@@ -86,6 +86,10 @@ pub struct LoginServer {
     pub address: String,
     /// True when it heartbeat within the last minute.
     pub alive: bool,
+    /// True when it is draining: it serves, but a device should prefer any live server that
+    /// is not (absent in older answers: false).
+    #[serde(default)]
+    pub draining: bool,
 }
 
 /// What a device gets at login. `D` is the device record (see the module docs).

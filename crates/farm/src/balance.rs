@@ -104,11 +104,19 @@ pub fn order(mut servers: Vec<Candidate>, now_ms: i64) -> Vec<LoginServer> {
         .into_iter()
         .map(|c| LoginServer {
             alive: c.alive(now_ms),
+            draining: c.server.draining.0,
             name: c.server.name,
             address: c.server.address,
         })
         .collect()
 }
+
+/// How recent a server's heartbeat must be for rebalancing to count it as serving: two
+/// heartbeats (every 10 s), not login's minute, so that a server killed a moment ago is not
+/// taken for an empty one that devices should move to. With a settling time longer than
+/// this (`ferry server`'s 25 s), an excess that only a dead server's place made never moves
+/// a device.
+pub const REBALANCE_ALIVE_MS: i64 = 20_000;
 
 /// How far above its fair share a server may carry sessions before it moves some: 10 %, and
 /// at least one session, so that rounding and a device in flight never trigger moves.
@@ -116,8 +124,9 @@ pub const REBALANCE_TOLERANCE_PERCENT: i64 = 10;
 
 /// How many of server `me`'s sessions to move so that the live, serving servers of its site
 /// carry sessions in proportion to their ratings (0 when it is within
-/// [`REBALANCE_TOLERANCE_PERCENT`] of its share, is draining or not heartbeating (a drain
-/// moves everything anyway), or is the only serving server).
+/// [`REBALANCE_TOLERANCE_PERCENT`] of its share, is draining or has not heartbeat within
+/// [`REBALANCE_ALIVE_MS`] (a drain moves everything anyway), or is the only serving
+/// server).
 ///
 /// Its share is `ceil(total × rating / Σ ratings)` over the serving servers; when it
 /// carries more than that plus the tolerance, it moves down to the share. Moved devices
@@ -125,7 +134,13 @@ pub const REBALANCE_TOLERANCE_PERCENT: i64 = 10;
 /// their share: a server that joins or returns fills up without a reconnect storm, each
 /// overloaded server giving only its own excess.
 pub fn excess(me: i64, servers: &[Candidate], now_ms: i64) -> usize {
-    let serving: Vec<&Candidate> = servers.iter().filter(|c| c.class(now_ms) == 0).collect();
+    let serving: Vec<&Candidate> = servers
+        .iter()
+        .filter(|c| {
+            !c.server.draining.0
+                && now_ms.saturating_sub(c.server.heartbeat_at_ms) <= REBALANCE_ALIVE_MS
+        })
+        .collect();
     let Some(mine) = serving.iter().find(|c| c.server.id == me) else {
         return 0;
     };
@@ -423,6 +438,16 @@ mod tests {
     fn draining_dead_and_lone_servers_do_not_rebalance() {
         let lone = vec![c(1, 100, 50, 0, false), c(2, 100, 0, 2 * 60_000, false)];
         assert_eq!(excess(1, &lone, NOW), 0, "the other server is dead");
+        let just_killed = vec![
+            c(1, 100, 50, 0, false),
+            c(2, 100, 0, REBALANCE_ALIVE_MS + 1, false),
+        ];
+        assert_eq!(
+            excess(1, &just_killed, NOW),
+            0,
+            "a server two heartbeats late is not a place to move to, though login still \
+             names it alive"
+        );
         let draining = vec![c(1, 100, 50, 0, true), c(2, 100, 0, 0, false)];
         assert_eq!(excess(1, &draining, NOW), 0, "a drain moves them, not this");
         let onto_draining = vec![c(1, 100, 50, 0, false), c(2, 100, 0, 0, true)];
