@@ -16,6 +16,8 @@
 //!   nbd-tls   nbdcopy and fio nbd over nbds:// Ferry with TLS vs without, vs nbdkit --tls
 //!   boot      Debian 12 in QEMU (TCG) to multi-user: local virtio disk, nbdkit + Debian's
 //!             nbd-client initramfs, `ferry server` + the boot agent (cold, warm, M at once)
+//!   devices   N raw NBD clients (up to 4,095)  connect at once, idle reading 4 KiB a second,
+//!             on the release `ferry server`    leave; rounds: latency, RSS, stranded
 //! ```
 //!
 //! and prints a Markdown report (`--out FILE` rewrites that file, docs/BENCHMARKS.md through
@@ -25,6 +27,7 @@
 mod boot;
 mod copy;
 mod data;
+mod devices;
 mod iops;
 mod nbd;
 mod report;
@@ -89,7 +92,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,boot"
+        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,boot,devices"
     )]
     only: Vec<Bench>,
     /// Skip the untimed qemu-img compare/check of Ferry's outputs.
@@ -116,6 +119,15 @@ struct Args {
     /// Machines booted at once in the boot section's concurrency run.
     #[arg(long, default_value_t = boot::MACHINES_DEFAULT)]
     boot_machines: usize,
+    /// Devices per row of the devices section [default: 512,4095; --quick: 64,512].
+    #[arg(long, value_delimiter = ',')]
+    devices: Option<Vec<usize>>,
+    /// Rounds of connect, idle and disconnect per devices row [default: 4, --quick: 2].
+    #[arg(long)]
+    device_rounds: Option<u32>,
+    /// Seconds each devices round idles connected [default: 10, --quick: 3].
+    #[arg(long)]
+    device_idle_seconds: Option<u64>,
 }
 
 impl Args {
@@ -147,6 +159,7 @@ enum Bench {
     Target,
     NbdTls,
     Boot,
+    Devices,
 }
 
 impl Bench {
@@ -375,6 +388,7 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
         tls: None,
         target: None,
         boot: None,
+        devices: None,
         total_minutes: 0.0,
     };
     if old_benches {
@@ -433,6 +447,25 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
             );
         }
         report.boot = Some(boot::boot_bench(&cfg, &b)?);
+    }
+    if args.only.contains(&Bench::Devices) {
+        let d = devices::DevicesConfig {
+            counts: args.devices.clone().unwrap_or_else(|| {
+                args.pick(devices::COUNTS_DEFAULT, devices::COUNTS_QUICK)
+                    .to_vec()
+            }),
+            rounds: args
+                .device_rounds
+                .unwrap_or(args.pick(devices::ROUNDS_DEFAULT, devices::ROUNDS_QUICK)),
+            idle_secs: args
+                .device_idle_seconds
+                .unwrap_or(args.pick(devices::IDLE_SECS_DEFAULT, devices::IDLE_SECS_QUICK)),
+            quick: args.quick,
+        };
+        if d.rounds == 0 || d.rounds > RUNS_MAX || d.idle_secs == 0 || d.idle_secs > 600 {
+            bail!("--device-rounds must be 1..={RUNS_MAX} and --device-idle-seconds 1..=600");
+        }
+        report.devices = Some(devices::devices_bench(&cfg, &d)?);
     }
     if args.only.contains(&Bench::Target) {
         let ds = nbd::make_data_set(&cfg, "golden", target::GOLDEN_BYTES, cfg.seed ^ 0x7a9)?;

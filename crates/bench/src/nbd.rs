@@ -43,7 +43,8 @@ mod trace;
 pub use bootstorm::bootstorm_bench;
 pub use harness::{
     BOOT_DISK_BYTES_DEFAULT, BOOT_DISK_BYTES_QUICK, DataSet, Kind, NbdConfig, SEQ_BYTES_DEFAULT,
-    SEQ_BYTES_QUICK, Server, make_cert_dir, make_data_set, remove_data_set, serve_internal,
+    SEQ_BYTES_QUICK, Server, make_cert_dir, make_data_set, percentile, remove_data_set,
+    serve_internal, verdict,
 };
 pub use iops::iops_bench;
 pub use seq::seq_bench;
