@@ -94,7 +94,11 @@ struct Mem {
 
 impl Mem {
     fn of(pid: u32) -> Mem {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        Mem::parse(&std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default())
+    }
+
+    /// From the text of `/proc/PID/status` (0 for a field not found).
+    fn parse(text: &str) -> Mem {
         let kb = |key: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(key))
@@ -609,4 +613,67 @@ fn render(d: &DevicesConfig, ferry: &Path, rows: &[Row], load: (&str, &str)) -> 
     out.push_str(&goals);
     out.push('\n');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_is_read_from_proc_status_in_bytes() {
+        let text = "Name:\tferry\nVmRSS:\t  380120 kB\nRssAnon:\t  370000 kB\n";
+        let m = Mem::parse(text);
+        assert_eq!(m.rss, 380_120 << 10);
+        assert_eq!(m.anon, 370_000 << 10);
+        assert_eq!(Mem::parse("").rss, 0);
+    }
+
+    fn row(stranded: usize, after_mb: &[u64]) -> Row {
+        Row {
+            devices: 100,
+            baseline: Mem {
+                rss: 30 << 20,
+                anon: 0,
+            },
+            rounds: after_mb
+                .iter()
+                .map(|&a| Round {
+                    connect_ms: vec![1.0, 2.0],
+                    read_ms: vec![0.5],
+                    failed_connects: stranded,
+                    after: Mem {
+                        rss: a * 1_000_000,
+                        anon: 0,
+                    },
+                    connected: Mem {
+                        rss: 40 << 20,
+                        anon: 0,
+                    },
+                    ..Round::default()
+                })
+                .collect(),
+            solo_ms: vec![0.25],
+        }
+    }
+
+    #[test]
+    fn stranded_connections_and_kept_memory_fail_their_goals() {
+        let d = DevicesConfig {
+            counts: vec![100],
+            rounds: 2,
+            idle_secs: 1,
+            quick: false,
+        };
+        let ok = render(&d, Path::new("ferry"), &[row(0, &[40, 41])], ("0", "0"));
+        assert!(ok.starts_with("## Devices per server"), "{ok}");
+        assert!(!ok.contains("not met"), "{ok}");
+        let stranded = render(&d, Path::new("ferry"), &[row(1, &[40, 41])], ("0", "0"));
+        assert!(
+            stranded.contains("stranded **2** (goal 0: **not met**)"),
+            "{stranded}"
+        );
+        let kept = render(&d, Path::new("ferry"), &[row(0, &[40, 80])], ("0", "0"));
+        assert!(kept.contains("**40.0 MB** (goal under 16.4 MB"), "{kept}");
+        assert!(kept.contains("**not met**"), "{kept}");
+    }
 }
