@@ -239,7 +239,7 @@ impl Binaries {
 }
 
 /// `FERRY_BIN`, else `ferry` beside this executable (`target/release/ferry`).
-fn ferry_binary() -> PathBuf {
+pub(crate) fn ferry_binary() -> PathBuf {
     if let Some(p) = std::env::var_os("FERRY_BIN") {
         return PathBuf::from(p);
     }

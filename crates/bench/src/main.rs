@@ -18,6 +18,8 @@
 //!             stall of a `ferry target` whose `ferry server --farm` is drained, killed, frozen
 //!   boot      Debian 12 in QEMU (TCG) to multi-user: local virtio disk, nbdkit + Debian's
 //!             nbd-client initramfs, `ferry server` + the boot agent (cold, warm, M at once)
+//!   devices   N raw NBD clients (up to 4,095)  connect at once, idle reading 4 KiB a second,
+//!             on the release `ferry server`    leave; rounds: latency, RSS, stranded
 //! ```
 //!
 //! and prints a Markdown report (`--out FILE` rewrites that file, docs/BENCHMARKS.md through
@@ -27,6 +29,7 @@
 mod boot;
 mod copy;
 mod data;
+mod devices;
 mod failover;
 mod iops;
 mod nbd;
@@ -92,7 +95,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,multi,boot"
+        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,multi,boot,devices"
     )]
     only: Vec<Bench>,
     /// Skip the untimed qemu-img compare/check of Ferry's outputs.
@@ -119,6 +122,15 @@ struct Args {
     /// Machines booted at once in the boot section's concurrency run.
     #[arg(long, default_value_t = boot::MACHINES_DEFAULT)]
     boot_machines: usize,
+    /// Devices per row of the devices section [default: 512,4095; --quick: 64,512].
+    #[arg(long, value_delimiter = ',')]
+    devices: Option<Vec<usize>>,
+    /// Rounds of connect, idle and disconnect per devices row [default: 4, --quick: 2].
+    #[arg(long)]
+    device_rounds: Option<u32>,
+    /// Seconds each devices round idles connected [default: 10, --quick: 3].
+    #[arg(long)]
+    device_idle_seconds: Option<u64>,
 }
 
 impl Args {
@@ -151,6 +163,7 @@ enum Bench {
     NbdTls,
     Multi,
     Boot,
+    Devices,
 }
 
 impl Bench {
@@ -380,6 +393,7 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
         target: None,
         multi: None,
         boot: None,
+        devices: None,
         total_minutes: 0.0,
     };
     if old_benches {
@@ -443,6 +457,25 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
             );
         }
         report.boot = Some(boot::boot_bench(&cfg, &b)?);
+    }
+    if args.only.contains(&Bench::Devices) {
+        let d = devices::DevicesConfig {
+            counts: args.devices.clone().unwrap_or_else(|| {
+                args.pick(devices::COUNTS_DEFAULT, devices::COUNTS_QUICK)
+                    .to_vec()
+            }),
+            rounds: args
+                .device_rounds
+                .unwrap_or(args.pick(devices::ROUNDS_DEFAULT, devices::ROUNDS_QUICK)),
+            idle_secs: args
+                .device_idle_seconds
+                .unwrap_or(args.pick(devices::IDLE_SECS_DEFAULT, devices::IDLE_SECS_QUICK)),
+            quick: args.quick,
+        };
+        if d.rounds == 0 || d.rounds > RUNS_MAX || d.idle_secs == 0 || d.idle_secs > 600 {
+            bail!("--device-rounds must be 1..={RUNS_MAX} and --device-idle-seconds 1..=600");
+        }
+        report.devices = Some(devices::devices_bench(&cfg, &d)?);
     }
     if args.only.contains(&Bench::Target) {
         let ds = nbd::make_data_set(&cfg, "golden", target::GOLDEN_BYTES, cfg.seed ^ 0x7a9)?;

@@ -46,8 +46,8 @@ mod trace;
 pub use bootstorm::bootstorm_bench;
 pub use harness::{
     BOOT_DISK_BYTES_DEFAULT, BOOT_DISK_BYTES_QUICK, DataSet, Kind, NbdConfig, SEQ_BYTES_DEFAULT,
-    SEQ_BYTES_QUICK, Server, make_cert_dir, make_data_set, median, remove_data_set, serve_internal,
-    verdict,
+    SEQ_BYTES_QUICK, Server, make_cert_dir, make_data_set, median, percentile, remove_data_set,
+    serve_internal, verdict,
 };
 pub use iops::iops_bench;
 pub use multi::multi_storm;

@@ -250,6 +250,8 @@ pub struct Report {
     pub multi: Option<String>,
     /// The boot section (`boot.rs`), which carries its own conditions.
     pub boot: Option<String>,
+    /// The devices-per-server section, whole.
+    pub devices: Option<String>,
     /// Wall-clock minutes of the whole harness run.
     pub total_minutes: f64,
 }
@@ -275,6 +277,7 @@ pub fn merge_nbd_sections(old: &str, new: &str) -> String {
                 || s.starts_with("## Target")
                 || s.starts_with("## Boot")
                 || s.starts_with("## Several servers")
+                || s.starts_with("## Devices")
                 || s.starts_with("## How to run")
         })
         .collect();
@@ -308,16 +311,18 @@ I/O runs: a smoke test), `--size 8G` (virtual disk size, default 4G), `--dir DIR
 directory on the disk to measure; default a temporary directory under /var/tmp, removed \
 afterwards; needs about 5× the disk size free), `--runs N` (timed runs per tool, default 3, \
 median reported), `--threads N` and `--iops-seconds S` (random I/O workers and duration), \
-`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,multi,boot` (a run of only \
-NBD, target or boot sections merges them into the existing file instead of rewriting it; \
-`--only multi` the boot storm over 1 and 3 servers and the failover stalls, about 8 minutes; \
+`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,multi,boot,devices` (a \
+run of only NBD, target, boot or devices sections merges them into the existing file instead of \
+rewriting it; `--only multi` the boot storm over 1 and 3 servers and the failover stalls, about 8 \
+minutes; \
 `--only target` runs the write-cache section alone, plain and over TLS, about 8 \
 minutes; `--only nbd-tls` the TLS \
 section alone, about 8 minutes; `--only boot` the QEMU boot section alone, about 15 to 25 \
 minutes on 2 cores, with `--boot-runs N` (default 2) and `--boot-machines M` (default 4)), \
 `--nbd-size 2G`, `--boot-disk-size 4G`, \
 `--boot-scale F` (boot trace size relative to 600 MB / 70,000 reads), `--boot-clients \
-1,10,100`, `--seed N`, `--no-verify` (skip the untimed `qemu-img \
+1,10,100`, `--only devices` (one `ferry server` carrying 512 and 4,095 devices, about 3 \
+minutes; `--devices 512,4095`, `--device-rounds 4`, `--device-idle-seconds 10`), `--seed N`, `--no-verify` (skip the untimed `qemu-img \
 compare`/`check` of Ferry's outputs), `--keep`, and `--out FILE` (write the report \
 elsewhere). It needs qemu-img, fio and coreutils (and nbdkit, qemu-nbd and nbdcopy for the NBD \
 sections; for the boot section root, qemu-system-x86_64, debootstrap, nbdkit, the release \
@@ -372,6 +377,9 @@ impl Report {
             out.push_str(m);
         }
         if let Some(t) = &self.boot {
+            out.push_str(t);
+        }
+        if let Some(t) = &self.devices {
             out.push_str(t);
         }
         out

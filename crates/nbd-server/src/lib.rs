@@ -29,6 +29,7 @@
 //! conn.rs          what a connection is handed: ConnCtx (shared), Shutdown (or revocation),
 //!                  Export
 //! limits.rs        connections per address, rate-limited logs, clipped client strings
+//! trim.rs          closed connections' freed memory back to the system (glibc malloc_trim)
 //! errno.rs         disk::Error ─► NBD_E* (the one place errors are mapped)
 //! source.rs        ExportSource, who asks (Peer) and what it hands out (ExportHandle,
 //!                  ExportInfo, OpenError)
@@ -71,6 +72,7 @@ mod negotiate;
 mod source;
 mod tls;
 mod transmission;
+mod trim;
 mod writer;
 
 pub use config::{

@@ -26,6 +26,7 @@ use crate::negotiate::{NegotiateError, Negotiated, Outcome, negotiate};
 use crate::source::{ExportSource, Peer};
 use crate::tls::{self, Socket};
 use crate::transmission;
+use crate::trim::{Closed, trim_after_closes};
 
 /// Bytes of a connection's read buffer.
 const READ_BUFFER_BYTES: usize = 64 << 10;
@@ -139,9 +140,12 @@ impl Listener {
             ctx,
             notify_shutdown: notify_shutdown.clone(),
             complete_tx,
+            closed: Arc::new(Closed::default()),
         };
+        let closed = Arc::clone(&accept.closed);
         tokio::select! {
             () = accept.run() => {}
+            () = trim_after_closes(&closed) => {}
             _ = shutdown => tracing::info!("NBD server shutting down"),
         }
         // Dropping the accept loop closes the listeners and drops its `complete_tx` and its
@@ -180,6 +184,8 @@ struct Accept {
     notify_shutdown: broadcast::Sender<()>,
     /// Cloned into each connection; `serve` waits until every clone is gone.
     complete_tx: mpsc::Sender<()>,
+    /// Connections closed since the trimmer last gave freed memory back.
+    closed: Arc<Closed>,
 }
 
 impl Accept {
@@ -222,6 +228,7 @@ impl Accept {
         let limit = Arc::clone(&self.limit);
         let mut shutdown = Shutdown::new(self.notify_shutdown.subscribe());
         let complete = self.complete_tx.clone();
+        let closed = Arc::clone(&self.closed);
         tokio::spawn(async move {
             let permit = tokio::select! {
                 () = shutdown.recv() => return,
@@ -241,6 +248,7 @@ impl Accept {
             ctx.metrics.connection_closed();
             drop(permit);
             drop(addr_slot);
+            closed.note();
             drop(complete);
         });
     }

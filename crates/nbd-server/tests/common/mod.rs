@@ -165,6 +165,8 @@ impl Counts {
 pub struct Server {
     pub addr: SocketAddr,
     pub metrics: Arc<Counts>,
+    /// The server's runtime (its tasks can be counted).
+    pub runtime: tokio::runtime::Handle,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -184,14 +186,16 @@ impl Server {
                 .unwrap();
             rt.block_on(async move {
                 let l = Listener::bind(config).await.unwrap();
-                addr_tx.send(l.local_addr().unwrap()).unwrap();
+                let handle = tokio::runtime::Handle::current();
+                addr_tx.send((l.local_addr().unwrap(), handle)).unwrap();
                 l.serve(source, m, stopped).await;
             });
         });
-        let addr = addr_rx.recv().unwrap();
+        let (addr, runtime) = addr_rx.recv().unwrap();
         Server {
             addr,
             metrics,
+            runtime,
             stop: Some(stop),
             thread: Some(thread),
         }
