@@ -194,6 +194,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let mut resolved = config.resolve()?;
+    raise_open_files(resolved.nbd.max_connections);
     let farm_tls = match &farm {
         Some(f) => Some(runtime.block_on(crate::server_farm::tls_material(f))?),
         None => None,
@@ -440,5 +441,45 @@ async fn log_startup(
     }
     if let Some(addr) = metrics.and_then(|l| l.local_addr().ok()) {
         tracing::info!(%addr, "metrics at http://{addr}/metrics");
+    }
+}
+
+/// Files a server keeps open besides its NBD connections (store images, caches, the
+/// database, the API and metrics listeners and their clients).
+const FILES_BESIDES_CONNECTIONS: u64 = 512;
+
+/// Raises the soft limit of open files so that `max_connections` connections fit (a
+/// 1,024-file default would refuse accepts long before a PVS-sized 4,095 devices); warns,
+/// naming both numbers, when the hard limit is lower.
+fn raise_open_files(max_connections: usize) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let needed = u64::try_from(max_connections)
+        .unwrap_or(u64::MAX)
+        .saturating_add(FILES_BESIDES_CONNECTIONS);
+    let lim = getrlimit(Resource::Nofile);
+    let hard = lim.maximum.unwrap_or(u64::MAX);
+    let soft = lim.current.unwrap_or(u64::MAX);
+    if soft >= needed {
+        return;
+    }
+    let want = needed.min(hard);
+    if let Err(e) = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(want),
+            maximum: lim.maximum,
+        },
+    ) {
+        tracing::warn!(error = %e, soft, needed, "could not raise the open-file limit");
+    } else if want < needed {
+        tracing::warn!(
+            hard,
+            needed,
+            max_connections,
+            "the open-file hard limit is below what nbd.max_connections needs: raise it \
+             (ulimit -Hn, LimitNOFILE= in a systemd unit) or lower max_connections"
+        );
+    } else {
+        tracing::debug!(from = soft, to = want, "open-file limit raised");
     }
 }

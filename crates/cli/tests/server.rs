@@ -12,7 +12,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
@@ -403,6 +403,37 @@ fn unknown_config_key_exits_1_naming_the_key() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("listen_adress"), "{stderr}");
+}
+
+/// A server configured for PVS's 4,095 devices raises its own open-file limit from a
+/// 1,024 default (else accepts past about a thousand fail with EMFILE).
+#[test]
+fn a_server_raises_its_open_file_limit_to_fit_max_connections() {
+    if !interop::require("prlimit") {
+        return;
+    }
+    let store = Store::new();
+    let config = store.scratch("ferry.toml");
+    std::fs::write(&config, "[nbd]\nmax_connections = 4096\n").unwrap();
+    let nbd_port = free_port();
+    let mut cmd = Command::new("prlimit");
+    cmd.args(["--nofile=1024:8192", "--", env!("CARGO_BIN_EXE_ferry")])
+        .args(["server", "--config", path_str(&config)])
+        .args(["--store", path_str(&store.path())])
+        .arg(format!("--nbd-listen=127.0.0.1:{nbd_port}"))
+        .arg("--metrics-listen=");
+    let mut proc = Proc::spawn(&mut cmd, store.scratch("limits.log"));
+    proc.wait_until("NBD accepting", || {
+        TcpStream::connect(("127.0.0.1", nbd_port)).is_ok()
+    });
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", proc.pid())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or_else(|| panic!("{limits}"));
+    let soft: u64 = line.split_whitespace().nth(3).unwrap().parse().unwrap();
+    assert!(soft >= 4096 + 512, "{line}");
+    proc.stop();
 }
 
 #[test]
