@@ -28,6 +28,7 @@ mod data;
 mod iops;
 mod nbd;
 mod report;
+mod s3;
 mod sys;
 mod target;
 
@@ -147,6 +148,8 @@ enum Bench {
     Target,
     NbdTls,
     Boot,
+    /// Cold reads from an S3 store against a local store (needs moto: `FERRY_MOTO`).
+    S3,
 }
 
 impl Bench {
@@ -416,6 +419,12 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
     }
     if args.only.contains(&Bench::Bootstorm) {
         report.nbd.push(nbd::bootstorm_bench(&cfg, &ncfg)?);
+    }
+    if args.only.contains(&Bench::S3) {
+        let size = args
+            .nbd_size
+            .unwrap_or(args.pick(s3::S3_BYTES_DEFAULT, s3::S3_BYTES_QUICK));
+        report.nbd.push(s3::s3_bench(&cfg, size, args.quick)?);
     }
     if args.only.contains(&Bench::Boot) {
         let b = boot::BootConfig {

@@ -45,6 +45,7 @@ pub use harness::{
     BOOT_DISK_BYTES_DEFAULT, BOOT_DISK_BYTES_QUICK, DataSet, Kind, NbdConfig, SEQ_BYTES_DEFAULT,
     SEQ_BYTES_QUICK, Server, make_cert_dir, make_data_set, remove_data_set, serve_internal,
 };
+pub use harness::{fio_iops_args, fio_json, median};
 pub use iops::iops_bench;
 pub use seq::seq_bench;
 pub use sim::sim_boot;

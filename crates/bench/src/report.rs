@@ -310,6 +310,8 @@ NBD, target or boot sections merges them into the existing file instead of rewri
 minutes; `--only nbd-tls` the TLS \
 section alone, about 8 minutes; `--only boot` the QEMU boot section alone, about 15 to 25 \
 minutes on 2 cores, with `--boot-runs N` (default 2) and `--boot-machines M` (default 4)), \
+`--only s3` (cold reads through `ferry server` from a bucket on moto's S3 server, \
+`FERRY_MOTO`, against a local store; `--nbd-size` sets its vDisk, default 1G, --quick 128M), \
 `--nbd-size 2G`, `--boot-disk-size 4G`, \
 `--boot-scale F` (boot trace size relative to 600 MB / 70,000 reads), `--boot-clients \
 1,10,100`, `--seed N`, `--no-verify` (skip the untimed `qemu-img \

@@ -320,3 +320,136 @@ impl disk::Storage for TieredObject {
         Err(read_only())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::PutPayload;
+    use object_store::memory::InMemory;
+
+    fn setup(data: &[u8]) -> (Arc<InMemory>, Arc<Bridge>, Arc<Manifest>, tempfile::TempDir) {
+        let store = Arc::new(InMemory::new());
+        let bridge = Arc::new(Bridge::new().unwrap());
+        let s = store.clone();
+        let bytes = data.to_vec();
+        bridge
+            .run(async move { s.put(&ObjPath::from("p/d.vhdx"), PutPayload::from(bytes)).await })
+            .unwrap()
+            .unwrap();
+        let m = manifest::of_bytes("d.vhdx", manifest::MIN_CHUNK_SIZE, data).unwrap();
+        (store, bridge, Arc::new(m), tempfile::tempdir().unwrap())
+    }
+
+    fn open(
+        store: &Arc<InMemory>,
+        bridge: &Arc<Bridge>,
+        m: &Arc<Manifest>,
+        dir: &Path,
+        stats: Arc<TierStats>,
+    ) -> TieredObject {
+        TieredObject::open(
+            ObjectSource {
+                store: store.clone(),
+                bridge: bridge.clone(),
+                key: ObjPath::from("p/d.vhdx"),
+                url: "s3://b/p/d.vhdx".into(),
+            },
+            m.clone(),
+            &dir.join("d.vhdx"),
+            &dir.join("d.vhdx.map"),
+            stats,
+        )
+        .unwrap()
+    }
+
+    fn data() -> Vec<u8> {
+        (0..20_000u32).map(|i| (i * 7 % 251) as u8).collect()
+    }
+
+    #[test]
+    fn reads_verify_and_a_reopen_fetches_nothing_again() {
+        let d = data();
+        let (store, bridge, m, dir) = setup(&d);
+        let stats = Arc::new(TierStats::default());
+        let o = open(&store, &bridge, &m, dir.path(), stats.clone());
+        let mut buf = vec![0u8; 6000];
+        o.read(&mut buf, 3000).unwrap();
+        assert_eq!(buf, d[3000..9000]);
+        assert_eq!(stats.gets(), 2, "chunks 0 and 1");
+        o.read(&mut buf, 3000).unwrap();
+        assert_eq!(stats.gets(), 2, "served from the tier");
+        // Past the end reads as zeros.
+        let mut tail = vec![1u8; 100];
+        o.read(&mut tail, 19_950).unwrap();
+        assert_eq!(&tail[..50], &d[19_950..]);
+        assert!(tail[50..].iter().all(|&b| b == 0));
+        drop(o);
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(dir.path().join("d.vhdx")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, TIER_FILE_MODE);
+        // A new process (a new object over the same tier) fetches nothing it had.
+        let stats2 = Arc::new(TierStats::default());
+        let o = open(&store, &bridge, &m, dir.path(), stats2.clone());
+        assert_eq!(o.chunks_present(), 3);
+        o.read(&mut buf, 3000).unwrap();
+        assert_eq!(buf, d[3000..9000]);
+        assert_eq!(stats2.gets(), 0);
+    }
+
+    #[test]
+    fn a_changed_object_is_a_hash_mismatch_and_never_returned() {
+        let d = data();
+        let (store, bridge, m, dir) = setup(&d);
+        let mut changed = d.clone();
+        changed[5000] ^= 1;
+        let s = store.clone();
+        bridge
+            .run(async move { s.put(&ObjPath::from("p/d.vhdx"), PutPayload::from(changed)).await })
+            .unwrap()
+            .unwrap();
+        let o = open(&store, &bridge, &m, dir.path(), Arc::default());
+        let mut buf = vec![0u8; 100];
+        o.read(&mut buf, 0).unwrap();
+        let mut buf = vec![0u8; 100];
+        let e = o.read(&mut buf, 4900).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("s3://b/p/d.vhdx chunk 1"), "{text}");
+        assert!(text.contains(&hex::encode(m.chunks[1])), "{text}");
+        assert!(buf.iter().all(|&b| b == 0), "no byte of the chunk was copied");
+        assert_eq!(o.chunks_present(), 1);
+    }
+
+    #[test]
+    fn a_damaged_tier_chunk_is_fetched_again() {
+        let d = data();
+        let (store, bridge, m, dir) = setup(&d);
+        let o = open(&store, &bridge, &m, dir.path(), Arc::default());
+        let mut buf = vec![0u8; 4096];
+        o.read(&mut buf, 0).unwrap();
+        drop(o);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("d.vhdx"))
+            .unwrap();
+        f.write_all_at(b"XXXX", 10).unwrap();
+        let stats = Arc::new(TierStats::default());
+        let o = open(&store, &bridge, &m, dir.path(), stats.clone());
+        o.read(&mut buf, 0).unwrap();
+        assert_eq!(buf, d[..4096]);
+        assert_eq!(stats.gets(), 1);
+        assert_eq!(stats.mismatches.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_map_of_another_manifest_starts_afresh() {
+        let d = data();
+        let (store, bridge, m, dir) = setup(&d);
+        let o = open(&store, &bridge, &m, dir.path(), Arc::default());
+        o.read(&mut [0u8; 10], 0).unwrap();
+        drop(o);
+        let mut other = (*m).clone();
+        other.digest[0] ^= 1;
+        let o = open(&store, &bridge, &Arc::new(other), dir.path(), Arc::default());
+        assert_eq!(o.chunks_present(), 0);
+    }
+}
