@@ -90,7 +90,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,boot"
+        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,boot,s3"
     )]
     only: Vec<Bench>,
     /// Skip the untimed qemu-img compare/check of Ferry's outputs.

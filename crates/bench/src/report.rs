@@ -304,7 +304,7 @@ I/O runs: a smoke test), `--size 8G` (virtual disk size, default 4G), `--dir DIR
 directory on the disk to measure; default a temporary directory under /var/tmp, removed \
 afterwards; needs about 5× the disk size free), `--runs N` (timed runs per tool, default 3, \
 median reported), `--threads N` and `--iops-seconds S` (random I/O workers and duration), \
-`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,boot` (a run of only \
+`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,boot,s3` (a run of only \
 NBD, target or boot sections merges them into the existing file instead of rewriting it; \
 `--only target` runs the write-cache section alone, plain and over TLS, about 8 \
 minutes; `--only nbd-tls` the TLS \

@@ -26,6 +26,8 @@ pub const S3_BYTES_QUICK: u64 = 128 << 20;
 /// How long a process may take to start listening.
 const START_WAIT: Duration = Duration::from_secs(60);
 const BUCKET: &str = "ferry-bench";
+/// The section's title (an `## NBD` section, so a run of it alone merges into the report).
+const TITLE: &str = "## NBD from an S3 store: cold reads (s3)";
 
 /// `FERRY_BIN`, else `ferry` beside this executable.
 fn ferry_binary() -> PathBuf {
@@ -43,7 +45,9 @@ fn moto_binary() -> PathBuf {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// A child process, killed when dropped.
@@ -189,12 +193,21 @@ fn make_vdisk(cfg: &Config, size: u64, store: &Path) -> Result<()> {
 /// # Errors
 /// moto, ferry, nbdcopy or fio failing.
 pub fn s3_bench(cfg: &Config, size: u64, quick: bool) -> Result<String> {
+    let moto = moto_binary();
+    if Command::new(&moto).arg("--help").output().is_err() {
+        note("s3: moto's S3 server not found (FERRY_MOTO); section not run");
+        return Ok(format!(
+            "{TITLE}\n\nNot run: moto's S3 server was not found at {} (set FERRY_MOTO; \
+             scripts/test.sh installs it).\n",
+            moto.display()
+        ));
+    }
     let seconds = cfg.iops_seconds;
     let store = cfg.dir.join("s3-local-store");
     make_vdisk(cfg, size, &store)?;
     let mport = free_port()?;
     let _moto = Proc::start(
-        Command::new(moto_binary()).args(["-H", "127.0.0.1", "-p", &mport.to_string()]),
+        Command::new(&moto).args(["-H", "127.0.0.1", "-p", &mport.to_string()]),
         mport,
         "moto_server (FERRY_MOTO)",
     )?;
@@ -217,7 +230,7 @@ pub fn s3_bench(cfg: &Config, size: u64, quick: bool) -> Result<String> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "## NBD from an S3 store: cold reads (s3)\n\n\
+        "{TITLE}\n\n\
          One {mib:.0} MiB VHDX of random bytes, served by `ferry server` from a local store \
          and from a bucket (`--store s3://…`, pushed with `ferry vdisk push`) on moto's S3 \
          server (Python, loopback){}. Every run starts a fresh server with an empty block \

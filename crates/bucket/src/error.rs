@@ -80,14 +80,20 @@ pub enum BucketError {
 
 impl BucketError {
     /// A local I/O error.
-    pub fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> BucketError {
+    pub fn io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> BucketError {
         let path = path.into();
         move |source| BucketError::Io { op, path, source }
     }
 
     /// An object store error, with its whole chain of causes in the text (the client's
     /// outermost message alone often hides "connection refused" or the server's reply).
-    pub fn store(op: &'static str, url: impl Into<String>) -> impl FnOnce(object_store::Error) -> BucketError {
+    pub fn store(
+        op: &'static str,
+        url: impl Into<String>,
+    ) -> impl FnOnce(object_store::Error) -> BucketError {
         let url = url.into();
         move |e| BucketError::Store {
             op,

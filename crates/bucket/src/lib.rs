@@ -35,6 +35,5 @@ pub fn manifest_name(name: &str) -> String {
 /// True for the file names a store serves: `NAME.vhdx` and `NAME.N.avhdx` (checked as the
 /// local store does, with no hidden or oddly named files).
 pub fn is_vdisk_file(name: &str) -> bool {
-    manifest::check_name(name).is_ok()
-        && (name.ends_with(".vhdx") || name.ends_with(".avhdx"))
+    manifest::check_name(name).is_ok() && (name.ends_with(".vhdx") || name.ends_with(".avhdx"))
 }

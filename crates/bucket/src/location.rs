@@ -47,7 +47,9 @@ impl BucketUrl {
         if url.len() > MAX_URL_LEN {
             return Err(bad("longer than the limit of 1024 bytes"));
         }
-        let rest = url.strip_prefix("s3://").ok_or_else(|| bad("does not start with s3://"))?;
+        let rest = url
+            .strip_prefix("s3://")
+            .ok_or_else(|| bad("does not start with s3://"))?;
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         let bucket_ok = (3..=63).contains(&bucket.len())
             && bucket
@@ -196,7 +198,8 @@ pub fn read_credentials(path: &Path) -> Result<Credentials, BucketError> {
     f.take(MAX_CREDENTIALS_BYTES)
         .read_to_string(&mut text)
         .map_err(BucketError::io("read", path))?;
-    parse_credentials(&text).map_err(|e| BucketError::Credentials(format!("{}: {e}", path.display())))
+    parse_credentials(&text)
+        .map_err(|e| BucketError::Credentials(format!("{}: {e}", path.display())))
 }
 
 fn env_credentials() -> Option<Credentials> {
@@ -221,7 +224,12 @@ pub fn connect(url: &BucketUrl, config: &S3Config) -> Result<Arc<dyn ObjectStore
     let client = object_store::ClientOptions::new()
         .with_connect_timeout(CONNECT_TIMEOUT)
         .with_timeout(REQUEST_TIMEOUT)
-        .with_allow_http(config.endpoint.as_deref().is_some_and(|e| e.starts_with("http://")));
+        .with_allow_http(
+            config
+                .endpoint
+                .as_deref()
+                .is_some_and(|e| e.starts_with("http://")),
+        );
     let retry = object_store::RetryConfig {
         max_retries: MAX_RETRIES,
         retry_timeout: RETRY_TIMEOUT,
@@ -237,7 +245,9 @@ pub fn connect(url: &BucketUrl, config: &S3Config) -> Result<Arc<dyn ObjectStore
     }
     match creds {
         Some(c) => {
-            b = b.with_access_key_id(c.key_id).with_secret_access_key(c.secret);
+            b = b
+                .with_access_key_id(c.key_id)
+                .with_secret_access_key(c.secret);
             if let Some(t) = c.token {
                 b = b.with_token(t);
             }
@@ -249,7 +259,9 @@ pub fn connect(url: &BucketUrl, config: &S3Config) -> Result<Arc<dyn ObjectStore
             ));
         }
     }
-    let store = b.build().map_err(BucketError::store("connect to", url.to_string()))?;
+    let store = b
+        .build()
+        .map_err(BucketError::store("connect to", url.to_string()))?;
     Ok(Arc::new(store))
 }
 
@@ -264,7 +276,14 @@ mod tests {
         assert_eq!(u.prefix, "farm/a");
         assert_eq!(u.key("w.vhdx").as_ref(), "farm/a/w.vhdx");
         assert_eq!(BucketUrl::parse("s3://vdisks").unwrap().prefix, "");
-        for bad in ["vdisks", "s3://", "s3://Up", "s3://ab", "s3://b-b/../x", "s3://bbb/a//b"] {
+        for bad in [
+            "vdisks",
+            "s3://",
+            "s3://Up",
+            "s3://ab",
+            "s3://b-b/../x",
+            "s3://bbb/a//b",
+        ] {
             assert!(BucketUrl::parse(bad).is_err(), "{bad}");
         }
     }
@@ -285,7 +304,12 @@ mod tests {
         let p = d.path().join("creds");
         std::fs::write(&p, "AWS_ACCESS_KEY_ID=k\nAWS_SECRET_ACCESS_KEY=s\n").unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(read_credentials(&p).unwrap_err().to_string().contains("chmod 600"));
+        assert!(
+            read_credentials(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("chmod 600")
+        );
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(read_credentials(&p).unwrap().key_id, "k");
     }

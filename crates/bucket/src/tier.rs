@@ -132,7 +132,10 @@ impl TieredObject {
         header.extend_from_slice(hex::encode(manifest.digest).as_bytes());
         header.push(b'\n');
         let mut have = vec![0u8; MAP_HEADER_LEN + bitmap_len];
-        let len = map.metadata().map_err(BucketError::io("stat", map_path))?.len();
+        let len = map
+            .metadata()
+            .map_err(BucketError::io("stat", map_path))?
+            .len();
         let fresh = len != have.len() as u64
             || map.read_exact_at(&mut have, 0).is_err()
             || have[..MAP_HEADER_LEN] != header[..];
@@ -333,7 +336,10 @@ mod tests {
         let s = store.clone();
         let bytes = data.to_vec();
         bridge
-            .run(async move { s.put(&ObjPath::from("p/d.vhdx"), PutPayload::from(bytes)).await })
+            .run(async move {
+                s.put(&ObjPath::from("p/d.vhdx"), PutPayload::from(bytes))
+                    .await
+            })
             .unwrap()
             .unwrap();
         let m = manifest::of_bytes("d.vhdx", manifest::MIN_CHUNK_SIZE, data).unwrap();
@@ -385,7 +391,10 @@ mod tests {
         assert!(tail[50..].iter().all(|&b| b == 0));
         drop(o);
         use std::os::unix::fs::PermissionsExt as _;
-        let mode = std::fs::metadata(dir.path().join("d.vhdx")).unwrap().permissions().mode();
+        let mode = std::fs::metadata(dir.path().join("d.vhdx"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, TIER_FILE_MODE);
         // A new process (a new object over the same tier) fetches nothing it had.
         let stats2 = Arc::new(TierStats::default());
@@ -404,7 +413,10 @@ mod tests {
         changed[5000] ^= 1;
         let s = store.clone();
         bridge
-            .run(async move { s.put(&ObjPath::from("p/d.vhdx"), PutPayload::from(changed)).await })
+            .run(async move {
+                s.put(&ObjPath::from("p/d.vhdx"), PutPayload::from(changed))
+                    .await
+            })
             .unwrap()
             .unwrap();
         let o = open(&store, &bridge, &m, dir.path(), Arc::default());
@@ -415,7 +427,10 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("s3://b/p/d.vhdx chunk 1"), "{text}");
         assert!(text.contains(&hex::encode(m.chunks[1])), "{text}");
-        assert!(buf.iter().all(|&b| b == 0), "no byte of the chunk was copied");
+        assert!(
+            buf.iter().all(|&b| b == 0),
+            "no byte of the chunk was copied"
+        );
         assert_eq!(o.chunks_present(), 1);
     }
 
@@ -449,7 +464,13 @@ mod tests {
         drop(o);
         let mut other = (*m).clone();
         other.digest[0] ^= 1;
-        let o = open(&store, &bridge, &Arc::new(other), dir.path(), Arc::default());
+        let o = open(
+            &store,
+            &bridge,
+            &Arc::new(other),
+            dir.path(),
+            Arc::default(),
+        );
         assert_eq!(o.chunks_present(), 0);
     }
 }

@@ -135,8 +135,11 @@ pub async fn get_manifest(
 pub struct SyncReport {
     /// Objects served.
     pub objects: Vec<String>,
-    /// Objects skipped (no manifest, a bad one, or one that changed after it was pinned).
+    /// Objects skipped (no manifest, or a bad one).
     pub skipped: Vec<String>,
+    /// Objects whose manifest in the bucket differs from the one pinned: still served,
+    /// checked against the pinned one.
+    pub changed: Vec<String>,
     /// The bucket could not be listed, and the tier's pinned manifests are served.
     pub offline: Option<String>,
 }
@@ -228,7 +231,9 @@ impl TierStore {
         let mut report = SyncReport::default();
         let store = self.store.clone();
         let url = self.url.clone();
-        let listed = self.bridge.run(async move { list(store.as_ref(), &url).await })?;
+        let listed = self
+            .bridge
+            .run(async move { list(store.as_ref(), &url).await })?;
         let listing = match listed {
             Ok(l) => l,
             Err(e) => {
@@ -264,7 +269,7 @@ impl TierStore {
                     tracing::error!(object = %self.url.url_of(name),
                         "the manifest of a published version changed in the bucket; \
                          keeping the one pinned when it was first seen");
-                    report.skipped.push(name.clone());
+                    report.changed.push(name.clone());
                 }
                 Some(_) => {}
                 None => write_new(&self.dir.join(manifest_name(name)), m.encode().as_bytes())?,
@@ -304,7 +309,9 @@ impl TierStore {
             return Ok(o.clone());
         }
         if !is_vdisk_file(name) {
-            return Err(BucketError::Missing(format!("{name:?} is not a vDisk file name")));
+            return Err(BucketError::Missing(format!(
+                "{name:?} is not a vDisk file name"
+            )));
         }
         let m = self.pinned(name).ok_or_else(|| {
             BucketError::Missing(format!(

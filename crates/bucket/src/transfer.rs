@@ -51,9 +51,9 @@ async fn put_create(
     };
     match store.put_opts(&url.key(name), payload, opts).await {
         Ok(_) => Ok(()),
-        Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => {
-            Err(BucketError::Exists(url.url_of(name)))
-        }
+        Err(
+            object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. },
+        ) => Err(BucketError::Exists(url.url_of(name))),
         Err(e) => Err(BucketError::store("upload", url.url_of(name))(e)),
     }
 }
@@ -92,7 +92,8 @@ pub async fn push(
     };
     if total <= SINGLE_PUT_MAX {
         let mut bytes = Vec::with_capacity(total as usize);
-        f.read_to_end(&mut bytes).map_err(BucketError::io("read", file))?;
+        f.read_to_end(&mut bytes)
+            .map_err(BucketError::io("read", file))?;
         builder.update(&bytes).map_err(to_manifest_err)?;
         put_create(store, url, name, PutPayload::from(bytes)).await?;
         progress(total, total);

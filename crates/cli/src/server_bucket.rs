@@ -58,6 +58,7 @@ pub fn open(store: Option<&Path>, a: &BucketArgs) -> anyhow::Result<Option<Arc<T
         tier = %tier.dir().display(),
         objects = report.objects.len(),
         skipped = ?report.skipped,
+        manifest_changed = ?report.changed,
         offline = report.offline.as_deref().unwrap_or(""),
         "bucket store"
     );

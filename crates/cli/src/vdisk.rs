@@ -96,7 +96,7 @@ pub enum Command {
     )]
     Fill(crate::vdisk_bucket::FillArgs),
     /// Compare a local store directory with a bucket's manifests, chunk by chunk (exit
-    /// status 1 when anything differs or is missing).
+    /// status 2 when anything differs or is missing).
     #[command(
         after_help = "Example:\n  ferry vdisk verify s3://vdisks/farm /srv/ferry/store --json"
     )]

@@ -123,7 +123,10 @@ impl Feed {
     }
 }
 
-fn client(store: &str, s3: &S3Args) -> anyhow::Result<(BucketUrl, std::sync::Arc<dyn object_store::ObjectStore>)> {
+fn client(
+    store: &str,
+    s3: &S3Args,
+) -> anyhow::Result<(BucketUrl, std::sync::Arc<dyn object_store::ObjectStore>)> {
     let url = BucketUrl::parse(store)?;
     let client = bucket::location::connect(&url, &s3.config())?;
     Ok((url, client))
@@ -206,7 +209,7 @@ pub fn fill(a: &FillArgs, global: Global) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `ferry vdisk verify`: exit status 1 when anything differs or is missing.
+/// `ferry vdisk verify`: exit status 2 when anything differs or is missing.
 ///
 /// # Errors
 /// Bad URL, credentials, store errors, local I/O.

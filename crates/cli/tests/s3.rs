@@ -118,7 +118,14 @@ impl Fixture {
         let top_raw = dir.path().join("top.raw");
         let base_raw = dir.path().join("base.raw");
         for (src, dst) in [(&top, &top_raw), (&base, &base_raw)] {
-            ok(ferry().args(["vdisk", "convert", path_str(src), path_str(dst), "--format", "raw"]));
+            ok(ferry().args([
+                "vdisk",
+                "convert",
+                path_str(src),
+                path_str(dst),
+                "--format",
+                "raw",
+            ]));
         }
         Fixture {
             dir,
@@ -193,6 +200,33 @@ fn copy_sha(port: u16, export: &str, out: &Path) -> String {
     sha256_file(out)
 }
 
+/// Replaces object `name` behind its manifest, with a plain (not write-once) PUT.
+fn overwrite(moto: &Moto, name: &str, bytes: Vec<u8>) {
+    let url = bucket::BucketUrl::parse(&url()).unwrap();
+    let config = bucket::S3Config {
+        endpoint: Some(moto.endpoint()),
+        ..Default::default()
+    };
+    // Credentials through a file: the test's own environment is left alone.
+    let dir = tempfile::tempdir().unwrap();
+    let creds = dir.path().join("creds");
+    std::fs::write(&creds, "AWS_ACCESS_KEY_ID=t\nAWS_SECRET_ACCESS_KEY=t\n").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = bucket::S3Config {
+        credentials_file: Some(creds),
+        ..config
+    };
+    use object_store::ObjectStore as _;
+    let store = bucket::location::connect(&url, &config).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(store.put(&url.key(name), bytes.into()))
+        .unwrap();
+}
+
 #[test]
 fn bucket_chain_serves_the_local_bytes_and_restarts_from_the_tier() {
     if !require("nbdcopy") {
@@ -205,7 +239,12 @@ fn bucket_chain_serves_the_local_bytes_and_restarts_from_the_tier() {
     push_all(&f, &moto.endpoint());
     // A published version is never rewritten.
     let again = ferry_s3(&moto.endpoint())
-        .args(["vdisk", "push", path_str(&f.store().join("golden.vhdx")), &url()])
+        .args([
+            "vdisk",
+            "push",
+            path_str(&f.store().join("golden.vhdx")),
+            &url(),
+        ])
         .output()
         .unwrap();
     assert!(!again.status.success());
@@ -236,7 +275,10 @@ fn bucket_chain_serves_the_local_bytes_and_restarts_from_the_tier() {
     srv.stop();
 
     // Placeholders are empty: nothing partial can be read from the tier directory directly.
-    assert_eq!(std::fs::metadata(tier.join("golden.vhdx")).unwrap().len(), 0);
+    assert_eq!(
+        std::fs::metadata(tier.join("golden.vhdx")).unwrap().len(),
+        0
+    );
     // With the bucket gone, a restarted server serves everything read before from its tier.
     drop(moto);
     let dead = format!("http://127.0.0.1:{}", free_port());
@@ -255,13 +297,8 @@ fn fill_then_verify_a_local_store() {
     };
     push_all(&f, &moto.endpoint());
     let filled = f.scratch("filled");
-    let out = ok(ferry_s3(&moto.endpoint()).args([
-        "vdisk",
-        "fill",
-        &url(),
-        path_str(&filled),
-        "--json",
-    ]));
+    let out =
+        ok(ferry_s3(&moto.endpoint()).args(["vdisk", "fill", &url(), path_str(&filled), "--json"]));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["copied"].as_array().unwrap().len(), 2, "{r}");
     for name in ["golden.vhdx", "golden.1.avhdx"] {
@@ -280,7 +317,8 @@ fn fill_then_verify_a_local_store() {
     ]));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["objects"]["golden.vhdx"]["state"], "same", "{r}");
-    // One changed byte in the second chunk: verify names that chunk and exits 1.
+    // One changed byte in the second chunk: verify names that chunk and exits 2 (as
+    // `ferry vdisk check` does when problems remain).
     let p = filled.join("golden.vhdx");
     let mut bytes = std::fs::read(&p).unwrap();
     bytes[MIB as usize + 7] ^= 0xff;
@@ -289,19 +327,18 @@ fn fill_then_verify_a_local_store() {
         .args(["vdisk", "verify", &url(), path_str(&filled), "--json"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["objects"]["golden.vhdx"]["state"], "differs", "{r}");
-    assert_eq!(r["objects"]["golden.vhdx"]["chunks"], serde_json::json!([1]), "{r}");
+    assert_eq!(
+        r["objects"]["golden.vhdx"]["chunks"],
+        serde_json::json!([1]),
+        "{r}"
+    );
     assert_eq!(r["objects"]["golden.1.avhdx"]["state"], "same", "{r}");
     // A second fill puts the right bytes back and leaves the unchanged file alone.
-    let out = ok(ferry_s3(&moto.endpoint()).args([
-        "vdisk",
-        "fill",
-        &url(),
-        path_str(&filled),
-        "--json",
-    ]));
+    let out =
+        ok(ferry_s3(&moto.endpoint()).args(["vdisk", "fill", &url(), path_str(&filled), "--json"]));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["copied"], serde_json::json!(["golden.vhdx"]), "{r}");
     assert_eq!(sha256_file(&p), sha256_file(&f.store().join("golden.vhdx")));
@@ -312,7 +349,12 @@ fn unreachable_endpoint_is_a_clear_error() {
     let f = Fixture::new();
     let dead = format!("http://127.0.0.1:{}", free_port());
     let out = ferry_s3(&dead)
-        .args(["vdisk", "push", path_str(&f.store().join("golden.vhdx")), &url()])
+        .args([
+            "vdisk",
+            "push",
+            path_str(&f.store().join("golden.vhdx")),
+            &url(),
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -328,7 +370,10 @@ fn unreachable_endpoint_is_a_clear_error() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("serve bucket store s3://vdisks/farm/a"), "{err}");
+    assert!(
+        err.contains("serve bucket store s3://vdisks/farm/a"),
+        "{err}"
+    );
     assert!(err.contains("list s3://vdisks/farm/a"), "{err}");
 }
 
@@ -348,14 +393,27 @@ fn wrong_credential_is_a_clear_error() {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o600)).unwrap();
     let out = ferry()
-        .args(["vdisk", "push", path_str(&f.store().join("golden.vhdx")), &url()])
-        .args(["--s3-endpoint", &moto.endpoint(), "--s3-credentials", path_str(&creds)])
+        .args([
+            "vdisk",
+            "push",
+            path_str(&f.store().join("golden.vhdx")),
+            &url(),
+        ])
+        .args([
+            "--s3-endpoint",
+            &moto.endpoint(),
+            "--s3-credentials",
+            path_str(&creds),
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("s3://vdisks/farm/a/golden.vhdx"), "{err}");
-    assert!(err.contains("InvalidAccessKeyId") || err.contains("403"), "{err}");
+    assert!(
+        err.contains("InvalidAccessKeyId") || err.contains("403"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -374,9 +432,7 @@ fn object_changed_under_its_manifest_is_never_served() {
     for b in &mut bytes[4 * MIB as usize..n] {
         *b ^= 0x5a;
     }
-    let key = format!("/{BUCKET}/{PREFIX}/golden.vhdx");
-    let (status, body) = moto.http("PUT", &key, &bytes);
-    assert_eq!(status, 200, "{body}");
+    overwrite(&moto, "golden.vhdx", bytes);
 
     let (srv, port) = serve_bucket(&f, &moto.endpoint(), &f.scratch("tier"));
     let out_path = f.scratch("bad.raw");
@@ -387,6 +443,9 @@ fn object_changed_under_its_manifest_is_never_served() {
         .unwrap();
     assert!(!out.status.success(), "the changed object was served");
     let log = srv.log_text();
-    assert!(log.contains("hash mismatch in s3://vdisks/farm/a/golden.vhdx chunk"), "{log}");
+    assert!(
+        log.contains("hash mismatch in s3://vdisks/farm/a/golden.vhdx chunk"),
+        "{log}"
+    );
     srv.stop();
 }
