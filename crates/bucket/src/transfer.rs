@@ -326,3 +326,102 @@ pub async fn verify(
     report.local_only.sort();
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn file(dir: &Path, name: &str, len: usize, seed: u8) -> PathBuf {
+        let p = dir.join(name);
+        let bytes: Vec<u8> = (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect();
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn push_is_write_once_and_fill_verify_round_trip() {
+        let d = tempfile::tempdir().unwrap();
+        let store = InMemory::new();
+        let url = BucketUrl::parse("s3://bkt/p").unwrap();
+        // One small object (one write-once PUT) and one past SINGLE_PUT_MAX (multipart).
+        let small = file(d.path(), "a.vhdx", 3 << 20, 1);
+        let big = file(
+            d.path(),
+            "a.1.avhdx",
+            SINGLE_PUT_MAX as usize + (5 << 20) + 17,
+            2,
+        );
+        let rt = rt();
+        let m = rt
+            .block_on(push(&store, &url, &small, "a.vhdx", &|_, _| {}))
+            .unwrap();
+        assert_eq!(m.size, 3 << 20);
+        let last = std::sync::atomic::AtomicU64::new(0);
+        let mb = rt
+            .block_on(push(&store, &url, &big, "a.1.avhdx", &|done, _| {
+                last.store(done, std::sync::atomic::Ordering::Relaxed);
+            }))
+            .unwrap();
+        assert_eq!(last.into_inner(), mb.size);
+        let again = rt.block_on(push(&store, &url, &small, "a.vhdx", &|_, _| {}));
+        assert!(matches!(again, Err(BucketError::Exists(_))), "{again:?}");
+        assert!(matches!(
+            rt.block_on(push(&store, &url, &small, "../x.vhdx", &|_, _| {})),
+            Err(BucketError::Missing(_))
+        ));
+
+        let local = d.path().join("local");
+        let r = rt.block_on(fill(&store, &url, &local, &|_, _| {})).unwrap();
+        assert_eq!(r.copied.len(), 2);
+        assert_eq!(
+            std::fs::read(&big).unwrap(),
+            std::fs::read(local.join("a.1.avhdx")).unwrap()
+        );
+        let v = rt
+            .block_on(verify(&store, &url, &local, &|_, _| {}))
+            .unwrap();
+        assert!(v.all_same(), "{v:?}");
+        std::fs::remove_file(local.join("a.vhdx")).unwrap();
+        std::fs::write(local.join("extra.vhdx"), b"x").unwrap();
+        let v = rt
+            .block_on(verify(&store, &url, &local, &|_, _| {}))
+            .unwrap();
+        assert_eq!(v.objects["a.vhdx"], ObjectState::Missing);
+        assert_eq!(v.local_only, vec!["extra.vhdx".to_string()]);
+    }
+
+    #[test]
+    fn fill_refuses_a_changed_object_and_leaves_no_file() {
+        let d = tempfile::tempdir().unwrap();
+        let store = InMemory::new();
+        let url = BucketUrl::parse("s3://bkt").unwrap();
+        let small = file(d.path(), "b.vhdx", 2 << 20, 3);
+        let rt = rt();
+        rt.block_on(push(&store, &url, &small, "b.vhdx", &|_, _| {}))
+            .unwrap();
+        let mut bytes = std::fs::read(&small).unwrap();
+        bytes[(1 << 20) + 5] ^= 1;
+        rt.block_on(store.put(&url.key("b.vhdx"), bytes.into()))
+            .unwrap();
+        let local = d.path().join("local");
+        let e = rt
+            .block_on(fill(&store, &url, &local, &|_, _| {}))
+            .unwrap_err();
+        assert!(
+            matches!(e, BucketError::HashMismatch { chunk: 1, .. }),
+            "{e}"
+        );
+        assert!(!local.join("b.vhdx").exists());
+    }
+}
