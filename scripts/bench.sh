@@ -12,6 +12,8 @@
 # overrides the default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The s3 section's S3 server: moto as scripts/test.sh installs it (same pinned version).
+export FERRY_MOTO="${FERRY_MOTO:-$HOME/.cache/ferry/moto-5.1.18/bin/moto_server}"
 cargo build --release -p ferry-bench -p ferry
 target_dir="$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
 exec "${target_dir:-target}/release/ferry-bench" --out docs/BENCHMARKS.md "$@"

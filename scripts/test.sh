@@ -9,7 +9,8 @@
 #   1. apt packages the interop tests drive (apt-get update only when one is missing);
 #   2. rustfmt and clippy (rustup components) and cargo-fuzz, when missing;
 #   2b. PostgreSQL on loopback for the farm tests (cluster started, role and database made),
-#      and schemathesis (pinned) in a venv for the API fuzz run;
+#      schemathesis (pinned) in a venv for the API fuzz run, and moto[server] (pinned) in
+#      a venv for the S3 store tests;
 #   2c. playwright-core (pinned by web/e2e/package-lock.json) by `npm ci` into
 #      web/e2e/node_modules for the console's Chromium test, when the lock file changed;
 #   2d. the Debian 12 test OS of the QEMU boot tests (scripts/guest-root.sh), cached
@@ -55,6 +56,11 @@ export FERRY_TEST_PG_URL="${FERRY_TEST_PG_URL:-postgres://$PG_ROLE:$PG_PASSWORD@
 SCHEMATHESIS_VERSION=4.32.5
 SCHEMATHESIS_VENV="${HOME}/.cache/ferry/schemathesis-$SCHEMATHESIS_VERSION"
 export FERRY_SCHEMATHESIS="$SCHEMATHESIS_VENV/bin/schemathesis"
+# moto's S3 server, pinned, in a venv outside the repository (crates/cli/tests/s3.rs starts
+# one per test on a free loopback port; docs/s3.md).
+MOTO_VERSION=5.1.18
+MOTO_VENV="${HOME}/.cache/ferry/moto-$MOTO_VERSION"
+export FERRY_MOTO="$MOTO_VENV/bin/moto_server"
 
 say() { printf '==> %s\n' "$*" >&2; }
 
@@ -168,6 +174,15 @@ install_schemathesis() {
     "$SCHEMATHESIS_VENV/bin/pip" install --quiet "schemathesis==$SCHEMATHESIS_VERSION"
 }
 
+install_moto() {
+    if [[ -x "$FERRY_MOTO" ]]; then
+        return 0
+    fi
+    say "installing moto[server] $MOTO_VERSION into $MOTO_VENV"
+    python3 -m venv "$MOTO_VENV"
+    "$MOTO_VENV/bin/pip" install --quiet "moto[server]==$MOTO_VERSION"
+}
+
 # `npm ci` in web/e2e when its lock file differs from the one last installed (a copy kept in
 # node_modules), so a second run installs nothing.
 install_console_e2e() {
@@ -185,6 +200,7 @@ install_rust_tools
 install_console_e2e
 start_postgres
 install_schemathesis
+install_moto
 build_guest_root
 
 say "cargo fmt --all --check"

@@ -34,6 +34,7 @@ mod failover;
 mod iops;
 mod nbd;
 mod report;
+mod s3;
 mod sys;
 mod target;
 
@@ -95,7 +96,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,multi,boot,devices"
+        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,multi,boot,devices,s3"
     )]
     only: Vec<Bench>,
     /// Skip the untimed qemu-img compare/check of Ferry's outputs.
@@ -164,6 +165,8 @@ enum Bench {
     Multi,
     Boot,
     Devices,
+    /// Cold reads from an S3 store against a local store (needs moto: `FERRY_MOTO`).
+    S3,
 }
 
 impl Bench {
@@ -440,6 +443,12 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
         let storm = nbd::multi_storm(&cfg, &ncfg)?;
         let stall = failover::failover_stall(&cfg, args.quick)?;
         report.multi = Some(format!("{storm}\n{stall}"));
+    }
+    if args.only.contains(&Bench::S3) {
+        let size = args
+            .nbd_size
+            .unwrap_or(args.pick(s3::S3_BYTES_DEFAULT, s3::S3_BYTES_QUICK));
+        report.nbd.push(s3::s3_bench(&cfg, size, args.quick)?);
     }
     if args.only.contains(&Bench::Boot) {
         let b = boot::BootConfig {

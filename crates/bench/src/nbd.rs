@@ -49,6 +49,7 @@ pub use harness::{
     SEQ_BYTES_QUICK, Server, make_cert_dir, make_data_set, median, percentile, remove_data_set,
     serve_internal, verdict,
 };
+pub use harness::{fio_iops_args, fio_json};
 pub use iops::iops_bench;
 pub use multi::multi_storm;
 pub use seq::seq_bench;

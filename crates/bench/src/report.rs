@@ -311,14 +311,16 @@ I/O runs: a smoke test), `--size 8G` (virtual disk size, default 4G), `--dir DIR
 directory on the disk to measure; default a temporary directory under /var/tmp, removed \
 afterwards; needs about 5× the disk size free), `--runs N` (timed runs per tool, default 3, \
 median reported), `--threads N` and `--iops-seconds S` (random I/O workers and duration), \
-`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,multi,boot,devices` (a \
-run of only NBD, target, boot or devices sections merges them into the existing file instead of \
+`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,multi,boot,devices,s3` \
+(a run of only NBD, target, boot or devices sections merges them into the existing file instead of \
 rewriting it; `--only multi` the boot storm over 1 and 3 servers and the failover stalls, about 8 \
 minutes; \
 `--only target` runs the write-cache section alone, plain and over TLS, about 8 \
 minutes; `--only nbd-tls` the TLS \
 section alone, about 8 minutes; `--only boot` the QEMU boot section alone, about 15 to 25 \
 minutes on 2 cores, with `--boot-runs N` (default 2) and `--boot-machines M` (default 4)), \
+`--only s3` (cold reads through `ferry server` from a bucket on moto's S3 server, \
+`FERRY_MOTO`, against a local store; `--nbd-size` sets its vDisk, default 1G, --quick 128M), \
 `--nbd-size 2G`, `--boot-disk-size 4G`, \
 `--boot-scale F` (boot trace size relative to 600 MB / 70,000 reads), `--boot-clients \
 1,10,100`, `--only devices` (one `ferry server` carrying 512 and 4,095 devices, about 3 \

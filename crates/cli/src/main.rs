@@ -48,6 +48,7 @@ mod quickstart_machine;
 mod server;
 mod server_boot;
 mod server_boot_http;
+mod server_bucket;
 mod server_drain;
 mod server_farm;
 mod server_tls;
@@ -57,6 +58,7 @@ mod target_args;
 mod target_farm;
 mod target_initramfs;
 mod vdisk;
+mod vdisk_bucket;
 
 use std::io::Write as _;
 use std::process::ExitCode;

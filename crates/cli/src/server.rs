@@ -43,9 +43,13 @@ pub struct Args {
     /// TOML configuration file (see docs/config.md); flags override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Store directory holding NAME.vhdx and its versions NAME.N.avhdx ([store] dir).
-    #[arg(long, value_name = "DIR")]
+    /// Store directory holding NAME.vhdx and its versions NAME.N.avhdx ([store] dir), or
+    /// an S3-compatible bucket s3://BUCKET/PREFIX holding the same files with their
+    /// manifests (see docs/s3.md and the --s3-* and --tier-dir flags).
+    #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
     pub store: Option<PathBuf>,
+    #[command(flatten)]
+    pub bucket: crate::server_bucket::BucketArgs,
     /// NBD TCP address ([nbd] listen; default 0.0.0.0:10809; "" turns TCP off).
     #[arg(long, value_name = "ADDR:PORT")]
     pub nbd_listen: Option<String>,
@@ -166,6 +170,10 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         .build()
         .context("start async runtime")?;
     let mut config = a.config()?;
+    let bucket = crate::server_bucket::open(a.store.as_deref(), &a.bucket)?;
+    if let Some(b) = &bucket {
+        config.store.dir = Some(b.dir().to_path_buf());
+    }
     let tftp = crate::server_boot::Tftp::from_flags(a.tftp_listen, a.tftp_root.as_deref())?;
     // Before anything else: the API's own certificate, if given.
     let api_tls_given = match (&a.farm, &a.api_tls_dir) {
@@ -223,6 +231,9 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
     let cache = resolved.block_cache().context("build block cache")?;
     let registry = Registry::new(resolved.registry.clone(), cache)
         .with_context(|| format!("serve store {}", resolved.registry.store_dir.display()))?;
+    if let Some(b) = bucket {
+        registry.set_storage_opener(b);
+    }
     let base = if farm.is_some() {
         AccessPolicy::FARM
     } else {

@@ -83,6 +83,24 @@ pub enum Command {
     #[command(after_help = "Examples:\n  ferry vdisk boot-files golden.2.avhdx\n  \
                             ferry vdisk boot-files golden.vhdx --json | jq -r .kernel.path")]
     BootFiles(BootFilesArgs),
+    /// Upload a vDisk file to an S3-compatible bucket as a new, write-once object with its
+    /// manifest of BLAKE3 chunk hashes (see docs/s3.md).
+    #[command(
+        after_help = "Examples:\n  ferry vdisk push golden.2.avhdx s3://vdisks/farm --s3-endpoint http://127.0.0.1:9000\n  \
+                            ferry vdisk push golden.vhdx s3://vdisks/farm --json"
+    )]
+    Push(crate::vdisk_bucket::PushArgs),
+    /// Copy every vDisk of a bucket into a local store directory, checking each chunk.
+    #[command(
+        after_help = "Example:\n  ferry vdisk fill s3://vdisks/farm /srv/ferry/store --s3-endpoint http://127.0.0.1:9000"
+    )]
+    Fill(crate::vdisk_bucket::FillArgs),
+    /// Compare a local store directory with a bucket's manifests, chunk by chunk (exit
+    /// status 2 when anything differs or is missing).
+    #[command(
+        after_help = "Example:\n  ferry vdisk verify s3://vdisks/farm /srv/ferry/store --json"
+    )]
+    Verify(crate::vdisk_bucket::VerifyArgs),
 }
 
 /// `ferry vdisk version ...`.
@@ -199,6 +217,9 @@ pub fn run(command: Command, global: Global) -> anyhow::Result<ExitCode> {
         Command::Write(a) => write_cmd(&a, global).map(|()| ExitCode::SUCCESS),
         Command::Compact(a) => copy::compact(&a, global).map(|()| ExitCode::SUCCESS),
         Command::BootFiles(a) => boot_files_cmd(&a).map(|()| ExitCode::SUCCESS),
+        Command::Push(a) => crate::vdisk_bucket::push(&a, global),
+        Command::Fill(a) => crate::vdisk_bucket::fill(&a, global),
+        Command::Verify(a) => crate::vdisk_bucket::verify(&a, global),
     }
 }
 

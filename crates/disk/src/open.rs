@@ -311,6 +311,50 @@ pub fn open_confined(root: &Path, path: &Path, opts: OpenOptions) -> Result<Chai
     })
 }
 
+/// Gives the storage of a layer in place of the file itself: for stores whose bytes are not
+/// (all) in the file a confined open finds, such as a bucket read through a local tier. The
+/// path confinement of [`open_confined_with`] still holds: the opener is called only with a
+/// file already opened inside the root.
+pub trait StorageOpener: Send + Sync + std::fmt::Debug {
+    /// The storage of the layer at `path` (canonical, inside the root), opened as `file`.
+    ///
+    /// # Errors
+    /// Whatever keeps the layer from opening (it is reported with the path).
+    fn open(&self, path: &Path, file: std::fs::File, writable: bool) -> Result<Arc<dyn Storage>>;
+}
+
+/// As [`open_confined`], with every layer's storage given by `storages`.
+///
+/// # Errors
+/// As [`open_confined`], and the opener's.
+pub fn open_confined_with(
+    root: &Path,
+    path: &Path,
+    opts: OpenOptions,
+    storages: &dyn StorageOpener,
+) -> Result<Chain> {
+    open_chain(path, opts, &|p, writable| {
+        let (real, f) = file::open_beneath(root, p, writable)?;
+        let storage = storages.open(&real, f, writable)?;
+        Ok((real, storage))
+    })
+}
+
+/// As [`open_one`] on a file inside `root`, with the storage given by `storages`.
+///
+/// # Errors
+/// As [`open_one`], and the opener's.
+pub fn open_one_confined_with(
+    root: &Path,
+    path: &Path,
+    opts: OpenOptions,
+    storages: &dyn StorageOpener,
+) -> Result<Layer> {
+    let (real, f) = file::open_beneath(root, path, opts.writable)?;
+    let storage = storages.open(&real, f, opts.writable)?;
+    open_one_on(&real, storage, opts)
+}
+
 fn open_chain(path: &Path, opts: OpenOptions, opener: &Opener<'_>) -> Result<Chain> {
     let (top_path, storage) = opener(path, opts.writable)?;
     let top = open_one_on(&top_path, storage, opts)?;

@@ -181,6 +181,9 @@ struct Inner {
     access: Mutex<AccessPolicy>,
     /// Connections open on session exports, closed when their session ends.
     open_sessions: Arc<OpenSessions>,
+    /// Reads store files' bytes from elsewhere than the files (a bucket through its tier
+    /// directory, see the `bucket` crate); `None` for a local store.
+    storages: Mutex<Option<Arc<dyn disk::open::StorageOpener>>>,
 }
 
 /// How long an open of a busy export keeps trying by default (see the module docs).
@@ -235,8 +238,16 @@ impl Registry {
                 busy_wait: Mutex::new(BUSY_WAIT_DEFAULT),
                 access: Mutex::new(AccessPolicy::default()),
                 open_sessions: Arc::default(),
+                storages: Mutex::default(),
             }),
         })
+    }
+
+    /// Reads every store file through `storages` from now on (the store directory is then a
+    /// bucket's tier directory; its files are opened and confined as before, and their
+    /// bytes come from the opener's storage).
+    pub fn set_storage_opener(&self, storages: Arc<dyn disk::open::StorageOpener>) {
+        *lock(&self.inner.storages) = Some(storages);
     }
 
     /// How long an open refused as busy keeps trying before the refusal stands (default
@@ -654,9 +665,13 @@ impl Inner {
         }
         // Every layer, the top included, is checked to be a regular file inside the store
         // before it is opened, and opened without following a symlink out of it.
-        let chain =
-            disk::open::open_confined(self.store.dir(), &path, disk::open::OpenOptions::default())
-                .map_err(disk_err(&path))?;
+        let opts = disk::open::OpenOptions::default();
+        let storages = lock(&self.storages).clone();
+        let chain = match storages {
+            Some(s) => disk::open::open_confined_with(self.store.dir(), &path, opts, s.as_ref()),
+            None => disk::open::open_confined(self.store.dir(), &path, opts),
+        }
+        .map_err(disk_err(&path))?;
         if let Err(e) = chain.advise_random_all() {
             tracing::debug!(path = %path.display(), error = %e, "fadvise failed");
         }
@@ -758,7 +773,13 @@ impl Inner {
         {
             return Some(*size);
         }
-        match disk::open::open_one(path, disk::open::OpenOptions::default()) {
+        let opts = disk::open::OpenOptions::default();
+        let storages = lock(&self.storages).clone();
+        let opened = match storages {
+            Some(s) => disk::open::open_one_confined_with(self.store.dir(), path, opts, s.as_ref()),
+            None => disk::open::open_one(path, opts),
+        };
+        match opened {
             Ok(layer) => {
                 let size = layer.image.device().size();
                 lock(&self.sizes).insert(path.to_path_buf(), (id, size));
