@@ -20,7 +20,7 @@ mod client;
 
 use std::fmt::Write as _;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use rand::{Rng, SeedableRng};
 
-use crate::nbd::{DataSet, make_data_set, remove_data_set};
+use crate::nbd::{DataSet, free_port, make_data_set, remove_data_set, wait_listening};
 use crate::{Config, note};
 use client::Device;
 
@@ -427,8 +427,8 @@ impl FerryServer {
             .stderr(log)
             .spawn()
             .context("start ferry server")?;
-        wait_listening(nbd, &mut child)?;
-        wait_listening(metrics, &mut child)?;
+        wait_listening(nbd, &mut child, "ferry server (NBD)")?;
+        wait_listening(metrics, &mut child, "ferry server (metrics)")?;
         Ok(FerryServer {
             child,
             nbd,
@@ -458,24 +458,6 @@ impl Drop for FerryServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-fn wait_listening(port: u16, child: &mut Child) -> Result<()> {
-    let deadline = Instant::now() + LISTEN_WAIT;
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Some(st) = child.try_wait()? {
-            bail!("ferry server exited before listening ({st})");
-        }
-        if Instant::now() > deadline {
-            bail!("ferry server did not listen on port {port}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
 }
 
 fn ms(d: Duration) -> f64 {

@@ -20,7 +20,7 @@
 
 use std::fmt::Write as _;
 use std::fs::File;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
 
+use crate::nbd::free_port;
 use crate::{Config, note};
 
 /// Goal from the issue: the longest stall of a drain.
@@ -81,10 +82,6 @@ fn ferry_binary() -> PathBuf {
         .ok()
         .and_then(|e| e.parent().map(|d| d.join("ferry")))
         .unwrap_or_else(|| PathBuf::from("ferry"))
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// A child killed on drop.

@@ -50,6 +50,7 @@ pub use harness::{
     serve_internal, verdict,
 };
 pub use harness::{fio_iops_args, fio_json};
+pub(crate) use harness::{free_port, wait_listening};
 pub use iops::iops_bench;
 pub use multi::multi_storm;
 pub use seq::seq_bench;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, anyhow, bail};
 use rand::{RngCore as _, SeedableRng as _};
 
-use crate::nbd::{fio_iops_args, fio_json, median};
+use crate::nbd::{fio_iops_args, fio_json, free_port, median};
 use crate::{Config, note};
 
 /// The vDisk's size in a full run.
@@ -42,12 +42,6 @@ fn ferry_binary() -> PathBuf {
 
 fn moto_binary() -> PathBuf {
     std::env::var_os("FERRY_MOTO").map_or_else(|| PathBuf::from("moto_server"), PathBuf::from)
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// A child process, killed when dropped.

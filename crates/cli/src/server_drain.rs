@@ -127,6 +127,12 @@ pub fn to_move(
             }
         })
         .collect();
+    rotated(&waiting, turn, DRAIN_SESSIONS_PER_CHECK)
+}
+
+/// Up to `n` of `waiting`, starting at a position that changes with `turn` (so that no
+/// session is always last) and wrapping around.
+fn rotated(waiting: &[&String], turn: usize, n: usize) -> Vec<String> {
     if waiting.is_empty() {
         return Vec::new();
     }
@@ -135,7 +141,7 @@ pub fn to_move(
         .iter()
         .cycle()
         .skip(start)
-        .take(waiting.len().min(DRAIN_SESSIONS_PER_CHECK))
+        .take(waiting.len().min(n))
         .map(|n| (*n).clone())
         .collect()
 }
@@ -170,17 +176,7 @@ pub fn to_rebalance(
                 .is_none_or(|t| now.saturating_duration_since(*t) >= REBALANCE_FORGET)
         })
         .collect();
-    if waiting.is_empty() {
-        return Vec::new();
-    }
-    let start = turn % waiting.len();
-    waiting
-        .iter()
-        .cycle()
-        .skip(start)
-        .take(waiting.len().min(excess).min(REBALANCE_MOVES_PER_CHECK))
-        .map(|n| (*n).clone())
-        .collect()
+    rotated(&waiting, turn, excess.min(REBALANCE_MOVES_PER_CHECK))
 }
 
 /// The pause before the next rebalance check: [`REBALANCE_EVERY`] ± 20 %.

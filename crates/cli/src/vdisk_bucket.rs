@@ -163,7 +163,7 @@ pub fn push(a: &PushArgs, global: Global) -> anyhow::Result<ExitCode> {
             "size": m.size,
             "chunk_size": m.chunk_size,
             "chunks": m.chunks.len(),
-            "digest": hex_of(&m.digest),
+            "digest": hex::encode(m.digest),
         }))?;
     } else {
         outln!(
@@ -171,14 +171,10 @@ pub fn push(a: &PushArgs, global: Global) -> anyhow::Result<ExitCode> {
             url.url_of(&name),
             m.size,
             m.chunks.len(),
-            hex_of(&m.digest)
+            hex::encode(m.digest)
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn hex_of(h: &[u8]) -> String {
-    h.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `ferry vdisk fill`.

@@ -42,25 +42,21 @@ impl StormRow {
     }
 }
 
-fn storm(
-    cfg: &Config,
-    ds: &DataSet,
-    t: &Trace,
+/// Starts one fio replay of `log` per URI, all at once (outputs `DIR/TAG-fio-I.json`), and
+/// waits for them: each client's completion time, the makespan (seconds from the first
+/// start) and the output files, for [`check_replays`].
+pub(crate) fn replay_at_once(
+    dir: &Path,
+    tag: &str,
+    uris: &[String],
     log: &Path,
-    kind: Kind,
-    clients: usize,
-) -> Result<StormRow> {
-    let srv = Server::start(kind, ds)?;
-    cfg.cache.drop_now();
-    cfg.loads.sample();
-    let uri = srv.uri(ds);
-    let before = srv.usage();
-    let outs: Vec<PathBuf> = (0..clients)
-        .map(|i| cfg.dir.join(format!("boot-fio-{i}.json")))
+) -> Result<(Vec<f64>, f64, Vec<PathBuf>)> {
+    let outs: Vec<PathBuf> = (0..uris.len())
+        .map(|i| dir.join(format!("{tag}-fio-{i}.json")))
         .collect();
     let t0 = Instant::now();
-    let mut procs = Vec::with_capacity(clients);
-    for out in &outs {
+    let mut procs = Vec::with_capacity(uris.len());
+    for (uri, out) in uris.iter().zip(&outs) {
         let child = Command::new("fio")
             .arg("--name=boot")
             .arg("--ioengine=nbd")
@@ -95,28 +91,50 @@ fn storm(
             })
         })
         .collect();
-    let mut completion = Vec::with_capacity(clients);
+    let mut completion = Vec::with_capacity(uris.len());
     let mut makespan: f64 = 0.0;
     for w in waiters {
         let (c, e) = w.join().map_err(|_| anyhow!("waiter panicked"))??;
         completion.push(c);
         makespan = makespan.max(e);
     }
+    Ok((completion, makespan, outs))
+}
+
+/// Checks that every replay in `outs` read the whole trace (`total_bytes`), and removes
+/// the output files.
+pub(crate) fn check_replays(outs: &[PathBuf], total_bytes: u64) -> Result<()> {
+    for out in outs {
+        let v = fio_json(&std::fs::read_to_string(out)?)?;
+        let got = v["jobs"][0]["read"]["io_bytes"].as_u64().unwrap_or(0);
+        if got != total_bytes {
+            bail!("a replay read {got} bytes, the trace holds {total_bytes}");
+        }
+        let _ = std::fs::remove_file(out);
+    }
+    Ok(())
+}
+
+fn storm(
+    cfg: &Config,
+    ds: &DataSet,
+    t: &Trace,
+    log: &Path,
+    kind: Kind,
+    clients: usize,
+) -> Result<StormRow> {
+    let srv = Server::start(kind, ds)?;
+    cfg.cache.drop_now();
+    cfg.loads.sample();
+    let uri = srv.uri(ds);
+    let before = srv.usage();
+    let uris = vec![uri; clients];
+    let (completion, makespan, outs) = replay_at_once(&cfg.dir, "boot", &uris, log)?;
     let after = srv.usage();
     let mut usage = srv.stop()?;
     usage.cpu_secs = after.cpu_secs - before.cpu_secs;
     usage.disk_read_bytes = after.disk_read_bytes - before.disk_read_bytes;
-    for out in &outs {
-        let v = fio_json(&std::fs::read_to_string(out)?)?;
-        let got = v["jobs"][0]["read"]["io_bytes"].as_u64().unwrap_or(0);
-        if got != t.total_bytes {
-            bail!(
-                "a replay read {got} bytes, the trace holds {}",
-                t.total_bytes
-            );
-        }
-        let _ = std::fs::remove_file(out);
-    }
+    check_replays(&outs, t.total_bytes)?;
     let row = StormRow {
         kind,
         clients,

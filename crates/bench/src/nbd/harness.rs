@@ -102,12 +102,15 @@ pub struct Usage {
     pub cached_bytes: Option<u64>,
 }
 
-fn free_port() -> Result<u16> {
+/// A free loopback TCP port (bound and released: a race a benchmark can afford).
+pub(crate) fn free_port() -> Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
 }
 
-fn wait_listening(port: u16, child: &mut Child, what: &str) -> Result<()> {
+/// Waits (up to 20 s) until `child` listens on loopback `port`; fails naming `what` when
+/// it exits first or never listens.
+pub(crate) fn wait_listening(port: u16, child: &mut Child, what: &str) -> Result<()> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

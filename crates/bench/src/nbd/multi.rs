@@ -6,14 +6,12 @@
 //! boot (utime + stime of every server process, summed).
 
 use std::fmt::Write as _;
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Instant;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::Result;
 
-use super::harness::{DataSet, Kind, NbdConfig, Server, fio_json, make_data_set, percentile};
+use super::bootstorm::{check_replays, replay_at_once};
+use super::harness::{DataSet, Kind, NbdConfig, Server, make_data_set, percentile};
 use super::harness::{remove_data_set, verdict};
 use super::trace::{BOOT_TRACE_BYTES, BOOT_TRACE_READS, Trace, synthesize, write_iolog};
 use crate::{Config, note};
@@ -52,70 +50,15 @@ fn storm(cfg: &Config, ds: &DataSet, t: &Trace, log: &Path, servers: usize) -> R
     cfg.cache.drop_now();
     cfg.loads.sample();
     let before: f64 = srvs.iter().map(|s| s.usage().cpu_secs).sum();
-    let t0 = Instant::now();
-    let mut procs = Vec::with_capacity(STORM_CLIENTS);
-    for i in 0..STORM_CLIENTS {
-        let uri = srvs[i % servers].uri(ds);
-        let out = cfg.dir.join(format!("multi-fio-{i}.json"));
-        let child = Command::new("fio")
-            .arg("--name=boot")
-            .arg("--ioengine=nbd")
-            .arg(format!("--uri={uri}"))
-            .arg(format!("--read_iolog={}", log.display()))
-            .arg("--replay_no_stall=1")
-            .arg("--output-format=json")
-            .arg(format!("--output={}", out.display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("start fio")?;
-        procs.push((Instant::now(), child, out));
-    }
-    let mut completion = Vec::with_capacity(STORM_CLIENTS);
-    let mut makespan: f64 = 0.0;
-    let waiters: Vec<_> = procs
-        .into_iter()
-        .map(|(start, mut child, out)| {
-            std::thread::spawn(move || -> Result<(f64, f64, std::path::PathBuf)> {
-                let mut err = String::new();
-                if let Some(mut e) = child.stderr.take() {
-                    let _ = e.read_to_string(&mut err);
-                }
-                let st = child.wait()?;
-                let end = Instant::now();
-                if !st.success() {
-                    bail!("fio replay failed ({st}): {}", err.trim());
-                }
-                Ok((
-                    end.duration_since(start).as_secs_f64(),
-                    end.duration_since(t0).as_secs_f64(),
-                    out,
-                ))
-            })
-        })
+    let uris: Vec<String> = (0..STORM_CLIENTS)
+        .map(|i| srvs[i % servers].uri(ds))
         .collect();
-    let mut outs = Vec::new();
-    for w in waiters {
-        let (c, e, out) = w.join().map_err(|_| anyhow!("waiter panicked"))??;
-        completion.push(c);
-        makespan = makespan.max(e);
-        outs.push(out);
-    }
+    let (completion, makespan, outs) = replay_at_once(&cfg.dir, "multi", &uris, log)?;
     let after: f64 = srvs.iter().map(|s| s.usage().cpu_secs).sum();
     for s in srvs {
         s.stop()?;
     }
-    for out in &outs {
-        let v = fio_json(&std::fs::read_to_string(out)?)?;
-        let got = v["jobs"][0]["read"]["io_bytes"].as_u64().unwrap_or(0);
-        if got != t.total_bytes {
-            bail!(
-                "a replay read {got} bytes, the trace holds {}",
-                t.total_bytes
-            );
-        }
-        let _ = std::fs::remove_file(out);
-    }
+    check_replays(&outs, t.total_bytes)?;
     let row = MultiRow {
         servers,
         clients: STORM_CLIENTS,
