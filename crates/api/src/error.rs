@@ -64,6 +64,7 @@ impl From<farm::FarmError> for ApiError {
             farm::Kind::Unauthenticated => StatusCode::UNAUTHORIZED,
             farm::Kind::Forbidden => StatusCode::FORBIDDEN,
             farm::Kind::LimitReached => StatusCode::TOO_MANY_REQUESTS,
+            farm::Kind::Bucket => StatusCode::BAD_GATEWAY,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status.is_server_error() {

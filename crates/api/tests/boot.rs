@@ -125,6 +125,7 @@ async fn setup(t: TestFarm) -> Boot {
     let store = NewStore {
         name: "main".into(),
         path: "main".into(),
+        bucket: String::new(),
     };
     let store = f.create_store(&store, ADMIN).await.unwrap();
     let dir = f.store_dir(store.id, None).await.unwrap();

@@ -22,7 +22,7 @@ pub mod tier_store;
 pub mod transfer;
 
 pub use error::BucketError;
-pub use location::{BucketUrl, S3Config};
+pub use location::{BucketUrl, Keys, S3Config, parse_url};
 
 /// The suffix of a manifest object or file: `NAME.vhdx` has `NAME.vhdx.manifest`.
 pub const MANIFEST_SUFFIX: &str = ".manifest";

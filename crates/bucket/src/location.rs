@@ -12,8 +12,6 @@ use object_store::path::Path as ObjPath;
 
 use crate::BucketError;
 
-/// The longest bucket URL accepted.
-pub const MAX_URL_LEN: usize = 1024;
 /// How long one connection attempt may take before the endpoint counts as unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one request may take in all.
@@ -25,61 +23,33 @@ pub const RETRY_TIMEOUT: Duration = Duration::from_secs(15);
 /// The largest credentials file read.
 pub const MAX_CREDENTIALS_BYTES: u64 = 64 << 10;
 
-/// A bucket and a prefix inside it (no leading or trailing `/`; empty for the root).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BucketUrl {
-    /// The bucket.
-    pub bucket: String,
-    /// The prefix, `a/b` style.
-    pub prefix: String,
+/// A bucket and a prefix inside it: [`contract::BucketUrl`] (parsed there, shared with the
+/// farm), with the object keys it makes here.
+pub use contract::BucketUrl;
+
+/// The keys of a bucket store's objects.
+pub trait Keys {
+    /// The key of object `name` under the prefix.
+    fn key(&self, name: &str) -> ObjPath;
+    /// The prefix as a key (for listing); `None` for the bucket's root.
+    fn prefix_key(&self) -> Option<ObjPath>;
+    /// `s3://BUCKET/KEY` of object `name`, for messages.
+    fn url_of(&self, name: &str) -> String;
 }
 
-impl BucketUrl {
-    /// Parses `s3://BUCKET[/PREFIX]`.
-    ///
-    /// # Errors
-    /// [`BucketError::Url`].
-    pub fn parse(url: &str) -> Result<BucketUrl, BucketError> {
-        let bad = |why| BucketError::Url {
-            url: url.chars().take(200).collect(),
-            why,
-        };
-        if url.len() > MAX_URL_LEN {
-            return Err(bad("longer than the limit of 1024 bytes"));
-        }
-        let rest = url
-            .strip_prefix("s3://")
-            .ok_or_else(|| bad("does not start with s3://"))?;
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        let bucket_ok = (3..=63).contains(&bucket.len())
-            && bucket
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
-        if !bucket_ok {
-            return Err(bad("a bucket name is 3..=63 of a-z 0-9 . -"));
-        }
-        let prefix = prefix.trim_matches('/');
-        for part in prefix.split('/').filter(|p| !p.is_empty()) {
-            if part == "." || part == ".." || part.chars().any(char::is_control) {
-                return Err(bad("the prefix has a . or .. part or a control character"));
-            }
-        }
-        if prefix.contains("//") {
-            return Err(bad("the prefix has an empty part"));
-        }
-        Ok(BucketUrl {
-            bucket: bucket.to_string(),
-            prefix: prefix.to_string(),
-        })
-    }
+/// Parses `s3://BUCKET[/PREFIX]`.
+///
+/// # Errors
+/// [`BucketError::Url`].
+pub fn parse_url(url: &str) -> Result<BucketUrl, BucketError> {
+    BucketUrl::parse(url).map_err(|e| BucketError::Url {
+        url: e.url,
+        why: e.why,
+    })
+}
 
-    /// True when `s` names a bucket store rather than a directory.
-    pub fn is_bucket(s: &str) -> bool {
-        s.starts_with("s3://")
-    }
-
-    /// The key of object `name` under the prefix.
-    pub fn key(&self, name: &str) -> ObjPath {
+impl Keys for BucketUrl {
+    fn key(&self, name: &str) -> ObjPath {
         if self.prefix.is_empty() {
             ObjPath::from(name)
         } else {
@@ -87,24 +57,12 @@ impl BucketUrl {
         }
     }
 
-    /// The prefix as a key (for listing); `None` for the bucket's root.
-    pub fn prefix_key(&self) -> Option<ObjPath> {
+    fn prefix_key(&self) -> Option<ObjPath> {
         (!self.prefix.is_empty()).then(|| ObjPath::from(self.prefix.as_str()))
     }
 
-    /// `s3://BUCKET/KEY` of object `name`, for messages.
-    pub fn url_of(&self, name: &str) -> String {
+    fn url_of(&self, name: &str) -> String {
         format!("s3://{}/{}", self.bucket, self.key(name))
-    }
-}
-
-impl std::fmt::Display for BucketUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.prefix.is_empty() {
-            write!(f, "s3://{}", self.bucket)
-        } else {
-            write!(f, "s3://{}/{}", self.bucket, self.prefix)
-        }
     }
 }
 

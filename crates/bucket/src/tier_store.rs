@@ -26,7 +26,9 @@ use object_store::ObjectStore;
 
 use crate::bridge::Bridge;
 use crate::tier::{ObjectSource, TierStats, TieredObject};
-use crate::{BucketError, BucketUrl, MANIFEST_SUFFIX, S3Config, is_vdisk_file, manifest_name};
+use crate::{
+    BucketError, BucketUrl, Keys, MANIFEST_SUFFIX, S3Config, is_vdisk_file, manifest_name,
+};
 
 /// The hidden directory inside the tier directory holding the fetched bytes.
 pub const TIER_SUBDIR: &str = ".tier";
@@ -313,13 +315,17 @@ impl TierStore {
                 "{name:?} is not a vDisk file name"
             )));
         }
-        let m = self.pinned(name).ok_or_else(|| {
-            BucketError::Missing(format!(
-                "{}: no manifest in the tier (not an object of {})",
-                self.dir.join(name).display(),
-                self.url
-            ))
-        })?;
+        let m = match self.pinned(name) {
+            Some(m) => m,
+            // Published since the last listing (a version promoted a moment ago).
+            None => self.pin_from_bucket(name)?.ok_or_else(|| {
+                BucketError::Missing(format!(
+                    "{}: not an object of {}",
+                    self.dir.join(name).display(),
+                    self.url
+                ))
+            })?,
+        };
         let tier = self.dir.join(TIER_SUBDIR);
         let o = Arc::new(TieredObject::open(
             ObjectSource {
@@ -338,23 +344,66 @@ impl TierStore {
     }
 }
 
+impl TierStore {
+    /// Fetches and pins object `name`'s manifest when the bucket holds one; `None` when it
+    /// holds none (a version that is not published).
+    fn pin_from_bucket(&self, name: &str) -> Result<Option<Manifest>, BucketError> {
+        let (store, url, n) = (self.store.clone(), self.url.clone(), name.to_string());
+        let got = self.bridge.run(async move {
+            if !crate::transfer::exists(store.as_ref(), &url, &manifest_name(&n)).await? {
+                return Ok(None);
+            }
+            get_manifest(store.as_ref(), &url, &n, None).await.map(Some)
+        })??;
+        if let Some(m) = &got {
+            write_new(&self.dir.join(manifest_name(name)), m.encode().as_bytes())?;
+            tracing::info!(object = %self.url.url_of(name), "manifest pinned on first use");
+        }
+        Ok(got)
+    }
+
+    /// True when `name` is served from the bucket: pinned, or published in it now.
+    fn is_object(&self, name: &str) -> Result<bool, BucketError> {
+        if self.pinned(name).is_some() {
+            return Ok(true);
+        }
+        Ok(self.pin_from_bucket(name)?.is_some())
+    }
+}
+
 impl disk::open::StorageOpener for TierStore {
     fn open(
         &self,
         path: &Path,
-        _file: std::fs::File,
+        file: std::fs::File,
         writable: bool,
     ) -> disk::Result<Arc<dyn disk::Storage>> {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| disk::Error::new(disk::ErrorKind::NotFound, "no file name"))?;
+        if !self.is_object(name).map_err(BucketError::into_disk)? {
+            // Not published: a version that lives only in this directory (a maintenance
+            // version in a farm store's working directory). A placeholder is never one.
+            let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+            if len == 0 {
+                return Err(disk::Error::new(
+                    disk::ErrorKind::NotFound,
+                    format!(
+                        "{}: empty, and not an object of {}",
+                        path.display(),
+                        self.url
+                    ),
+                ));
+            }
+            return Ok(Arc::new(disk::FileStorage::new(file)));
+        }
         if writable {
             return Err(disk::Error::new(
                 disk::ErrorKind::ReadOnly,
                 format!("{}: bucket objects are read-only", path.display()),
             ));
         }
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| disk::Error::new(disk::ErrorKind::NotFound, "no file name"))?;
         let o = self.object(name).map_err(BucketError::into_disk)?;
         Ok(o)
     }

@@ -19,7 +19,7 @@ use manifest::{Builder, CHUNK_SIZE, Manifest};
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload, WriteMultipart};
 
 use crate::tier_store::{get_manifest, list};
-use crate::{BucketError, BucketUrl, is_vdisk_file, manifest_name};
+use crate::{BucketError, BucketUrl, Keys, is_vdisk_file, manifest_name};
 
 /// Files up to this size are uploaded in one write-once PUT; larger ones in parts.
 pub const SINGLE_PUT_MAX: u64 = 64 << 20;
@@ -31,7 +31,11 @@ pub const PARTS_IN_FLIGHT: usize = 4;
 /// Progress callback: bytes done, bytes in all.
 pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 
-async fn exists(store: &dyn ObjectStore, url: &BucketUrl, name: &str) -> Result<bool, BucketError> {
+pub(crate) async fn exists(
+    store: &dyn ObjectStore,
+    url: &BucketUrl,
+    name: &str,
+) -> Result<bool, BucketError> {
     match store.head(&url.key(name)).await {
         Ok(_) => Ok(true),
         Err(object_store::Error::NotFound { .. }) => Ok(false),
@@ -131,6 +135,61 @@ pub async fn push(
     )
     .await?;
     Ok(m)
+}
+
+/// What [`publish`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    /// Uploaded now.
+    Uploaded,
+    /// Already in the bucket with the same bytes (its manifest equals the file's).
+    AlreadyThere,
+}
+
+/// [`push`], except that an object already published with the same bytes counts as done
+/// (a retry after a crash between the upload and whatever recorded it). Other bytes under
+/// the name stay an error: [`BucketError::Exists`].
+///
+/// # Errors
+/// [`BucketError::Exists`] when the bucket holds other bytes (or only one of the object and
+/// its manifest); store and local errors.
+pub async fn publish(
+    store: &dyn ObjectStore,
+    url: &BucketUrl,
+    file: &Path,
+    name: &str,
+) -> Result<Published, BucketError> {
+    match push(store, url, file, name, &|_, _| {}).await {
+        Ok(_) => Ok(Published::Uploaded),
+        Err(BucketError::Exists(what)) => {
+            let there = match get_manifest(store, url, name, None).await {
+                Ok(m) if exists(store, url, name).await? => m,
+                _ => return Err(BucketError::Exists(what)),
+            };
+            let (f, n, c) = (file.to_path_buf(), name.to_string(), there.chunk_size);
+            let local = tokio::task::spawn_blocking(move || hash_file(&f, &n, c))
+                .await
+                .map_err(|e| BucketError::Runtime(e.to_string()))??;
+            if local == there {
+                Ok(Published::AlreadyThere)
+            } else {
+                Err(BucketError::Exists(url.url_of(name)))
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// True when the bucket holds object `name` or its manifest.
+///
+/// # Errors
+/// Store errors.
+pub async fn holds(
+    store: &dyn ObjectStore,
+    url: &BucketUrl,
+    name: &str,
+) -> Result<bool, BucketError> {
+    Ok(exists(store, url, name).await? || exists(store, url, &manifest_name(name)).await?)
 }
 
 /// What [`fill`] did.

@@ -71,6 +71,9 @@ enum FarmCommand {
         /// The HTTP address.
         #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
+        /// How to reach the buckets of bucket stores (the lifecycle publishes to them).
+        #[command(flatten)]
+        s3: crate::vdisk_bucket::S3Args,
     },
     /// vDisks of the farm (the image files are managed by `ferry version`).
     #[command(
@@ -121,7 +124,7 @@ endpoint=client \\\n    driver=nbd,host=pvs1,port=10809,export=golden,tls-creds=
 pub fn run(a: FarmArgs, global: Global) -> anyhow::Result<ExitCode> {
     match a.command {
         FarmCommand::Init { data, name, json } => init(&data, &name, json),
-        FarmCommand::Serve { data, listen } => serve(&data, listen, global),
+        FarmCommand::Serve { data, listen, s3 } => serve(&data, listen, &s3, global),
         FarmCommand::Cert(c) => cert(c),
         FarmCommand::Vdisk(v) => vdisk(v),
         FarmCommand::Server(s) => server(s),
@@ -215,7 +218,12 @@ pub(crate) fn write_private(path: &std::path::Path, text: &str) -> anyhow::Resul
         .with_context(|| format!("write {}", path.display()))
 }
 
-fn serve(data: &DataArgs, listen: SocketAddr, global: Global) -> anyhow::Result<ExitCode> {
+fn serve(
+    data: &DataArgs,
+    listen: SocketAddr,
+    s3: &crate::vdisk_bucket::S3Args,
+    global: Global,
+) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
         let farm = farm::Farm::open(&data.config())
             .await
@@ -226,6 +234,9 @@ fn serve(data: &DataArgs, listen: SocketAddr, global: Global) -> anyhow::Result<
                 data.data.display()
             );
         }
+        farm.set_publisher(Arc::new(crate::server_bucket::FarmPublisher::new(
+            s3.config(),
+        )));
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("bind {listen}"))?;

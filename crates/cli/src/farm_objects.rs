@@ -85,13 +85,21 @@ pub struct StoreArgs {
 enum StoreCommand {
     /// List stores.
     List(Paging),
-    /// Add a store: a directory under the farm's store root (made when missing).
+    /// Add a store: a directory under the farm's store root (made when missing), and
+    /// optionally a bucket its versions are published to.
+    #[command(after_help = "Examples:\n  ferry store add main --path main\n  \
+                            ferry store add cloud --path cloud --bucket s3://vdisks/site-a")]
     Add {
         /// Its name.
         name: String,
-        /// Its directory, relative to the store root.
+        /// Its directory, relative to the store root (for a bucket store: the lifecycle's
+        /// working directory, and on each server the tier of the bucket).
         #[arg(long)]
         path: String,
+        /// Make it a bucket store: every version that leaves maintenance is published to
+        /// s3://BUCKET[/PREFIX], write-once with its manifest, and servers read it from there.
+        #[arg(long, value_name = "S3_URL")]
+        bucket: Option<String>,
     },
     /// Show one store and its per-server paths.
     Show {
@@ -125,10 +133,11 @@ pub fn store(a: StoreArgs) -> anyhow::Result<ExitCode> {
     match a.command {
         StoreCommand::List(p) => {
             let v = c.get(&format!("/stores?{}", p.query()))?;
-            c.show(&v, &["id", "name", "path"])?;
+            c.show(&v, &["id", "name", "path", "bucket"])?;
         }
-        StoreCommand::Add { name, path } => {
-            let v = c.post("/stores", Some(json!({"name": name, "path": path})))?;
+        StoreCommand::Add { name, path, bucket } => {
+            let body = json!({"name": name, "path": path, "bucket": bucket.unwrap_or_default()});
+            let v = c.post("/stores", Some(body))?;
             c.done(
                 &v,
                 &format!(

@@ -376,6 +376,7 @@ async fn setup_farm(data: &Path, say: &impl Fn(String)) -> anyhow::Result<Secret
             let n = farm::input::NewStore {
                 name: DEMO.into(),
                 path: DEMO.into(),
+                bucket: String::new(),
             };
             f.create_store(&n, ACTOR).await?.id
         }

@@ -170,7 +170,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         .build()
         .context("start async runtime")?;
     let mut config = a.config()?;
-    let bucket = crate::server_bucket::open(a.store.as_deref(), &a.bucket)?;
+    let mut bucket = crate::server_bucket::open(a.store.as_deref(), &a.bucket)?;
     if let Some(b) = &bucket {
         config.store.dir = Some(b.dir().to_path_buf());
     }
@@ -188,7 +188,14 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
             let nbd = probe.resolve().ok().and_then(|r| r.nbd.nbd_listen);
             let advertise = crate::server_farm::advertised(a.advertise.as_deref(), nbd);
             let name = a.server_name.clone().unwrap_or_else(host_name);
-            let (handle, store_dir) = runtime.block_on(crate::server_farm::open(
+            if bucket.is_some() {
+                anyhow::bail!(
+                    "with --farm, a bucket store is configured in the farm \
+                     (`ferry store add NAME --path DIR --bucket s3://BUCKET/PREFIX`), not given \
+                     with --store"
+                );
+            }
+            let (handle, store_dir, farm_bucket) = runtime.block_on(crate::server_farm::open(
                 dir,
                 a.db.clone(),
                 config.store.dir.as_deref(),
@@ -196,7 +203,16 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
                 &name,
                 &advertise,
             ))?;
+            if let Some(url) = farm_bucket {
+                let tier = crate::server_bucket::open_at(&url, &store_dir, &a.bucket)?;
+                bucket = Some(tier);
+            }
             config.store.dir = Some(store_dir);
+            handle
+                .farm
+                .set_publisher(Arc::new(crate::server_bucket::FarmPublisher::new(
+                    a.bucket.s3.config(),
+                )));
             Some(handle)
         }
         None => None,

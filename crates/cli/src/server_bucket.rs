@@ -49,9 +49,28 @@ pub fn open(store: Option<&Path>, a: &BucketArgs) -> anyhow::Result<Option<Arc<T
     if !BucketUrl::is_bucket(text) {
         return Ok(None);
     }
-    let url = BucketUrl::parse(text)?;
+    let url = bucket::parse_url(text)?;
     let dir = a.tier_dir.clone().unwrap_or_else(|| default_tier_dir(&url));
-    let (tier, report) = TierStore::open(url.clone(), &a.s3.config(), &dir)
+    open_tier(url, &dir, a).map(Some)
+}
+
+/// The farm's bucket store `url`, with `dir` (the store's directory on this server) as its
+/// tier: published versions are read from the bucket, the others from `dir` itself.
+///
+/// # Errors
+/// As [`open`].
+pub fn open_at(url: &str, dir: &Path, a: &BucketArgs) -> anyhow::Result<Arc<TierStore>> {
+    if a.tier_dir.is_some() {
+        anyhow::bail!(
+            "--tier-dir: a farm's bucket store is tiered in the store's directory on this \
+             server (set another with `ferry store path`)"
+        );
+    }
+    open_tier(bucket::parse_url(url)?, dir, a)
+}
+
+fn open_tier(url: BucketUrl, dir: &Path, a: &BucketArgs) -> anyhow::Result<Arc<TierStore>> {
+    let (tier, report) = TierStore::open(url.clone(), &a.s3.config(), dir)
         .with_context(|| format!("serve bucket store {url}"))?;
     tracing::info!(
         bucket = %url,
@@ -77,5 +96,85 @@ pub fn open(store: Option<&Path>, a: &BucketArgs) -> anyhow::Result<Option<Arc<T
             }
         })
         .context("start the bucket rescan thread")?;
-    Ok(Some(tier))
+    Ok(tier)
+}
+
+/// The farm's [`farm::Publisher`] for bucket stores, from the process's `--s3-*` flags:
+/// write-once uploads with [`bucket::transfer::publish`], one client per bucket URL.
+#[derive(Debug)]
+pub struct FarmPublisher {
+    config: bucket::S3Config,
+    bridge: std::sync::OnceLock<bucket::bridge::Bridge>,
+    stores: std::sync::Mutex<std::collections::HashMap<String, Arc<dyn object_store::ObjectStore>>>,
+}
+
+impl FarmPublisher {
+    /// A publisher reaching buckets with `config` (the runtime starts at the first upload).
+    pub fn new(config: bucket::S3Config) -> FarmPublisher {
+        FarmPublisher {
+            config,
+            bridge: std::sync::OnceLock::new(),
+            stores: std::sync::Mutex::default(),
+        }
+    }
+
+    fn run<T: Send + 'static>(
+        &self,
+        bucket_url: &str,
+        f: impl FnOnce(Arc<dyn object_store::ObjectStore>, BucketUrl) -> BoxFut<T>,
+    ) -> farm::Result<T> {
+        let url = bucket::parse_url(bucket_url).map_err(to_farm)?;
+        let store = {
+            let mut stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+            match stores.get(bucket_url) {
+                Some(s) => s.clone(),
+                None => {
+                    let s = bucket::location::connect(&url, &self.config).map_err(to_farm)?;
+                    stores.insert(bucket_url.to_string(), s.clone());
+                    s
+                }
+            }
+        };
+        if self.bridge.get().is_none() {
+            let b = bucket::bridge::Bridge::new().map_err(to_farm)?;
+            let _ = self.bridge.set(b);
+        }
+        let bridge = self.bridge.get().ok_or_else(|| {
+            farm::FarmError::new(farm::Kind::Bucket, "bucket runtime did not start")
+        })?;
+        bridge.run(f(store, url)).map_err(to_farm)?.map_err(to_farm)
+    }
+}
+
+/// A request's future, run on the publisher's bridge.
+type BoxFut<T> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<T, bucket::BucketError>> + Send + 'static>,
+>;
+
+fn to_farm(e: bucket::BucketError) -> farm::FarmError {
+    let kind = match &e {
+        bucket::BucketError::Exists(_) => farm::Kind::Conflict,
+        bucket::BucketError::Io { .. } => farm::Kind::Image,
+        _ => farm::Kind::Bucket,
+    };
+    farm::FarmError::new(kind, contract::ErrorChain(&e).to_string())
+}
+
+impl farm::Publisher for FarmPublisher {
+    fn publish(&self, bucket_url: &str, file: &Path, name: &str) -> farm::Result<bool> {
+        let (file, name) = (file.to_path_buf(), name.to_string());
+        let done = self.run(bucket_url, move |store, url| {
+            Box::pin(
+                async move { bucket::transfer::publish(store.as_ref(), &url, &file, &name).await },
+            )
+        })?;
+        Ok(done == bucket::transfer::Published::Uploaded)
+    }
+
+    fn exists(&self, bucket_url: &str, name: &str) -> farm::Result<bool> {
+        let name = name.to_string();
+        self.run(bucket_url, move |store, url| {
+            Box::pin(async move { bucket::transfer::holds(store.as_ref(), &url, &name).await })
+        })
+    }
 }

@@ -211,6 +211,8 @@ pub fn close_ended_sessions(
 
 /// Opens the farm in `data` (SQLite there, or `db`), finds the store to serve (`store`, or
 /// the farm's first store), and registers this server as `name` at `advertise` in `site`.
+/// Returns the handle, the store's directory and, for a bucket store, its bucket URL (the
+/// directory is then the server's tier of it).
 ///
 /// # Errors
 /// No farm there, no store, or database errors.
@@ -221,7 +223,7 @@ pub async fn open(
     site: Option<i64>,
     name: &str,
     advertise: &str,
-) -> anyhow::Result<(FarmHandle, PathBuf)> {
+) -> anyhow::Result<(FarmHandle, PathBuf, Option<String>)> {
     let config = farm::FarmConfig {
         data_dir: data.to_path_buf(),
         db_url: db,
@@ -263,14 +265,15 @@ pub async fn open(
         )
         .await
         .context("register this server in the farm")?;
-    let store_dir = match store {
-        Some(dir) => dir.to_path_buf(),
+    let (store_dir, bucket) = match store {
+        Some(dir) => (dir.to_path_buf(), bucket_of_dir(&farm, dir, me.id).await?),
         None => {
             let stores = farm.list_stores(Some(1), Some(0)).await?;
             let first = stores.items.first().with_context(|| {
                 "the farm has no store yet: add one (`ferry store add NAME --path DIR`) or pass --store"
             })?;
-            farm.store_dir(first.id, Some(me.id)).await?
+            let bucket = (!first.bucket.is_empty()).then(|| first.bucket.clone());
+            (farm.store_dir(first.id, Some(me.id)).await?, bucket)
         }
     };
     Ok((
@@ -281,7 +284,25 @@ pub async fn open(
             advertise: advertise.to_string(),
         },
         store_dir,
+        bucket,
     ))
+}
+
+/// The bucket of the farm's store whose directory (for server `me`) is `dir`, if it is a
+/// bucket store.
+async fn bucket_of_dir(farm: &farm::Farm, dir: &Path, me: i64) -> anyhow::Result<Option<String>> {
+    let want = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let stores = farm
+        .list_stores(Some(farm::validate::PAGE_LIMIT_MAX), Some(0))
+        .await?;
+    for s in stores.items.iter().filter(|s| !s.bucket.is_empty()) {
+        if let Ok(d) = farm.store_dir(s.id, Some(me)).await
+            && d.canonicalize().unwrap_or(d) == want
+        {
+            return Ok(Some(s.bucket.clone()));
+        }
+    }
+    Ok(None)
 }
 
 /// The API's TLS from the three PEMs: the farm CA's certificate (client certificates, when

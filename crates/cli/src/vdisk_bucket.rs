@@ -5,6 +5,7 @@
 //! `verify` compares a local store with the bucket's manifests, chunk by chunk. Also the
 //! flags `ferry server --store s3://…` shares with them.
 
+use bucket::Keys as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -127,7 +128,7 @@ fn client(
     store: &str,
     s3: &S3Args,
 ) -> anyhow::Result<(BucketUrl, std::sync::Arc<dyn object_store::ObjectStore>)> {
-    let url = BucketUrl::parse(store)?;
+    let url = bucket::parse_url(store)?;
     let client = bucket::location::connect(&url, &s3.config())?;
     Ok((url, client))
 }

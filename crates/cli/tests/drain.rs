@@ -11,192 +11,22 @@
 //!
 //! Tool rule: a missing qemu-io skips with a printed reason, and fails under `CI=true`.
 
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Proc, ferry, free_port, path_str};
-use interop::{MIB, create_vhdx, dynamic, require, run_ok, session};
+use common::farm::{Farm, reads_verify, status};
+use common::{Proc, ferry};
+use interop::require;
 use serde_json::Value;
 
 const MAC: &str = "aa:bb:cc:00:20:01";
-const SIZE: u64 = 64 * MIB;
 /// A hang guard for the move (a drain check each second), not a measure.
 const MOVE_WAIT: Duration = Duration::from_secs(60);
 /// A hang guard for a rebalance (15 s of settling, then checks 4 to 6 s apart), not a
 /// measure.
 const REBALANCE_WAIT: Duration = Duration::from_secs(120);
-
-struct Farm {
-    dir: tempfile::TempDir,
-    token: String,
-    key_file: PathBuf,
-}
-
-impl Farm {
-    /// `ferry farm init` with a store holding `golden.vhdx` (0x21 at 0, 0x22 at 32 MiB).
-    fn init() -> Farm {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        let init: Value = serde_json::from_str(&run_ok(ferry().args([
-            "farm",
-            "init",
-            "--data",
-            path_str(&data),
-            "--json",
-        ])))
-        .unwrap();
-        let f = Farm {
-            token: init["admin_token"].as_str().unwrap().to_string(),
-            key_file: PathBuf::from(init["farm_key_file"].as_str().unwrap()),
-            dir,
-        };
-        std::fs::create_dir_all(f.store()).unwrap();
-        let base = f.store().join("golden.vhdx");
-        create_vhdx(&base, &dynamic(SIZE, 2 * MIB as u32));
-        session(&base, |d| {
-            d.write_at(&vec![0x21; MIB as usize], 0).unwrap();
-            d.write_at(&vec![0x22; MIB as usize], 32 * MIB).unwrap();
-        });
-        f
-    }
-
-    /// The store, the vDisk, collection `lab` and one device per `(mac, name)`.
-    fn objects(&self, api: &str, devices: &[(&str, &str)]) {
-        self.json(api, &["store", "add", "main", "--path", "main"]);
-        self.json(api, &["farm", "vdisk", "add", "golden", "--store", "1"]);
-        self.json(
-            api,
-            &[
-                "collection",
-                "add",
-                "lab",
-                "--site",
-                "1",
-                "--vdisk",
-                "golden",
-            ],
-        );
-        for (mac, name) in devices {
-            self.json(
-                api,
-                &[
-                    "device",
-                    "add",
-                    mac,
-                    "--name",
-                    name,
-                    "--collection",
-                    "1",
-                    "--vdisk",
-                    "golden",
-                ],
-            );
-        }
-    }
-
-    /// `ferry target` of device `mac` logged in through `api`, exporting `NAME.sock`.
-    fn target(&self, api: &str, mac: &str, name: &str) -> (Proc, PathBuf) {
-        let socket = self.dir.path().join(format!("{name}.sock"));
-        let overflow = self.dir.path().join(format!("overflow-{name}"));
-        std::fs::create_dir_all(&overflow).unwrap();
-        let mut cmd = ferry();
-        cmd.args(["target", "--server", api, "--device", mac])
-            .args(["--farm-key", path_str(&self.key_file)])
-            .args([
-                "--state-dir",
-                path_str(&self.dir.path().join(format!("state-{name}"))),
-            ])
-            .arg(format!("--export=unix:{}", path_str(&socket)))
-            .args(["--overflow", path_str(&overflow)]);
-        let mut target = Proc::spawn(&mut cmd, self.dir.path().join(format!("{name}.log")));
-        let ctl = PathBuf::from(format!("{}.ctl", path_str(&socket)));
-        target.wait_until("exporting", || {
-            std::os::unix::net::UnixStream::connect(&socket).is_ok() && ctl.exists()
-        });
-        (target, socket)
-    }
-
-    fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
-    }
-
-    fn store(&self) -> PathBuf {
-        self.data().join("stores").join("main")
-    }
-
-    /// `ferry server --farm` named `name`; returns it with its API URL and NBD address.
-    fn server(&self, name: &str) -> (Proc, String, String) {
-        let (api, nbd) = (free_port(), free_port());
-        let mut cmd = ferry();
-        cmd.args(["server", "--farm", path_str(&self.data())])
-            .args(["--store", path_str(&self.store())])
-            .arg(format!("--nbd-listen=127.0.0.1:{nbd}"))
-            .arg("--metrics-listen=")
-            .arg(format!("--api-listen=127.0.0.1:{api}"))
-            .args(["--server-name", name]);
-        let mut p = Proc::spawn(&mut cmd, self.dir.path().join(format!("{name}.log")));
-        p.wait_until("serving the API and NBD", || {
-            TcpStream::connect(("127.0.0.1", api)).is_ok()
-                && TcpStream::connect(("127.0.0.1", nbd)).is_ok()
-        });
-        (
-            p,
-            format!("http://127.0.0.1:{api}"),
-            format!("127.0.0.1:{nbd}"),
-        )
-    }
-
-    /// `ferry ARGS --api API --token .. --json`, which must succeed.
-    fn json(&self, api: &str, args: &[&str]) -> Value {
-        let out = ferry()
-            .args(args)
-            .args(["--api", api, "--token", &self.token, "--json"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ferry {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
-    }
-}
-
-fn status(socket: &Path) -> Value {
-    let export = format!("--export=unix:{}", path_str(socket));
-    serde_json::from_str(&run_ok(
-        ferry().args(["target", "status", "--json", &export]),
-    ))
-    .unwrap()
-}
-
-/// qemu-io reads of the golden pattern through the target's export; asserts they verify.
-fn reads_verify(socket: &Path) {
-    let out = Command::new("qemu-io")
-        .stdin(Stdio::null())
-        .args([
-            "-f",
-            "raw",
-            "-c",
-            "read -P 0x21 0 1M",
-            "-c",
-            "read -P 0x22 32M 1M",
-        ])
-        .arg(format!("nbd+unix:///?socket={}", path_str(socket)))
-        .output()
-        .unwrap();
-    let t = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "qemu-io: {t}");
-    assert!(!t.contains("failed"), "qemu-io: {t}");
-}
 
 #[test]
 fn a_drained_server_s_device_fails_over_and_keeps_reading() {

@@ -10,86 +10,21 @@
 //! Tool rule (STYLE.md §6): a missing moto or nbdcopy skips a test with a printed reason on
 //! a developer's machine and fails it under `CI=true`.
 
-use std::io::{Read, Write};
+use bucket::Keys as _;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod common;
 
+use common::moto::{BUCKET, Moto};
 use common::{Proc, ferry, free_port, path_str, tool};
 use interop::{MIB, create_vhdx, dynamic, pattern, require, run_ok, session, sha256_file};
 
 /// The vDisk's virtual size.
 const SIZE: u64 = 64 * MIB;
-/// The bucket every test uses.
-const BUCKET: &str = "vdisks";
 /// The prefix the vDisks go under.
 const PREFIX: &str = "farm/a";
-
-/// moto's server, from `FERRY_MOTO` or the PATH; `None` (after the tool rule) when absent.
-fn moto_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("FERRY_MOTO").map(PathBuf::from)
-        && p.is_file()
-    {
-        return Some(p);
-    }
-    require("moto_server").then(|| PathBuf::from("moto_server"))
-}
-
-/// A running moto S3 server on a free loopback port, killed when dropped.
-struct Moto {
-    _proc: Proc,
-    port: u16,
-}
-
-impl Moto {
-    /// Starts moto; `no_auth` requests pass unsigned checks before it enforces credentials
-    /// (`None`: it never does).
-    fn start(dir: &Path, no_auth: Option<u32>) -> Option<Moto> {
-        let bin = moto_path()?;
-        let port = free_port();
-        let mut cmd = Command::new(bin);
-        cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
-        if let Some(n) = no_auth {
-            cmd.env("INITIAL_NO_AUTH_ACTION_COUNT", n.to_string());
-        }
-        let mut proc = Proc::spawn(&mut cmd, dir.join(format!("moto-{port}.log")));
-        proc.wait_until("moto accepting", || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        let m = Moto { _proc: proc, port };
-        let (status, body) = m.http("PUT", &format!("/{BUCKET}"), b"");
-        assert_eq!(status, 200, "create bucket: {body}");
-        Some(m)
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// One unsigned HTTP/1.1 request; the status and body.
-    fn http(&self, method: &str, path: &str, body: &[u8]) -> (u16, String) {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect moto");
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\n\
-             Connection: close\r\n\r\n",
-            self.port,
-            body.len()
-        );
-        s.write_all(head.as_bytes()).unwrap();
-        s.write_all(body).unwrap();
-        let mut text = Vec::new();
-        s.read_to_end(&mut text).expect("read moto reply");
-        let text = String::from_utf8_lossy(&text).into_owned();
-        let status = text
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        (status, text)
-    }
-}
 
 /// A local store with `golden.vhdx` and `golden.1.avhdx` and the raw conversions of both.
 struct Fixture {

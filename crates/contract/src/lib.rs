@@ -16,6 +16,7 @@
 //! login.rs        device login: the JSON of /login/challenge and /login, and the proof
 //! error_chain.rs  ErrorChain: prints `what: cause: cause`
 //! boot_args.rs    BootArgs: the boot agent's `ferry.*` kernel arguments and boot.conf
+//! bucket_url.rs   BucketUrl: s3://BUCKET[/PREFIX] of a bucket store
 //! ```
 //!
 //! Who uses what:
@@ -29,6 +30,7 @@
 //!   cli      ExportName + DeviceName (session grant -> registry export), CacheMode, Mac
 //!   pki      Identity (the SAN URI of every certificate it issues or reads back)
 //!   boot-agent BootArgs (what the farm's boot script and install-initramfs told it)
+//!   farm, bucket BucketUrl (the store's bucket, checked when stored and when connected)
 //!   all      ErrorChain
 //! ```
 //!
@@ -40,6 +42,7 @@
 
 pub mod access;
 pub mod boot_args;
+pub mod bucket_url;
 pub mod cache_mode;
 pub mod error_chain;
 pub mod export;
@@ -49,6 +52,7 @@ pub mod mac;
 pub mod name;
 
 pub use access::AccessMode;
+pub use bucket_url::{BucketUrl, BucketUrlError};
 pub use cache_mode::{CacheMode, CacheModeError};
 pub use error_chain::ErrorChain;
 pub use export::{ExportName, ExportNameError, SESSION_EXPORT_PREFIX, SessionKey};

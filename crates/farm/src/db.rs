@@ -105,6 +105,8 @@ pub struct Farm {
     /// Each site's server order as status reports are told it, with when it was computed
     /// (`balance::Farm::device_servers`).
     pub(crate) order_cache: Mutex<HashMap<i64, (i64, Vec<contract::login::LoginServer>)>>,
+    /// Uploads versions of bucket stores (`publish`), when this process may.
+    pub(crate) publisher: Mutex<Option<Arc<dyn crate::publish::Publisher>>>,
 }
 
 impl Farm {
@@ -179,6 +181,7 @@ impl Farm {
             vdisk_locks: Mutex::new(HashMap::new()),
             sessions: Arc::new(SessionTable::new()),
             order_cache: Mutex::new(HashMap::new()),
+            publisher: Mutex::new(None),
         };
         farm.move_key_out_of_the_database().await?;
         Ok(farm)

@@ -22,6 +22,9 @@ pub enum Kind {
     Database,
     /// An image operation in the store failed (HTTP 500).
     Image,
+    /// A bucket store's bucket could not be reached, refused this process, or failed
+    /// (HTTP 502).
+    Bucket,
     /// The farm's secrets (its key, its CA) are missing, unreadable or another farm's
     /// (HTTP 500).
     Secrets,

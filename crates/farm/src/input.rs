@@ -99,9 +99,17 @@ pub struct NewStore {
         pattern = r"^[^./\\@+\x00-\x1f\x7f][^/\\@+\x00-\x1f\x7f]*$"
     )]
     pub name: String,
-    /// A directory under the store root (created when missing).
+    /// A directory under the store root (created when missing). For a bucket store, the
+    /// working directory of the lifecycle (and where maintenance versions live).
     #[schema(min_length = 1, max_length = 4096)]
     pub path: String,
+    /// `s3://BUCKET/PREFIX`: make it a bucket store (absent or empty: a directory store).
+    #[serde(default)]
+    #[schema(
+        max_length = 1024,
+        pattern = r"^(s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?)?$"
+    )]
+    pub bucket: String,
 }
 
 /// A per-server path of a store.

@@ -24,6 +24,7 @@
 //!               lock or an flock of DATA/locks/vdisk-ID.lock (SQLite)
 //! balance.rs    load balancing at login: the servers' order (rating, load, draining),
 //!               the server each session streams from, ratings and drains
+//! publish.rs    bucket stores: versions published write-once as they leave maintenance
 //! sessions.rs   SessionTable: the in-process check of session export names
 //! grants.rs     a session's grant rebuilt from the database (other server, restart)
 //! error.rs      FarmError with a Kind the API maps to an HTTP status
@@ -48,6 +49,7 @@ pub mod lifecycle;
 pub mod login;
 pub mod model;
 pub mod private;
+pub mod publish;
 pub mod repo;
 pub mod secrets;
 pub mod sessions;
@@ -57,4 +59,5 @@ pub mod vdisks;
 
 pub use db::{Backend, Clock, Farm, FarmConfig, InitSecrets, SystemClock};
 pub use error::{FarmError, Kind, Result};
+pub use publish::Publisher;
 pub use sessions::{SessionGrant, SessionLookup, SessionTable};

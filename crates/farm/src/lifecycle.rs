@@ -130,8 +130,12 @@ impl Farm {
             versions = self.versions(vdisk_id).await?;
         }
         let parent = newest(&versions)?.clone();
-        let number = parent.number + 1;
-        let file_name = format!("{}.{number}.avhdx", vdisk.name);
+        let bucket = self.bucket_store(vdisk.store_id).await?;
+        let name_of = |n: i64| format!("{}.{n}.avhdx", vdisk.name);
+        let number = self
+            .unused_number(bucket.as_ref(), parent.number + 1, &vdisk.name)
+            .await?;
+        let file_name = name_of(number);
         let dir = self.store_dir(vdisk.store_id, None).await?;
         let (parent_path, child) = (dir.join(&parent.file_name), dir.join(&file_name));
         let (p, d) = (parent_path.clone(), dir.clone());
@@ -178,9 +182,8 @@ impl Farm {
     ) -> Result<Version> {
         check_no_maintenance(versions)?;
         let top = newest(versions)?;
-        let number = top.number + 1;
-        let (file_name, parent) = match mode {
-            MergeMode::Base => (format!("{}.{number}.vhdx", vdisk.name), None),
+        let parent = match mode {
+            MergeMode::Base => None,
             MergeMode::Updates => {
                 let base = chain_base(versions, top.number);
                 if base == top.number {
@@ -188,9 +191,16 @@ impl Farm {
                         "the newest version is a base: there are no updates to merge",
                     ));
                 }
-                (format!("{}.{number}.avhdx", vdisk.name), Some(base))
+                Some(base)
             }
         };
+        let ext = if parent.is_some() { "avhdx" } else { "vhdx" };
+        let name_of = |n: i64| format!("{}.{n}.{ext}", vdisk.name);
+        let bucket = self.bucket_store(vdisk.store_id).await?;
+        let number = self
+            .unused_number(bucket.as_ref(), top.number + 1, &vdisk.name)
+            .await?;
+        let file_name = name_of(number);
         let dir = self.store_dir(vdisk.store_id, None).await?;
         let (top_path, out) = (dir.join(&top.file_name), dir.join(&file_name));
         let (p, d) = (top_path.clone(), dir.clone());
@@ -212,6 +222,14 @@ impl Farm {
             MergeMode::Base => "merged_base",
             MergeMode::Updates => "merged_updates",
         };
+        if access != AccessMode::Maintenance
+            && let Err(e) = self
+                .publish_file(bucket.as_ref(), out.clone(), &file_name)
+                .await
+        {
+            let _ = std::fs::remove_file(&out);
+            return Err(e);
+        }
         let v = self.version_row(vdisk.id, number, file_name, parent, actor);
         let v = Version {
             access,
@@ -302,6 +320,12 @@ impl Farm {
                         "version {number} is booted by a maintenance device; shut it down first"
                     )));
                 }
+                // Leaving maintenance makes it immutable: a bucket store publishes it now.
+                let vdisk = self.vdisk(vdisk_id).await?;
+                let bucket = self.bucket_store(vdisk.store_id).await?;
+                let path = self.version_path(&vdisk, &v).await?;
+                self.publish_file(bucket.as_ref(), path, &v.file_name)
+                    .await?;
                 AccessMode::Test
             }
             AccessMode::Test => AccessMode::Production,
@@ -339,6 +363,14 @@ impl Farm {
                     )));
                 }
                 check_no_maintenance(&versions)?;
+                let vdisk = self.vdisk(vdisk_id).await?;
+                if let Some(b) = self.bucket_store(vdisk.store_id).await? {
+                    return Err(FarmError::conflict(format!(
+                        "version {number} is published in {} and a published version is \
+                         never rewritten; make a new version instead",
+                        b.bucket
+                    )));
+                }
                 (AccessMode::Maintenance, DeviceType::Test)
             }
             AccessMode::Maintenance => {
@@ -392,6 +424,7 @@ impl Farm {
 
     /// `delete`: removes the newest version (not version 0) and its file, when no device
     /// is booted from it and none is pinned to it.
+    /// In a bucket store the published objects stay in the bucket (see [`crate::publish`]).
     ///
     /// # Errors
     /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`].

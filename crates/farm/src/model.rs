@@ -186,10 +186,15 @@ pub struct Store {
     pub id: i64,
     /// Unique name.
     pub name: String,
-    /// Path relative to the farm's store root.
+    /// Path relative to the farm's store root: the directory where the lifecycle makes
+    /// files (for a bucket store: its working directory, where maintenance versions live).
     pub path: String,
     /// When it was created.
     pub created_at_ms: i64,
+    /// `s3://BUCKET/PREFIX` for a bucket store (every version that leaves maintenance is
+    /// published there, write-once, with its manifest); empty for a directory store.
+    #[serde(default)]
+    pub bucket: String,
 }
 
 /// A per-server path of a store (the same share mounted elsewhere on that server).

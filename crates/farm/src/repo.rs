@@ -382,7 +382,7 @@ impl Farm {
     ) -> Result<Page<Store>> {
         self.page_of(
             "stores",
-            "id, name, path, created_at_ms",
+            "id, name, path, created_at_ms, bucket",
             "id",
             None,
             limit,
@@ -396,8 +396,13 @@ impl Farm {
     /// # Errors
     /// [`crate::Kind::NotFound`].
     pub async fn store(&self, id: i64) -> Result<Store> {
-        self.one("stores", "id, name, path, created_at_ms", "store", id)
-            .await
+        self.one(
+            "stores",
+            "id, name, path, created_at_ms, bucket",
+            "store",
+            id,
+        )
+        .await
     }
 
     /// The directory of a store on this host (`server_id`: use that server's override),
@@ -434,14 +439,17 @@ impl Farm {
     pub async fn create_store(&self, s: &NewStore, actor: &str) -> Result<Store> {
         validate::name("name", &s.name)?;
         let path = validate::store_path(self.store_root(), &s.path)?;
+        let bucket = validate::bucket_url("bucket", &s.bucket)?;
         let now = self.now_ms();
         let mut tx = self.pool.begin().await?;
         let id: i64 = sqlx::query_scalar(
-            "INSERT INTO stores (name, path, created_at_ms) VALUES ($1, $2, $3) RETURNING id",
+            "INSERT INTO stores (name, path, created_at_ms, bucket) VALUES ($1, $2, $3, $4) \
+             RETURNING id",
         )
         .bind(&s.name)
         .bind(&path)
         .bind(now)
+        .bind(&bucket)
         .fetch_one(&mut *tx)
         .await?;
         let dir = self.store_root().join(&path);
@@ -459,7 +467,7 @@ impl Farm {
                 s.path
             )));
         }
-        let detail = json!({ "name": s.name, "path": path });
+        let detail = json!({ "name": s.name, "path": path, "bucket": bucket });
         audit(
             &mut tx,
             now,

@@ -174,6 +174,20 @@ pub fn store_path(root: &Path, value: &str) -> Result<String> {
     Ok(normalized)
 }
 
+/// Checks a store's bucket URL (`s3://BUCKET[/PREFIX]`, or empty for a directory store)
+/// and returns it in its normal form.
+///
+/// # Errors
+/// [`crate::Kind::InvalidInput`] naming what is wrong.
+pub fn bucket_url(field: &str, value: &str) -> Result<String> {
+    if value.is_empty() {
+        return Ok(String::new());
+    }
+    contract::BucketUrl::parse(value)
+        .map(|u| u.to_string())
+        .map_err(|e| FarmError::invalid(format!("{field}: {e}")))
+}
+
 /// Checks `limit` and `offset` of a list and returns them with the default applied.
 ///
 /// # Errors

@@ -95,15 +95,16 @@ impl Farm {
             Ok((confine::chain_outside(&d, &p)?, virtual_size(&p)?))
         })
         .await;
-        let result = match opened {
-            Ok((found, size)) => {
-                match confine::check_chain(found, Kind::InvalidInput, &file_name, &dir) {
-                    Ok(()) => self.insert_vdisk(n, ram, size, created, actor).await,
-                    Err(e) => Err(e),
-                }
-            }
-            Err(e) => Err(e),
-        };
+        let result = async {
+            let (found, size) = opened?;
+            confine::check_chain(found, Kind::InvalidInput, &file_name, &dir)?;
+            // Version 0 is production: a bucket store publishes it first.
+            let bucket = self.bucket_store(n.store_id).await?;
+            self.publish_file(bucket.as_ref(), path.clone(), &file_name)
+                .await?;
+            self.insert_vdisk(n, ram, size, created, actor).await
+        }
+        .await;
         if result.is_err() && created {
             let _ = std::fs::remove_file(&path);
         }

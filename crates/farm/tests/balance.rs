@@ -40,6 +40,7 @@ async fn fixture(t: &TestFarm) -> (Vec<Server>, i64, i64) {
     let store = NewStore {
         name: "main".into(),
         path: "main".into(),
+        bucket: String::new(),
     };
     let store = f.create_store(&store, ADMIN).await.unwrap().id;
     let vdisk = NewVDisk {

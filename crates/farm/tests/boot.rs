@@ -38,6 +38,7 @@ async fn fixture(t: &TestFarm) -> Fx {
     let store = NewStore {
         name: "main".into(),
         path: "main".into(),
+        bucket: String::new(),
     };
     let store = f.create_store(&store, ADMIN).await.unwrap().id;
     let vdisk = NewVDisk {

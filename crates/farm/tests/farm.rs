@@ -34,6 +34,7 @@ async fn fixture(t: &TestFarm) -> Fixture {
     let store = NewStore {
         name: "main".into(),
         path: "main".into(),
+        bucket: String::new(),
     };
     let store = f.create_store(&store, ADMIN).await.unwrap().id;
     let vdisk = NewVDisk {
@@ -186,6 +187,7 @@ async fn store_path_escaping_the_root_is_refused(t: TestFarm) {
                 &NewStore {
                     name: "x".into(),
                     path: path.into(),
+                    bucket: String::new(),
                 },
                 ADMIN,
             )

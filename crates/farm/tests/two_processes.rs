@@ -23,6 +23,7 @@ async fn golden(f: &Farm) -> i64 {
     let store = NewStore {
         name: "main".into(),
         path: "main".into(),
+        bucket: String::new(),
     };
     let store = f.create_store(&store, ADMIN).await.unwrap().id;
     let vdisk = NewVDisk {

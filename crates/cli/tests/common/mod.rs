@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 use interop::run_ok;
 
+pub mod farm;
+pub mod moto;
+
 /// How long a process may take to start accepting, or to exit after SIGTERM.
 pub const WAIT: Duration = Duration::from_secs(30);
 
