@@ -247,6 +247,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
     let cache = resolved.block_cache().context("build block cache")?;
     let registry = Registry::new(resolved.registry.clone(), cache)
         .with_context(|| format!("serve store {}", resolved.registry.store_dir.display()))?;
+    let tier_stats = bucket.as_ref().map(|b| b.stats());
     if let Some(b) = bucket {
         registry.set_storage_opener(b);
     }
@@ -285,7 +286,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
     let result = runtime.block_on(serve(
         resolved,
         registry,
-        Arc::new(Metrics::new()),
+        (Arc::new(Metrics::new()), tier_stats),
         api,
         tftp,
         boot,
@@ -307,7 +308,7 @@ fn host_name() -> String {
 async fn serve(
     r: Resolved,
     registry: Registry,
-    metrics: Arc<Metrics>,
+    (metrics, tier_stats): (Arc<Metrics>, Option<Arc<bucket::tier::TierStats>>),
     farm: Option<(
         crate::server_farm::FarmHandle,
         SocketAddr,
@@ -382,6 +383,9 @@ async fn serve(
             }
             if let Some(c) = &boot_counters {
                 crate::server_boot::render_boot_metrics(c, &mut text);
+            }
+            if let Some(t) = &tier_stats {
+                crate::server_bucket::render_metrics(t, &mut text);
             }
             text
         });

@@ -99,6 +99,39 @@ fn open_tier(url: BucketUrl, dir: &Path, a: &BucketArgs) -> anyhow::Result<Arc<T
     Ok(tier)
 }
 
+/// Appends the bucket tier's counters to a `/metrics` exposition.
+pub fn render_metrics(t: &bucket::tier::TierStats, out: &mut String) {
+    use std::fmt::Write as _;
+    use std::sync::atomic::Ordering::Relaxed;
+    let counters: [(&str, &str, u64); 4] = [
+        (
+            "gets",
+            "Ranged GETs made to the bucket",
+            t.gets.load(Relaxed),
+        ),
+        (
+            "fetched_bytes",
+            "Bytes fetched from the bucket",
+            t.fetched_bytes.load(Relaxed),
+        ),
+        (
+            "chunks_read",
+            "Chunks read from the local tier instead of the bucket (first use in this process)",
+            t.tier_chunks.load(Relaxed),
+        ),
+        (
+            "hash_mismatches",
+            "Chunks refused because their bytes did not hash to the manifest's",
+            t.mismatches.load(Relaxed),
+        ),
+    ];
+    for (name, help, v) in counters {
+        let _ = writeln!(out, "# HELP ferry_tier_{name}_total {help}.");
+        let _ = writeln!(out, "# TYPE ferry_tier_{name}_total counter");
+        let _ = writeln!(out, "ferry_tier_{name}_total {v}");
+    }
+}
+
 /// The farm's [`farm::Publisher`] for bucket stores, from the process's `--s3-*` flags:
 /// write-once uploads with [`bucket::transfer::publish`], one client per bucket URL.
 #[derive(Debug)]

@@ -18,7 +18,7 @@ use std::process::{Command, Output};
 mod common;
 
 use common::moto::{BUCKET, Moto};
-use common::{Proc, ferry, free_port, path_str, tool};
+use common::{Proc, ferry, free_port, path_str, scrape, series, tool};
 use interop::{MIB, create_vhdx, dynamic, pattern, require, run_ok, session, sha256_file};
 
 /// The vDisk's virtual size.
@@ -109,21 +109,23 @@ fn push_all(f: &Fixture, endpoint: &str) {
     }
 }
 
-/// `ferry server --store s3://…` on free ports, waiting until NBD accepts.
-fn serve_bucket(f: &Fixture, endpoint: &str, tier: &Path) -> (Proc, u16) {
-    let port = free_port();
+/// `ferry server --store s3://…` on free ports, waiting until NBD accepts; the process, its
+/// NBD port and its metrics port.
+fn serve_bucket(f: &Fixture, endpoint: &str, tier: &Path) -> (Proc, u16, u16) {
+    let (port, mport) = (free_port(), free_port());
     let mut proc = Proc::spawn(
         ferry_s3(endpoint)
             .args(["server", "--store", &url(), "--tier-dir", path_str(tier)])
             .arg(format!("--nbd-listen=127.0.0.1:{port}"))
-            .arg("--metrics-listen=")
+            .arg(format!("--metrics-listen=127.0.0.1:{mport}"))
             .arg("--cache-ram=64M"),
         f.scratch(&format!("server-{port}.log")),
     );
     proc.wait_until("NBD accepting", || {
         TcpStream::connect(("127.0.0.1", port)).is_ok()
+            && TcpStream::connect(("127.0.0.1", mport)).is_ok()
     });
-    (proc, port)
+    (proc, port, mport)
 }
 
 fn copy_sha(port: u16, export: &str, out: &Path) -> String {
@@ -187,11 +189,20 @@ fn bucket_chain_serves_the_local_bytes_and_restarts_from_the_tier() {
     assert!(err.contains("already exists"), "{err}");
 
     let tier = f.scratch("tier");
-    let (srv, port) = serve_bucket(&f, &moto.endpoint(), &tier);
+    let (srv, port, mport) = serve_bucket(&f, &moto.endpoint(), &tier);
     let top = copy_sha(port, "golden", &f.scratch("golden.raw"));
     assert_eq!(top, sha256_file(&f.top_raw), "golden from the bucket");
     let base = copy_sha(port, "golden@0", &f.scratch("base.raw"));
     assert_eq!(base, sha256_file(&f.base_raw), "golden@0 from the bucket");
+    // The tier's counters: every chunk came from the bucket, none from the tier yet.
+    let m = scrape(mport);
+    assert!(series(&m, "ferry_tier_gets_total") > 0, "{m}");
+    assert!(
+        series(&m, "ferry_tier_fetched_bytes_total") >= SIZE / 8,
+        "{m}"
+    );
+    assert_eq!(series(&m, "ferry_tier_chunks_read_total"), 0, "{m}");
+    assert_eq!(series(&m, "ferry_tier_hash_mismatches_total"), 0, "{m}");
     // The same bytes as the local store serves.
     let lport = free_port();
     let mut local = Proc::spawn(
@@ -217,8 +228,11 @@ fn bucket_chain_serves_the_local_bytes_and_restarts_from_the_tier() {
     // With the bucket gone, a restarted server serves everything read before from its tier.
     drop(moto);
     let dead = format!("http://127.0.0.1:{}", free_port());
-    let (srv, port) = serve_bucket(&f, &dead, &tier);
+    let (srv, port, mport) = serve_bucket(&f, &dead, &tier);
     assert_eq!(copy_sha(port, "golden", &f.scratch("again.raw")), top);
+    let m = scrape(mport);
+    assert_eq!(series(&m, "ferry_tier_gets_total"), 0, "{m}");
+    assert!(series(&m, "ferry_tier_chunks_read_total") > 0, "{m}");
     let log = srv.log_text();
     assert!(log.contains("bucket unreachable"), "{log}");
     srv.stop();
@@ -369,7 +383,7 @@ fn object_changed_under_its_manifest_is_never_served() {
     }
     overwrite(&moto, "golden.vhdx", bytes);
 
-    let (srv, port) = serve_bucket(&f, &moto.endpoint(), &f.scratch("tier"));
+    let (srv, port, mport) = serve_bucket(&f, &moto.endpoint(), &f.scratch("tier"));
     let out_path = f.scratch("bad.raw");
     let out = tool("nbdcopy")
         .arg(format!("nbd://127.0.0.1:{port}/golden@0"))
@@ -382,5 +396,7 @@ fn object_changed_under_its_manifest_is_never_served() {
         log.contains("hash mismatch in s3://vdisks/farm/a/golden.vhdx chunk"),
         "{log}"
     );
+    let m = scrape(mport);
+    assert!(series(&m, "ferry_tier_hash_mismatches_total") > 0, "{m}");
     srv.stop();
 }

@@ -106,7 +106,7 @@ pub struct Farm {
     /// (`balance::Farm::device_servers`).
     pub(crate) order_cache: Mutex<HashMap<i64, (i64, Vec<contract::login::LoginServer>)>>,
     /// Uploads versions of bucket stores (`publish`), when this process may.
-    pub(crate) publisher: Mutex<Option<Arc<dyn crate::publish::Publisher>>>,
+    pub(crate) publisher: Mutex<Option<Arc<dyn crate::publisher::Publisher>>>,
 }
 
 impl Farm {

@@ -25,6 +25,7 @@
 //! balance.rs    load balancing at login: the servers' order (rating, load, draining),
 //!               the server each session streams from, ratings and drains
 //! publish.rs    bucket stores: versions published write-once as they leave maintenance
+//! publisher.rs  Publisher: the uploads a process gives the farm (the CLI's bucket client)
 //! sessions.rs   SessionTable: the in-process check of session export names
 //! grants.rs     a session's grant rebuilt from the database (other server, restart)
 //! error.rs      FarmError with a Kind the API maps to an HTTP status
@@ -50,6 +51,7 @@ pub mod login;
 pub mod model;
 pub mod private;
 pub mod publish;
+pub mod publisher;
 pub mod repo;
 pub mod secrets;
 pub mod sessions;
@@ -59,5 +61,5 @@ pub mod vdisks;
 
 pub use db::{Backend, Clock, Farm, FarmConfig, InitSecrets, SystemClock};
 pub use error::{FarmError, Kind, Result};
-pub use publish::Publisher;
+pub use publisher::Publisher;
 pub use sessions::{SessionGrant, SessionLookup, SessionTable};

@@ -19,6 +19,8 @@
 //!   booted and not pinned;
 //! * the file is made before its row is committed, and removed again when the row cannot
 //!   be; a deleted version's row goes only when its file is gone.
+//! * in a bucket store, a version is published before its row says it left maintenance,
+//!   and a published version is never rewritten (see [`crate::publish`]).
 //!
 //! File names are PVS's: `NAME.vhdx` (version 0), `NAME.N.avhdx` (a new version or merged
 //! updates), `NAME.N.vhdx` (a merged base, standalone).

@@ -1,7 +1,7 @@
 //! Bucket stores: a store whose `bucket` is set publishes each version that leaves
 //! maintenance to that bucket, as a write-once object beside its manifest of chunk hashes,
 //! before the farm records the change. The farm does not speak S3 itself: the process that
-//! runs the lifecycle gives it a [`Publisher`] (`ferry server` makes one from its `--s3-*`
+//! runs the lifecycle gives it a [`Publisher`] (`publisher.rs`) (`ferry server` makes one from its `--s3-*`
 //! flags with the `bucket` crate).
 //!
 //! # Design notes
@@ -22,30 +22,12 @@
 //!   is already there with the same manifest counts as published; one with other bytes is
 //!   a conflict naming the object.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::db::Farm;
 use crate::error::{FarmError, Kind, Result};
 use crate::model::Store;
-
-/// Uploads versions of bucket stores. Implemented outside the farm (the `bucket` crate).
-/// Calls block: the farm runs them on the blocking pool.
-pub trait Publisher: Send + Sync + std::fmt::Debug {
-    /// Publishes `file` as object `name` of `bucket` (`s3://BUCKET[/PREFIX]`) with its
-    /// manifest, write-once. Already published with the same bytes: `Ok(false)`.
-    ///
-    /// # Errors
-    /// [`Kind::Conflict`] when the bucket holds other bytes under `name`;
-    /// [`Kind::Bucket`] when the bucket cannot be reached or refuses; [`Kind::Image`] for
-    /// a local file that cannot be read.
-    fn publish(&self, bucket: &str, file: &Path, name: &str) -> Result<bool>;
-
-    /// True when `bucket` holds an object (or a manifest) named `name`.
-    ///
-    /// # Errors
-    /// [`Kind::Bucket`].
-    fn exists(&self, bucket: &str, name: &str) -> Result<bool>;
-}
+use crate::publisher::Publisher;
 
 impl Farm {
     /// Sets the publisher used for the lifecycle of bucket stores (once per process; a

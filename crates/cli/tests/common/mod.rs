@@ -128,3 +128,22 @@ impl Drop for Proc {
         }
     }
 }
+
+/// The text of `GET /metrics` from a server's metrics endpoint on loopback `port`.
+pub fn scrape(port: u16) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect metrics");
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read metrics response");
+    text
+}
+
+/// The value of the unlabelled series `name` in a `/metrics` text.
+pub fn series(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no series {name} in:\n{text}"))
+}
