@@ -350,6 +350,10 @@ impl Prefetch {
                 if run.at < cursor.seen.load(Ordering::Acquire) + ahead {
                     break;
                 }
+                // The agent is gone.
+                if dev.strong_count() == 0 {
+                    return;
+                }
                 let mut g = cursor.wake.0.lock();
                 cursor.wake.1.wait_for(&mut g, WAIT_TICK);
             }
