@@ -279,12 +279,10 @@ impl Agent {
         let boot = Arc::new(Boot::new(cfg.boot_bytes, cfg.boot_quiet));
         let device = Arc::new(IoCounted::new(top, Arc::clone(&io), Arc::clone(&boot)));
         let prefetch = match (&host, &cfg.boot_set) {
-            (Some(h), Some(set)) => Some(Prefetch::start(
-                h,
-                Arc::clone(set),
-                cfg.prefetch,
-                Arc::clone(&boot),
-            )),
+            (Some(h), Some(set)) => Some(Prefetch::start(h, Arc::clone(set), cfg.prefetch, {
+                let boot = Arc::clone(&boot);
+                Arc::new(move || boot.booted().is_some())
+            })),
             _ => None,
         };
         Ok(Agent {

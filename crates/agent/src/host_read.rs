@@ -21,7 +21,11 @@ use disk::device::{Geometry, check_bounds};
 use disk::{BlockDevice, Error, ErrorKind, Result};
 use host_cache::{Claim, HostCache, Lookup, VersionKey};
 
-use crate::prefetch::Cursor;
+/// Told the block of every read that reaches the layer (the prefetch's cursor).
+pub trait ReadObserver: Send + Sync + std::fmt::Debug {
+    /// A read of cache block `block`.
+    fn observe(&self, block: u64);
+}
 
 /// Most blocks fetched by one server request (1 MiB of 64 KiB blocks).
 pub const RUN_BYTES_MAX: u64 = 1 << 20;
@@ -35,7 +39,7 @@ pub struct HostCached {
     size: u64,
     shift: u32,
     /// The prefetch's view of where the boot is (set once a boot set is known).
-    cursor: parking_lot::RwLock<Option<Arc<Cursor>>>,
+    cursor: parking_lot::RwLock<Option<Arc<dyn ReadObserver>>>,
     /// Bytes this layer fetched from the server (fills and reads past the cache).
     pub(crate) server_bytes: AtomicU64,
 }
@@ -93,7 +97,7 @@ impl HostCached {
     }
 
     /// Tells reads to report their blocks to the prefetch's `cursor`.
-    pub(crate) fn watch(&self, cursor: Arc<Cursor>) {
+    pub(crate) fn watch(&self, cursor: Arc<dyn ReadObserver>) {
         *self.cursor.write() = Some(cursor);
     }
 

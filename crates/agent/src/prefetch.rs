@@ -27,8 +27,10 @@ use std::time::Duration;
 use disk::BlockDevice;
 use parking_lot::{Condvar, Mutex};
 
-use crate::host_read::HostCached;
-use crate::stats::Boot;
+use crate::host_read::{HostCached, ReadObserver};
+
+/// True once the machine's boot ended (the agent's boot clock).
+pub type BootEnded = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// Most extents of a boot set taken (the rest is ignored).
 pub const BOOT_SET_EXTENTS_MAX: usize = 1 << 20;
@@ -97,9 +99,8 @@ pub struct Cursor {
     wake: (Mutex<()>, Condvar),
 }
 
-impl Cursor {
-    /// A read of block `b`.
-    pub(crate) fn observe(&self, b: u64) {
+impl ReadObserver for Cursor {
+    fn observe(&self, b: u64) {
         match self.index.get(&b) {
             Some(&i) => {
                 self.outside.store(0, Ordering::Relaxed);
@@ -217,7 +218,7 @@ impl Prefetch {
         dev: &Arc<HostCached>,
         source: Arc<dyn BootSetSource>,
         cfg: PrefetchConfig,
-        boot: Arc<Boot>,
+        boot: BootEnded,
     ) -> Arc<Prefetch> {
         let p = Arc::new(Prefetch {
             state: Mutex::new(PrefetchState::Starting),
@@ -248,7 +249,7 @@ impl Prefetch {
         dev: &Weak<HostCached>,
         source: &dyn BootSetSource,
         cfg: PrefetchConfig,
-        boot: &Arc<Boot>,
+        boot: &BootEnded,
     ) {
         let set = match source.boot_set() {
             Ok(s) if !s.is_empty() => s,
@@ -268,7 +269,7 @@ impl Prefetch {
             outside: AtomicU64::new(0),
             wake: (Mutex::new(()), Condvar::new()),
         });
-        d.watch(Arc::clone(&cursor));
+        d.watch(Arc::clone(&cursor) as Arc<dyn ReadObserver>);
         drop(d);
         self.set_blocks
             .store(blocks.len() as u64, Ordering::Relaxed);
@@ -314,10 +315,10 @@ impl Prefetch {
     }
 
     /// Why to stop now, if so.
-    fn should_stop(&self, cursor: &Cursor, boot: &Boot) -> Option<PrefetchState> {
+    fn should_stop(&self, cursor: &Cursor, boot: &BootEnded) -> Option<PrefetchState> {
         if self.stop.load(Ordering::Relaxed) {
             Some(PrefetchState::Done)
-        } else if boot.booted().is_some() {
+        } else if boot() {
             Some(PrefetchState::BootEnded)
         } else if cursor.outside.load(Ordering::Relaxed) >= OUTSIDE_READS_MAX {
             Some(PrefetchState::MovedPast)
@@ -332,7 +333,7 @@ impl Prefetch {
         runs: &[Run],
         next: &AtomicUsize,
         cursor: &Cursor,
-        boot: &Boot,
+        boot: &BootEnded,
         ahead: usize,
     ) {
         loop {
