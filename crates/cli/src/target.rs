@@ -649,6 +649,30 @@ mod tests {
     }
 
     #[test]
+    fn status_with_a_host_cache_shows_its_hits_and_server_bytes() {
+        let s = Status {
+            host_cache: Some(::agent::host_read::HostCacheStatus {
+                path: "/dev/shm/ferry-host-cache-0".into(),
+                bytes_max: 2 << 30,
+                hits: 3,
+                hit_bytes: 3 << 16,
+                misses: 1,
+                server_bytes: 1 << 16,
+                host_fill_bytes: 1 << 16,
+                ..Default::default()
+            }),
+            ..status()
+        };
+        let text = render_status(&s);
+        assert_eq!(
+            line(&text, "host cache"),
+            "host cache:  2 GiB at /dev/shm/ferry-host-cache-0: 3 hits (192 KiB), 1 misses, \
+             0 waits; 64 KiB from servers by this agent, 64 KiB by the host"
+        );
+        assert!(prometheus_text(&s).contains("ferry_target_host_cache_hits_total{"));
+    }
+
+    #[test]
     fn mark_booted_after_the_burst_says_it_had_ended() {
         assert_eq!(
             booted_line(12.0, Some(BootEnd::ReadBurstOver)),
