@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use contract::{ExportName, ExportNameError, Mac};
 use disk::BlockDevice;
+use host_cache::HostCache;
 use nbd_server::{
     ExportHandle, ExportInfo, ExportSource, NoMetrics, OpenError, Peer, ServerConfig,
 };
@@ -20,6 +21,8 @@ use crate::CacheMode;
 use crate::boot::Booted;
 use crate::client::ClientError;
 use crate::control::REQUEST_BYTES_MAX;
+use crate::host_read::HostCached;
+use crate::prefetch::{BootSetSource, Prefetch, PrefetchConfig};
 use crate::remote::{Remote, RemoteConfig, RemoteCounters, Replay};
 use crate::stats::{Boot, IoCounted, IoCounters, Sampler, Status};
 
@@ -79,7 +82,44 @@ pub struct AgentConfig {
     /// Newer server lists from the farm, taken at the next failover (see
     /// [`crate::remote::ServerRefresh`]); the status reporter offers them.
     pub refresh: Option<Arc<crate::remote::ServerRefresh>>,
+    /// The host read cache shared with the other agents of this host (local cache modes
+    /// only); `None`: none (a prefetch then uses a private one).
+    pub host_cache: Option<HostCacheConfig>,
+    /// What identifies the attached version's bytes (after device login: the grant's
+    /// vDisk, version and vDisk id); `None`: taken from `vdisk` (`NAME@N`) or the server's
+    /// description of `NAME` (its newest version).
+    pub version_identity: Option<VersionIdentity>,
+    /// The boot set to prefetch ahead of the machine's reads (local cache modes only).
+    pub boot_set: Option<Arc<dyn BootSetSource>>,
+    /// The prefetch's window.
+    pub prefetch: PrefetchConfig,
 }
+
+/// Where and how large the host read cache is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostCacheConfig {
+    /// The directory of the cache file (`/dev/shm`: RAM).
+    pub dir: PathBuf,
+    /// The cache's size when this agent creates it.
+    pub bytes: u64,
+    /// Its block when this agent creates it.
+    pub block_bytes: u64,
+}
+
+/// The attached version's identity (see [`host_cache::VersionIdentity`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionIdentity {
+    /// The vDisk.
+    pub vdisk: String,
+    /// The version.
+    pub version: u64,
+    /// More that changes with the bytes (the farm's vDisk id).
+    pub extra: Vec<u8>,
+}
+
+/// The private cache of a prefetch without a host cache (anonymous memory, touched only as
+/// the boot set fills it).
+pub const PREFETCH_PRIVATE_BYTES: u64 = 1 << 30;
 
 impl AgentConfig {
     /// A configuration with the documented defaults.
@@ -107,6 +147,10 @@ impl AgentConfig {
             tls: None,
             relogin: None,
             refresh: None,
+            host_cache: None,
+            version_identity: None,
+            boot_set: None,
+            prefetch: PrefetchConfig::default(),
         }
     }
 }
@@ -156,6 +200,9 @@ pub enum AgentError {
     /// The server refused writes on a server-cache export.
     #[error("the server attached {0:?} read-only")]
     NotWritable(String),
+    /// The host read cache did not open (another user's, open to others, …).
+    #[error("cannot use the host read cache")]
+    HostCache(#[source] host_cache::OpenError),
     /// A socket could not be bound.
     #[error("cannot listen on {}", path.display())]
     Listen {
@@ -175,6 +222,8 @@ pub struct Agent {
     remote: Arc<Remote>,
     remote_counters: Arc<RemoteCounters>,
     cache: Option<Arc<WriteCache>>,
+    host: Option<Arc<HostCached>>,
+    prefetch: Option<Arc<Prefetch>>,
     device: Arc<dyn BlockDevice>,
     io: Arc<IoCounters>,
     boot: Arc<Boot>,
@@ -209,8 +258,16 @@ impl Agent {
             refresh: cfg.refresh.clone(),
         })
         .map_err(AgentError::Attach)?;
+        let host = match crate::local_mode(cfg.mode) {
+            Some(_) => host_layer(&cfg, &remote)?,
+            None => None,
+        };
+        let below: Arc<dyn BlockDevice> = match &host {
+            Some(h) => Arc::clone(h) as Arc<dyn BlockDevice>,
+            None => Arc::clone(&remote) as Arc<dyn BlockDevice>,
+        };
         let cache = match crate::local_mode(cfg.mode) {
-            Some(mode) => Some(Arc::new(make_cache(&cfg, mode, &remote)?)),
+            Some(mode) => Some(Arc::new(make_cache(&cfg, mode, below)?)),
             None if !remote.can_write() => return Err(AgentError::NotWritable(export)),
             None => None,
         };
@@ -221,7 +278,16 @@ impl Agent {
         let io = Arc::new(IoCounters::default());
         let boot = Arc::new(Boot::new(cfg.boot_bytes, cfg.boot_quiet));
         let device = Arc::new(IoCounted::new(top, Arc::clone(&io), Arc::clone(&boot)));
+        let prefetch = match (&host, &cfg.boot_set) {
+            (Some(h), Some(set)) => Some(Prefetch::start(h, Arc::clone(set), cfg.prefetch, {
+                let boot = Arc::clone(&boot);
+                Arc::new(move || boot.booted().is_some())
+            })),
+            _ => None,
+        };
         Ok(Agent {
+            host,
+            prefetch,
             sampler: Sampler::new(&io),
             remote_counters: remote.counters(),
             export,
@@ -272,6 +338,8 @@ impl Agent {
             uptime_s: self.boot.uptime().as_secs_f64(),
             boot_time_s: booted.map(|b| b.time.as_secs_f64()),
             boot_ended_by: booted.map(|b| b.by),
+            host_cache: self.host.as_ref().map(|h| h.status()),
+            prefetch: self.prefetch.as_ref().map(|p| p.status()),
         }
     }
 
@@ -297,10 +365,70 @@ fn export_for(cfg: &AgentConfig) -> Result<ExportName, AgentError> {
     })
 }
 
+/// The host read cache layer over `remote`, when configured (or wanted by a prefetch) and
+/// the attached version is known.
+fn host_layer(
+    cfg: &AgentConfig,
+    remote: &Arc<Remote>,
+) -> Result<Option<Arc<HostCached>>, AgentError> {
+    if cfg.host_cache.is_none() && cfg.boot_set.is_none() {
+        return Ok(None);
+    }
+    let Some(id) = version_of(cfg, remote) else {
+        tracing::warn!(vdisk = %cfg.vdisk, description = %remote.description(),
+            "the attached version is not known: no host read cache and no prefetch");
+        return Ok(None);
+    };
+    let key = host_cache::VersionKey::new(&host_cache::VersionIdentity {
+        vdisk: &id.vdisk,
+        version: id.version,
+        size_bytes: remote.size(),
+        extra: &id.extra,
+    });
+    let cache = match &cfg.host_cache {
+        Some(h) => HostCache::open(&h.dir, h.bytes, h.block_bytes),
+        None => HostCache::private(PREFETCH_PRIVATE_BYTES, host_cache::BLOCK_BYTES_DEFAULT),
+    }
+    .map_err(AgentError::HostCache)?;
+    tracing::info!(path = ?cache.path(), key = %key.hex(), vdisk = %id.vdisk,
+        version = id.version, "reading through the host cache");
+    let below = Arc::clone(remote) as Arc<dyn BlockDevice>;
+    Ok(Some(Arc::new(HostCached::new(below, Arc::new(cache), key))))
+}
+
+/// The attached version: the configured identity, `NAME@N`, or the newest version the
+/// server's description of `NAME` names.
+fn version_of(cfg: &AgentConfig, remote: &Remote) -> Option<VersionIdentity> {
+    if let Some(v) = &cfg.version_identity {
+        return Some(v.clone());
+    }
+    let ExportName::ReadOnly { vdisk, version } = cfg.vdisk.parse().ok()? else {
+        return None;
+    };
+    let version = match version {
+        Some(n) => u64::from(n),
+        None => newest_in_description(remote.description())?,
+    };
+    Some(VersionIdentity {
+        vdisk: vdisk.to_string(),
+        version,
+        extra: Vec::new(),
+    })
+}
+
+/// N of the server's `vDisk NAME (newest: version N)`.
+fn newest_in_description(d: &str) -> Option<u64> {
+    d.split("(newest: version ")
+        .nth(1)?
+        .strip_suffix(')')?
+        .parse()
+        .ok()
+}
+
 fn make_cache(
     cfg: &AgentConfig,
     mode: write_cache::Mode,
-    remote: &Arc<Remote>,
+    next: Arc<dyn BlockDevice>,
 ) -> Result<WriteCache, AgentError> {
     let mut overflow_bytes_max = cfg.overflow_bytes_max;
     let store: Option<Arc<dyn OverflowStore>> = match mode {
@@ -329,7 +457,6 @@ fn make_cache(
         ram_bytes_max: cfg.ram_bytes,
         overflow_bytes_max,
     };
-    let next = Arc::clone(remote) as Arc<dyn BlockDevice>;
     WriteCache::new(next, config, store).map_err(AgentError::Cache)
 }
 

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::daemon::AgentConfig;
+use crate::daemon::{AgentConfig, VersionIdentity};
 use crate::login::LoginGrant;
 use crate::remote::{Relogin, Session};
 
@@ -24,6 +24,16 @@ pub fn config_from_grant(
     cfg.mac = Some(g.mac);
     cfg.ram_bytes = g.ram_bytes;
     cfg.tls = grant_tls(g)?;
+    // The host read cache's key: the vDisk id tells a vDisk recreated under the same
+    // name apart. (A version deleted and made again under its number is not told apart:
+    // see docs/target.md, "Host read cache".)
+    cfg.version_identity = u64::try_from(g.version)
+        .ok()
+        .map(|version| VersionIdentity {
+            vdisk: g.vdisk.clone(),
+            version,
+            extra: format!("farm vdisk id {}", g.vdisk_id).into_bytes(),
+        });
     Ok(cfg)
 }
 

@@ -12,6 +12,8 @@
 //!                                        ▼
 //!             ram | ram-overflow | disk:  write_cache::WriteCache ──► overflow file
 //!                                        ▼
+//!             (--host-cache, prefetch) host_read::HostCached ──► host_cache (per host)
+//!                                        ▼    ▲ prefetch::Prefetch: the boot set, ahead
 //!                                  remote::Remote        failover + replay log
 //!                                        ▼
 //!                                  client::Connection    pipelined NBD over TCP or TLS
@@ -36,14 +38,16 @@ pub mod control;
 pub mod daemon;
 pub mod grant;
 mod handshake;
+pub mod host_read;
 pub mod kernel;
 pub mod login;
+pub mod prefetch;
 pub mod remote;
 pub mod report;
 pub mod server_list;
 pub mod stats;
 
-pub use daemon::{AgentConfig, AgentError, run};
+pub use daemon::{AgentConfig, AgentError, HostCacheConfig, VersionIdentity, run};
 pub use stats::Status;
 
 /// Where the device's writes go: the `contract` crate's mode, shared with the farm (which

@@ -177,6 +177,9 @@ pub struct LoginGrant {
     pub device_name: String,
     /// The vDisk's name.
     pub vdisk: String,
+    /// The vDisk's id in the farm (a vDisk deleted and created again under its name gets
+    /// another): part of the host read cache's version key.
+    pub vdisk_id: i64,
     /// The version the device boots.
     pub version: i64,
     /// The vDisk's virtual size in bytes.
@@ -403,6 +406,7 @@ pub fn login_as(
         mac,
         device_name: g.device.name,
         vdisk: g.vdisk_name,
+        vdisk_id: g.vdisk_id,
         version: g.version,
         size_bytes,
         cache_mode: g.cache_mode,

@@ -374,6 +374,12 @@ pub struct Status {
     /// What ended the boot, once booted.
     #[serde(default)]
     pub boot_ended_by: Option<BootEnd>,
+    /// The host read cache, when the agent reads through one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_cache: Option<crate::host_read::HostCacheStatus>,
+    /// The boot-set prefetch, when one runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<crate::prefetch::PrefetchStatus>,
 }
 
 #[cfg(test)]

@@ -31,8 +31,10 @@ mod copy;
 mod data;
 mod devices;
 mod failover;
+mod hostcache;
 mod iops;
 mod nbd;
+mod relay;
 mod report;
 mod s3;
 mod sys;
@@ -96,7 +98,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,multi,boot,devices,s3"
+        default_value = "capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,multi,boot,devices,s3,hostcache"
     )]
     only: Vec<Bench>,
     /// Skip the untimed qemu-img compare/check of Ferry's outputs.
@@ -167,6 +169,8 @@ enum Bench {
     Devices,
     /// Cold reads from an S3 store against a local store (needs moto: `FERRY_MOTO`).
     S3,
+    /// Boot-set prefetch at the device and the per-host read cache (issue 21).
+    Hostcache,
 }
 
 impl Bench {
@@ -438,6 +442,9 @@ fn run_all(args: &Args, dir: &Path) -> Result<String> {
     }
     if args.only.contains(&Bench::Bootstorm) {
         report.nbd.push(nbd::bootstorm_bench(&cfg, &ncfg)?);
+    }
+    if args.only.contains(&Bench::Hostcache) {
+        report.nbd.push(hostcache::hostcache_bench(&cfg, &ncfg)?);
     }
     if args.only.contains(&Bench::Multi) {
         let storm = nbd::multi_storm(&cfg, &ncfg)?;

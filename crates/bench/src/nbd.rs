@@ -44,6 +44,7 @@ mod tls;
 mod trace;
 
 pub use bootstorm::bootstorm_bench;
+pub(crate) use bootstorm::{check_replays, replay_at_once};
 pub use harness::{
     BOOT_DISK_BYTES_DEFAULT, BOOT_DISK_BYTES_QUICK, DataSet, Kind, NbdConfig, SEQ_BYTES_DEFAULT,
     SEQ_BYTES_QUICK, Server, make_cert_dir, make_data_set, median, percentile, remove_data_set,
@@ -56,3 +57,4 @@ pub use multi::multi_storm;
 pub use seq::seq_bench;
 pub use sim::sim_boot;
 pub use tls::tls_bench;
+pub use trace::{BOOT_TRACE_BYTES, BOOT_TRACE_READS, Trace, synthesize, write_iolog};

@@ -311,10 +311,11 @@ I/O runs: a smoke test), `--size 8G` (virtual disk size, default 4G), `--dir DIR
 directory on the disk to measure; default a temporary directory under /var/tmp, removed \
 afterwards; needs about 5× the disk size free), `--runs N` (timed runs per tool, default 3, \
 median reported), `--threads N` and `--iops-seconds S` (random I/O workers and duration), \
-`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,multi,boot,devices,s3` \
+`--only capture,merge,iops,nbd-seq,nbd-iops,bootstorm,target,nbd-tls,multi,boot,devices,s3,hostcache` \
 (a run of only NBD, target, boot or devices sections merges them into the existing file instead of \
 rewriting it; `--only multi` the boot storm over 1 and 3 servers and the failover stalls, about 8 \
-minutes; \
+minutes; `--only hostcache` the boot-set prefetch and the host read cache through the delaying \
+relay (the trace scaled to at most 0.1), about 5 minutes with `--boot-disk-size 1G`; \
 `--only target` runs the write-cache section alone, plain and over TLS, about 8 \
 minutes; `--only nbd-tls` the TLS \
 section alone, about 8 minutes; `--only boot` the QEMU boot section alone, about 15 to 25 \

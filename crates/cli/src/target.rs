@@ -178,6 +178,20 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(c) = &a.control {
         cfg.control_socket = c.clone();
     }
+    if let Some(dir) = &a.host_cache {
+        if cfg.mode.is_local() {
+            cfg.host_cache = Some(::agent::HostCacheConfig {
+                dir: dir.clone(),
+                bytes: a.host_cache_size,
+                block_bytes: host_cache::BLOCK_BYTES_DEFAULT,
+            });
+        } else {
+            tracing::warn!(
+                mode = cfg.mode.cli_name(),
+                "--host-cache is for the local cache modes (this export carries the device's writes); not used"
+            );
+        }
+    }
     if let Some((api, export)) = reporter {
         let ca = match &a.farm_ca {
             Some(f) => std::fs::read_to_string(f).ok(),
@@ -313,6 +327,37 @@ fn render_status(s: &Status) -> String {
             s.retries, s.failovers, s.errors
         ),
     );
+    if let Some(h) = &s.host_cache {
+        line(
+            "host cache",
+            format!(
+                "{} at {}: {} hits ({}), {} misses, {} waits; {} from servers by this agent, \
+                 {} by the host",
+                human_size(h.bytes_max),
+                h.path,
+                h.hits,
+                human_size(h.hit_bytes),
+                h.misses,
+                h.waits,
+                human_size(h.server_bytes),
+                human_size(h.host_fill_bytes),
+            ),
+        );
+    }
+    if let Some(p) = &s.prefetch {
+        line(
+            "prefetch",
+            format!(
+                "{:?}: {} of a {} boot set fetched, at block {} of {}",
+                p.state,
+                human_size(p.fetched_bytes),
+                human_size(p.set_bytes),
+                p.position_blocks,
+                p.set_blocks
+            )
+            .to_lowercase(),
+        );
+    }
     line(
         "boot time",
         match (s.boot_time_s, s.boot_ended_by) {
@@ -419,6 +464,46 @@ fn prometheus_text(s: &Status) -> String {
              ferry_target_{name}{{{labels}}} {v}\n"
         ));
     }
+    if let Some(h) = &s.host_cache {
+        let rows: [(&str, &str, &str, u64); 5] = [
+            (
+                "host_cache_hits_total",
+                "counter",
+                "block reads answered by the host read cache",
+                h.hits,
+            ),
+            (
+                "host_cache_misses_total",
+                "counter",
+                "block reads the host read cache did not hold",
+                h.misses,
+            ),
+            (
+                "host_cache_waits_total",
+                "counter",
+                "reads that waited for another agent's fetch",
+                h.waits,
+            ),
+            (
+                "host_cache_server_bytes_total",
+                "counter",
+                "bytes this agent read from servers below the host cache",
+                h.server_bytes,
+            ),
+            (
+                "host_cache_host_fill_bytes_total",
+                "counter",
+                "bytes every agent of the host fetched into the host cache",
+                h.host_fill_bytes,
+            ),
+        ];
+        for (name, kind, help, v) in rows {
+            out.push_str(&format!(
+                "# HELP ferry_target_{name} {help}\n# TYPE ferry_target_{name} {kind}\n\
+                 ferry_target_{name}{{{labels}}} {v}\n"
+            ));
+        }
+    }
     if let Some(t) = s.boot_time_s {
         out.push_str(&format!(
             "# HELP ferry_target_boot_seconds seconds from attach to boot end\n\
@@ -464,6 +549,8 @@ mod tests {
             uptime_s: 4.0,
             boot_time_s: None,
             boot_ended_by: None,
+            host_cache: None,
+            prefetch: None,
         }
     }
 
@@ -559,6 +646,30 @@ mod tests {
         let v = serde_json::to_value(status()).unwrap();
         let body = report_body("ferry-s-0123", &v);
         assert_eq!(body["server_address"], "127.0.0.1:10809");
+    }
+
+    #[test]
+    fn status_with_a_host_cache_shows_its_hits_and_server_bytes() {
+        let s = Status {
+            host_cache: Some(::agent::host_read::HostCacheStatus {
+                path: "/dev/shm/ferry-host-cache-0".into(),
+                bytes_max: 2 << 30,
+                hits: 3,
+                hit_bytes: 3 << 16,
+                misses: 1,
+                server_bytes: 1 << 16,
+                host_fill_bytes: 1 << 16,
+                ..Default::default()
+            }),
+            ..status()
+        };
+        let text = render_status(&s);
+        assert_eq!(
+            line(&text, "host cache"),
+            "host cache:  2 GiB at /dev/shm/ferry-host-cache-0: 3 hits (192 KiB), 1 misses, \
+             0 waits; 64 KiB from servers by this agent, 64 KiB by the host"
+        );
+        assert!(prometheus_text(&s).contains("ferry_target_host_cache_hits_total{"));
     }
 
     #[test]

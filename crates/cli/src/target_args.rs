@@ -87,6 +87,16 @@ pub struct RunArgs {
     /// and private flush past it; in `server` mode a failover past it fails I/O).
     #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
     pub replay_max: u64,
+    /// Local cache modes: read the vDisk version through the host read cache in DIR, shared
+    /// by every agent of this user on the host, so machines booting one version fetch each
+    /// block from the servers once per host (a 0600 file ferry-host-cache-UID; /dev/shm
+    /// keeps it in RAM). A cache file of another user, or open to others, is refused.
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = host_cache::DEFAULT_DIR)]
+    pub host_cache: Option<PathBuf>,
+    /// The host read cache's size (RAM, with /dev/shm), when this agent creates it; an
+    /// existing cache keeps its size.
+    #[arg(long, value_name = "SIZE", default_value = "2G", value_parser = parse_nonzero_size)]
+    pub host_cache_size: u64,
     /// NBD over TLS with the certificates in DIR: ca-cert.pem (the farm's CA, which the
     /// servers' certificates must chain to) and this device's client-cert.pem and
     /// client-key.pem (without them the connection is encrypted but anonymous). A server

@@ -100,6 +100,8 @@ pub struct Usage {
     pub scan_evictions: Option<u64>,
     pub buffers_reused: Option<u64>,
     pub cached_bytes: Option<u64>,
+    /// Ferry only: bytes sent in read replies (`ferry_nbd_bytes_total{type="read"}`).
+    pub nbd_read_bytes: Option<u64>,
 }
 
 /// A free loopback TCP port (bound and released: a race a benchmark can afford).
@@ -273,6 +275,7 @@ impl Server {
             u.scan_evictions = metric(&text, "ferry_cache_scan_evictions_total");
             u.buffers_reused = metric(&text, "ferry_cache_buffers_reused_total");
             u.cached_bytes = metric(&text, "ferry_cache_bytes");
+            u.nbd_read_bytes = metric(&text, "ferry_nbd_bytes_total{type=\"read\"}");
         } else {
             let _ = self.child.kill();
             self.child.wait()?;
