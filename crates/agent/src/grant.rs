@@ -25,14 +25,18 @@ pub fn config_from_grant(
     cfg.ram_bytes = g.ram_bytes;
     cfg.tls = grant_tls(g)?;
     // The host read cache's key: the vDisk id tells a vDisk recreated under the same
-    // name apart. (A version deleted and made again under its number is not told apart:
-    // see docs/target.md, "Host read cache".)
+    // name apart, the version's creation time a version deleted and made again under its
+    // number.
     cfg.version_identity = u64::try_from(g.version)
         .ok()
         .map(|version| VersionIdentity {
             vdisk: g.vdisk.clone(),
             version,
-            extra: format!("farm vdisk id {}", g.vdisk_id).into_bytes(),
+            extra: format!(
+                "farm vdisk id {} version made at {}",
+                g.vdisk_id, g.version_created_at_ms
+            )
+            .into_bytes(),
         });
     Ok(cfg)
 }

@@ -182,6 +182,9 @@ pub struct LoginGrant {
     pub vdisk_id: i64,
     /// The version the device boots.
     pub version: i64,
+    /// When the farm made that version: a version deleted and made again under its number
+    /// has another (part of the host read cache's version key).
+    pub version_created_at_ms: i64,
     /// The vDisk's virtual size in bytes.
     pub size_bytes: u64,
     /// Where writes go, as the agent's mode.
@@ -408,6 +411,7 @@ pub fn login_as(
         vdisk: g.vdisk_name,
         vdisk_id: g.vdisk_id,
         version: g.version,
+        version_created_at_ms: g.version_created_at_ms,
         size_bytes,
         cache_mode: g.cache_mode,
         ram_bytes,

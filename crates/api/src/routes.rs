@@ -594,6 +594,7 @@ mod tests {
             vdisk_name: "golden".into(),
             size_bytes: 512,
             version: 0,
+            version_created_at_ms: 0,
             access: AccessMode::Production,
             cache_mode: CacheMode::Ram,
             ram_bytes: 512,

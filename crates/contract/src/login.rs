@@ -116,6 +116,10 @@ pub struct LoginGrant<D> {
     pub size_bytes: i64,
     /// The version the device boots.
     pub version: i64,
+    /// When that version was made (milliseconds since the epoch): a version deleted and
+    /// made again under its number has another, so caches keyed by it never mix the two.
+    #[serde(default)]
+    pub version_created_at_ms: i64,
     /// That version's access mode.
     pub access: AccessMode,
     /// Where the device's writes go.

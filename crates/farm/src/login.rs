@@ -413,6 +413,7 @@ impl Farm {
             vdisk_name: vdisk.name,
             size_bytes: vdisk.size_bytes,
             version: version.number,
+            version_created_at_ms: version.created_at_ms,
             access: version.access,
             cache_mode,
             ram_bytes,
