@@ -134,6 +134,8 @@ pub fn report_body(export_name: &str, v: &serde_json::Value) -> serde_json::Valu
         "bytes_written": n("bytes_written"),
         "retries": n("retries"),
         "cache_used_bytes": n("ram_bytes") + n("overflow_bytes"),
+        "host_cache_hit_bytes": v["host_cache"]["hit_bytes"].as_u64().unwrap_or(0),
+        "host_cache_server_bytes": v["host_cache"]["server_bytes"].as_u64().unwrap_or(0),
     })
 }
 
@@ -167,5 +169,17 @@ mod tests {
         ]});
         assert!(answer_servers(&d).iter().all(|o| !o.serving));
         assert!(answer_servers(&serde_json::json!({})).is_empty());
+    }
+
+    #[test]
+    fn a_report_carries_the_host_cache_s_bytes_when_there_is_one() {
+        let with = serde_json::json!({"bytes_read": 10, "ram_bytes": 3, "overflow_bytes": 4,
+            "host_cache": {"hit_bytes": 65536, "server_bytes": 131072}});
+        let b = report_body("ferry-s-x", &with);
+        assert_eq!(b["host_cache_hit_bytes"], 65536);
+        assert_eq!(b["host_cache_server_bytes"], 131072);
+        assert_eq!(b["cache_used_bytes"], 7);
+        let b = report_body("ferry-s-x", &serde_json::json!({"host_cache": null}));
+        assert_eq!(b["host_cache_hit_bytes"], 0);
     }
 }

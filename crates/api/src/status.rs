@@ -55,6 +55,13 @@ pub struct Counters {
     pub retries: u64,
     /// Bytes its write cache holds now.
     pub cache_used_bytes: u64,
+    /// Bytes of its reads answered by its host's shared read cache (or its prefetch)
+    /// instead of the server.
+    #[serde(default)]
+    pub host_cache_hit_bytes: u64,
+    /// Bytes it read from the server below that cache.
+    #[serde(default)]
+    pub host_cache_server_bytes: u64,
 }
 
 /// The answer to a report that asked for its servers.
@@ -87,6 +94,12 @@ pub struct Report {
     pub retries: u64,
     /// Bytes its write cache holds now.
     pub cache_used_bytes: u64,
+    /// Bytes of its reads answered by its host's shared read cache (or its prefetch).
+    #[serde(default)]
+    pub host_cache_hit_bytes: u64,
+    /// Bytes it read from the server below that cache.
+    #[serde(default)]
+    pub host_cache_server_bytes: u64,
     /// True when the device wants its site's servers in the answer, in login order: how it
     /// learns servers that joined or returned since its login (the agent asks every fifth
     /// report, `agent::report::SERVERS_REFRESH_REPORTS`).
@@ -365,6 +378,8 @@ pub async fn report(
             bytes_written: r.bytes_written,
             retries: r.retries,
             cache_used_bytes: r.cache_used_bytes,
+            host_cache_hit_bytes: r.host_cache_hit_bytes,
+            host_cache_server_bytes: r.host_cache_server_bytes,
         },
     };
     let server = match (entry.server_id, entry.server_address.as_deref()) {

@@ -123,7 +123,8 @@ impl Api {
 
     async fn report(&self, export: &str, server_id: Option<i64>, read: i64) -> (StatusCode, Value) {
         let body = json!({"export_name": export, "server_id": server_id, "bytes_read": read,
-                          "bytes_written": 7, "retries": 2, "cache_used_bytes": 4096});
+                          "bytes_written": 7, "retries": 2, "cache_used_bytes": 4096,
+                          "host_cache_hit_bytes": 3 << 20, "host_cache_server_bytes": 1 << 20});
         self.post_report(body).await
     }
 
@@ -210,6 +211,8 @@ async fn status_shows_session_version_and_reported_counters(t: TestFarm) {
     let d = a.device_status().await;
     assert_eq!(d["counters"]["bytes_read"], 5 << 20);
     assert_eq!(d["counters"]["retries"], 2);
+    assert_eq!(d["counters"]["host_cache_hit_bytes"], 3 << 20);
+    assert_eq!(d["counters"]["host_cache_server_bytes"], 1 << 20);
     assert_eq!(d["counters"]["server_name"], "pvs-1");
     let st = a.ok(Method::GET, "/api/v1/status", None).await;
     assert_eq!(st["connected"], 1);
