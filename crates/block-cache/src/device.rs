@@ -57,6 +57,20 @@ impl CachedDevice {
         &self.chain.inner
     }
 
+    /// Reads the pages of `[offset, offset + len)` that are not cached into the cache,
+    /// without waiting for fills in flight and without touching this wrapper's stream
+    /// detector (see `warm.rs`). Returns the bytes read from the store.
+    ///
+    /// # Errors
+    /// Out of bounds; the store's error.
+    pub fn warm(&self, offset: u64, len: u64) -> Result<u64> {
+        check_bounds(self.geometry.size, offset, len)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        self.chain.shared.warm(&self.chain, offset, offset + len)
+    }
+
     /// Feeds the stream detector and queues read-ahead it asks for. Returns whether the
     /// read is part of a scan.
     fn read_ahead(&self, offset: u64, len: u64) -> bool {
