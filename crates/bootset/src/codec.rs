@@ -96,7 +96,7 @@ pub enum DecodeError {
 }
 
 /// The encoded length of a set with a `name_len`-byte name and `extents` extents.
-pub fn encoded_len(name_len: usize, extents: usize) -> usize {
+pub const fn encoded_len(name_len: usize, extents: usize) -> usize {
     HEADER_BYTES + name_len + extents * EXTENT_BYTES + CRC_BYTES
 }
 

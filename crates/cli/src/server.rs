@@ -265,6 +265,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         )),
         _ => None,
     };
+    registry.warm_boot_sets();
     let api = farm.map(|f| (f, a.api_listen, api_tls));
     let result = runtime.block_on(serve(
         resolved,
@@ -361,6 +362,7 @@ async fn serve(
         let tftp_counters = tftp.as_ref().map(|t| Arc::clone(&t.counters));
         let render: server::http::Render = Arc::new(move || {
             let mut text = m.render(&reg.cache().stats(), &reg.stats());
+            server::boot_sets::render_metrics(&reg.boot_sets().stats(), &mut text);
             if let Some(c) = &tftp_counters {
                 crate::server_boot::render_metrics(c, &mut text);
             }
