@@ -246,6 +246,12 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
             runtime.handle().clone(),
             &resolved.registry.store_dir,
         )));
+        registry
+            .boot_sets()
+            .set_mirror(Arc::new(crate::server_farm::FarmBootSets::new(
+                f,
+                runtime.handle().clone(),
+            )));
         crate::server_farm::close_ended_sessions(f, &registry, runtime.handle());
         crate::server_drain::drain_when_told(f, &registry, runtime.handle());
     }

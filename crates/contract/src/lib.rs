@@ -16,6 +16,7 @@
 //! login.rs        device login: the JSON of /login/challenge and /login, and the proof
 //! error_chain.rs  ErrorChain: prints `what: cause: cause`
 //! boot_args.rs    BootArgs: the boot agent's `ferry.*` kernel arguments and boot.conf
+//! boot_set.rs     BootSetRequest: a device asks for its version's boot set
 //! ```
 //!
 //! Who uses what:
@@ -40,6 +41,7 @@
 
 pub mod access;
 pub mod boot_args;
+pub mod boot_set;
 pub mod cache_mode;
 pub mod error_chain;
 pub mod export;
