@@ -28,8 +28,8 @@
 
 pub mod boot;
 pub mod boot_cache;
-pub mod boot_sets;
 pub mod boot_script;
+pub mod boot_sets;
 pub mod boot_source;
 pub mod console;
 pub mod error;

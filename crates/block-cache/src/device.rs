@@ -58,8 +58,8 @@ impl CachedDevice {
     }
 
     /// Reads the pages of `[offset, offset + len)` that are not cached into the cache,
-    /// without waiting for fills in flight and without touching this wrapper's stream
-    /// detector (see `warm.rs`). Returns the bytes read from the store.
+    /// without touching this wrapper's stream detector or the chain's read-ahead score
+    /// (see `warm.rs`). Returns the bytes read from the store.
     ///
     /// # Errors
     /// Out of bounds; the store's error.

@@ -2,8 +2,9 @@
 //! knows what a boot will read (a version's boot set, see the `bootset` crate).
 //!
 //! A warm reads exactly the pages of the range that are not cached (as a demand read
-//! would: partial blocks stay partial), in runs of up to `fill_blocks_max` blocks, and
-//! never waits: a block another reader is filling is skipped, since that reader brings it.
+//! would: partial blocks stay partial), in runs of up to `fill_blocks_max` blocks. A block
+//! another reader (or warm) is filling is waited for and then looked at again, since that
+//! fill may bring other pages of it than the warm's.
 //! Entries are published as demand-read (not as read-ahead), so a warm neither feeds nor
 //! spends the chain's read-ahead score, and the boot's first read of a warmed block
 //! earns it its CLOCK bit.
@@ -32,8 +33,16 @@ impl Shared {
             };
             let need = self.need_mask(b, offset, end);
             let c = match self.find_or_claim(key, need) {
-                Found::Ready(..) | Found::Wait(_) => {
+                Found::Ready(..) => {
                     b += 1;
+                    continue;
+                }
+                // Another fill of the block (a reader's, or another warm's of other pages):
+                // wait for it, then look again for the pages it did not bring.
+                Found::Wait(f) => {
+                    if f.wait().is_err() {
+                        b += 1;
+                    }
                     continue;
                 }
                 Found::Claimed(c) => c,

@@ -116,7 +116,10 @@ fn local(
         }
         Ok(_) => std::fs::read(&file).with_context(|| format!("read {}", file.display()))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            bail!("{name}@{version} has no boot set yet ({} is absent)", file.display())
+            bail!(
+                "{name}@{version} has no boot set yet ({} is absent)",
+                file.display()
+            )
         }
         Err(e) => return Err(e).with_context(|| format!("read {}", file.display())),
     };
