@@ -49,7 +49,7 @@ use block_cache::CachedDevice;
 use bootset::{BootSet, EXTENTS_MAX, Identity, NAME_BYTES_MAX, OffsetIndex, PAGE_BYTES};
 use disk::BlockDevice;
 
-use crate::boot_watch::{BootWatch, Recording};
+use crate::boot_watch::{BootObserver, BootWatch, Recording};
 
 /// Boots of a version recorded and merged into its set.
 pub const BOOTS_RECORDED_MAX: u32 = 3;
@@ -315,21 +315,21 @@ fn file_stamp(path: &Path) -> [u8; 16] {
     out
 }
 
-impl Slot {
-    pub(crate) fn window(&self) -> Duration {
+impl BootObserver for Slot {
+    fn window(&self) -> Duration {
         BOOT_WINDOW
     }
 
-    pub(crate) fn record_bytes_max(&self) -> u64 {
+    fn record_bytes_max(&self) -> u64 {
         BOOT_RECORD_BYTES_MAX
     }
 
-    pub(crate) fn record_pages_max(&self) -> usize {
+    fn record_pages_max(&self) -> usize {
         usize::try_from(BOOT_RECORD_BYTES_MAX / PAGE_BYTES).unwrap_or(usize::MAX)
     }
 
     /// Notes a client's read: where the boot is, and whether it read a warmed extent.
-    pub(crate) fn observe(&self, offset: u64, len: u64) {
+    fn observe(&self, offset: u64, len: u64) {
         let loaded = read_lock(&self.loaded);
         let Some(l) = loaded.as_ref() else { return };
         let Some(i) = l.index.find(offset) else {
@@ -341,21 +341,10 @@ impl Slot {
         }
     }
 
-    /// Whether a new connection records (fewer boots merged and recording than the limit).
-    fn begin_recording(&self) -> bool {
-        let boots = read_lock(&self.loaded).as_ref().map_or(0, |l| l.set.boots);
-        let r = self
-            .recording
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (boots + n < BOOTS_RECORDED_MAX).then_some(n + 1)
-            });
-        r.is_ok()
-    }
-
     /// A connection's recording ended (`None`: nothing recorded): merges it into the set
     /// and persists the result, on a thread of its own (a merge and an fsync are not for a
     /// reader's thread).
-    pub(crate) fn recorded(self: &Arc<Self>, rec: Option<Recording>) {
+    fn recorded(self: Arc<Self>, rec: Option<Recording>) {
         let slot = self.clone();
         let spawned = std::thread::Builder::new()
             .name("ferry-bootset-save".into())
@@ -368,6 +357,19 @@ impl Slot {
             self.recording.fetch_sub(1, Ordering::AcqRel);
             tracing::warn!(error = %e, "boot set recording dropped");
         }
+    }
+}
+
+impl Slot {
+    /// Whether a new connection records (fewer boots merged and recording than the limit).
+    fn begin_recording(&self) -> bool {
+        let boots = read_lock(&self.loaded).as_ref().map_or(0, |l| l.set.boots);
+        let r = self
+            .recording
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (boots + n < BOOTS_RECORDED_MAX).then_some(n + 1)
+            });
+        r.is_ok()
     }
 
     fn merge_recording(&self, rec: Option<Recording>) {

@@ -9,14 +9,27 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bootset::Recorder;
 use disk::device::{Geometry, LayerRun, ParentRef, Piece, Submitted};
 use disk::{BlockDevice, FastPath};
 use vhdx::Guid;
 
-use crate::boot_sets::Slot;
+/// What a watched connection reports to: its version's boot-set slot
+/// (`crate::boot_sets`), behind a trait so that this file does not depend on that one.
+pub(crate) trait BootObserver: Send + Sync + std::fmt::Debug {
+    /// A client's read completed.
+    fn observe(&self, offset: u64, len: u64);
+    /// A connection's recording ended (`None`: it recorded nothing).
+    fn recorded(self: Arc<Self>, rec: Option<Recording>);
+    /// How long after its first read a connection's reads are its boot's.
+    fn window(&self) -> Duration;
+    /// The most distinct bytes a recording keeps.
+    fn record_bytes_max(&self) -> u64;
+    /// The same in pages.
+    fn record_pages_max(&self) -> usize;
+}
 
 /// One connection's recording.
 #[derive(Debug)]
@@ -30,7 +43,7 @@ pub(crate) struct Recording {
 #[derive(Debug)]
 pub struct BootWatch {
     inner: Arc<dyn BlockDevice>,
-    slot: Arc<Slot>,
+    slot: Arc<dyn BootObserver>,
     /// True while this connection records.
     recording: AtomicBool,
     rec: Mutex<Option<Recording>>,
@@ -38,7 +51,11 @@ pub struct BootWatch {
 
 impl BootWatch {
     /// Watches `inner` for `slot`'s version; records when `record`.
-    pub(crate) fn new(inner: Arc<dyn BlockDevice>, slot: Arc<Slot>, record: bool) -> BootWatch {
+    pub(crate) fn new(
+        inner: Arc<dyn BlockDevice>,
+        slot: Arc<dyn BootObserver>,
+        record: bool,
+    ) -> BootWatch {
         let rec = record.then(|| Recording {
             started: None,
             recorder: Recorder::new(inner.size(), slot.record_pages_max()),
@@ -73,7 +90,7 @@ impl BootWatch {
             self.recording.store(false, Ordering::Relaxed);
             let done = rec.take();
             drop(rec);
-            self.slot.recorded(done);
+            Arc::clone(&self.slot).recorded(done);
         }
     }
 
@@ -98,7 +115,7 @@ impl Drop for BootWatch {
                 .get_mut()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take();
-            self.slot.recorded(done);
+            Arc::clone(&self.slot).recorded(done);
         }
     }
 }
