@@ -272,6 +272,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     registry.warm_boot_sets();
+    let boot_sets = registry.boot_sets().clone();
     let api = farm.map(|f| (f, a.api_listen, api_tls));
     let result = runtime.block_on(serve(
         resolved,
@@ -282,6 +283,8 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         boot,
     ));
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
+    // The last boots' recordings are merged and saved before the process goes.
+    boot_sets.wait_saved(RUNTIME_SHUTDOWN_TIMEOUT);
     result?;
     Ok(ExitCode::SUCCESS)
 }

@@ -16,7 +16,8 @@
 //! * **A boot is a connection.** Each device boots over its own connection, so a
 //!   connection's reads in its first [`BOOT_WINDOW`] (and at most
 //!   [`BOOT_RECORD_BYTES_MAX`]) are one boot's. A connection that read less than
-//!   [`BOOT_RECORD_BYTES_MIN`] (`nbdinfo`, a probe) is not counted as a boot.
+//!   [`BOOT_RECORD_BYTES_MIN`] (`nbdinfo`, a probe), or more than
+//!   [`BOOT_SHARE_MAX_PERCENT`] of the disk (a copy, a backup), is not counted as a boot.
 //! * **Identity.** A slot is keyed by the version's file and holds the version's
 //!   [`bootset::Identity`] (name, number, virtual size, and the top file's DataWriteGuid or,
 //!   without one, a digest of its device, inode, length and mtime). A persisted set whose
@@ -59,6 +60,9 @@ pub const BOOT_WINDOW: Duration = Duration::from_secs(120);
 pub const BOOT_RECORD_BYTES_MAX: u64 = 4 << 30;
 /// A connection that read fewer distinct bytes was not a boot.
 pub const BOOT_RECORD_BYTES_MIN: u64 = 256 << 10;
+/// A connection that read more than this share of the version's virtual size was a copy
+/// or a scan (a backup, `nbdcopy`), not a boot: a boot reads a few percent of its disk.
+pub const BOOT_SHARE_MAX_PERCENT: u64 = 50;
 /// Store reads a prefetch keeps in flight.
 pub const PREFETCH_DEPTH: usize = 8;
 /// The largest single warm a prefetch issues (the cache cuts it at `fill_blocks_max`).
@@ -119,6 +123,8 @@ struct Counters {
 
 #[derive(Debug)]
 struct Shared {
+    /// Recordings being merged and saved (see [`BootSets::wait_saved`]).
+    saving: AtomicUsize,
     counters: Counters,
     mirror: Mutex<Option<Arc<dyn BootSetMirror>>>,
     enabled: AtomicBool,
@@ -135,6 +141,7 @@ impl Default for BootSets {
     fn default() -> Self {
         BootSets {
             shared: Arc::new(Shared {
+                saving: AtomicUsize::new(0),
                 counters: Counters::default(),
                 mirror: Mutex::default(),
                 enabled: AtomicBool::new(true),
@@ -199,6 +206,19 @@ impl BootSets {
     /// Keeps sets in `mirror` (the farm) too, and takes them from it.
     pub fn set_mirror(&self, mirror: Arc<dyn BootSetMirror>) {
         *lock(&self.shared.mirror) = Some(mirror);
+    }
+
+    /// Waits (up to `timeout`) until no recording is being merged and saved; returns
+    /// whether none is (a server stopping calls it, so the last boot's set is kept).
+    pub fn wait_saved(&self, timeout: Duration) -> bool {
+        let start = Instant::now();
+        while self.shared.saving.load(Ordering::Acquire) > 0 {
+            if start.elapsed() >= timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
     }
 
     /// A snapshot of the counters.
@@ -346,15 +366,18 @@ impl BootObserver for Slot {
     /// reader's thread).
     fn recorded(self: Arc<Self>, rec: Option<Recording>) {
         let slot = self.clone();
+        self.shared.saving.fetch_add(1, Ordering::AcqRel);
         let spawned = std::thread::Builder::new()
             .name("ferry-bootset-save".into())
             .spawn(move || {
                 slot.merge_recording(rec);
                 slot.recording.fetch_sub(1, Ordering::AcqRel);
+                slot.shared.saving.fetch_sub(1, Ordering::AcqRel);
             });
         if let Err(e) = spawned {
             // The closure (and the recording) is gone with the error: the boot is lost.
             self.recording.fetch_sub(1, Ordering::AcqRel);
+            self.shared.saving.fetch_sub(1, Ordering::AcqRel);
             tracing::warn!(error = %e, "boot set recording dropped");
         }
     }
@@ -374,7 +397,13 @@ impl Slot {
 
     fn merge_recording(&self, rec: Option<Recording>) {
         let c = &self.shared.counters;
-        let Some(rec) = rec.filter(|r| r.recorder.bytes() >= BOOT_RECORD_BYTES_MIN) else {
+        let size = self.identity.size_bytes;
+        let Some(rec) = rec.filter(|r| {
+            let bytes = r.recorder.bytes();
+            bytes >= BOOT_RECORD_BYTES_MIN
+                && !r.recorder.is_full()
+                && u128::from(bytes) * 100 <= u128::from(size) * u128::from(BOOT_SHARE_MAX_PERCENT)
+        }) else {
             c.discarded.fetch_add(1, Ordering::Relaxed);
             return;
         };
