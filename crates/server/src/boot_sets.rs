@@ -34,6 +34,9 @@
 //!   [`PREFETCH_BEHIND_EXTENTS`] extents behind the furthest extent a boot has read is
 //!   skipped: the boot has moved past it. A run ends when every piece is taken or after
 //!   [`BOOT_WINDOW`].
+//! * **No read-ahead beside it.** A connection to a version with a set reads with its
+//!   wrapper's read-ahead off: the set already says what the boot reads, and read-ahead
+//!   past it would read what the boot does not need.
 //! * **Cleared.** A set removed from its file (or from the farm) is dropped at the next
 //!   boot's open, and the next boots record again.
 
@@ -252,6 +255,11 @@ impl BootSets {
         let slot = self.slot(vdisk, version, path, dev.as_ref());
         slot.refresh();
         let record = slot.begin_recording();
+        if read_lock(&slot.loaded).is_some() {
+            // The set says what this boot reads: read-ahead past it would only add store
+            // reads the boot does not need.
+            dev.set_read_ahead(false);
+        }
         slot.start_prefetch(&dev);
         Arc::new(BootWatch::new(dev, slot, record))
     }
