@@ -30,6 +30,9 @@ pub const FORMAT_VERSION: u16 = 1;
 pub const HEADER_BYTES: usize = 54;
 const EXTENT_BYTES: usize = 16;
 const CRC_BYTES: usize = 4;
+/// [`PAGE_BYTES`] as its field is written.
+const PAGE_BYTES_U32: u32 = 4096;
+const _: () = assert!(PAGE_BYTES_U32 as u64 == PAGE_BYTES);
 
 /// Why bytes are not a valid boot set.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -116,15 +119,17 @@ impl BootSet {
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         out.extend_from_slice(&0u16.to_le_bytes());
-        out.extend_from_slice(&(PAGE_BYTES as u32).to_le_bytes());
+        out.extend_from_slice(&PAGE_BYTES_U32.to_le_bytes());
         out.extend_from_slice(&self.boots.to_le_bytes());
-        // At most EXTENTS_MAX (< 2^32) for a valid set.
-        out.extend_from_slice(&(self.extents.len() as u32).to_le_bytes());
+        // At most EXTENTS_MAX (< 2^32) for a valid set; more saturates and fails decoding.
+        let count = u32::try_from(self.extents.len()).unwrap_or(u32::MAX);
+        out.extend_from_slice(&count.to_le_bytes());
         out.extend_from_slice(&self.identity.size_bytes.to_le_bytes());
         out.extend_from_slice(&self.identity.version.to_le_bytes());
         out.extend_from_slice(&self.identity.stamp);
-        // At most NAME_BYTES_MAX (< 2^16).
-        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        // At most NAME_BYTES_MAX (< 2^16): cut above.
+        let name_len = u16::try_from(name.len()).unwrap_or(u16::MAX);
+        out.extend_from_slice(&name_len.to_le_bytes());
         out.extend_from_slice(name.as_bytes());
         for e in &self.extents {
             out.extend_from_slice(&e.offset.to_le_bytes());

@@ -240,21 +240,22 @@ fn build_extents(mut pages: Vec<(u64, u32)>, size: u64) -> Vec<Extent> {
     let mut out: Vec<Extent> = Vec::new();
     for (page, t) in pages {
         let offset = page * PAGE_BYTES;
-        let len = PAGE_BYTES.min(size.saturating_sub(offset));
+        // At most PAGE_BYTES: fits a u32.
+        let len = u32::try_from(PAGE_BYTES.min(size.saturating_sub(offset))).unwrap_or(0);
         if len == 0 {
             continue;
         }
         if let Some(last) = out.last_mut()
             && last.end() == offset
-            && u64::from(last.len) + len <= EXTENT_BYTES_MAX
+            && u64::from(last.len) + u64::from(len) <= EXTENT_BYTES_MAX
         {
-            // Both fit in a u32: EXTENT_BYTES_MAX < 2^32.
-            last.len += len as u32;
+            // The sum fits in a u32: EXTENT_BYTES_MAX < 2^32.
+            last.len += len;
             continue;
         }
         out.push(Extent {
             offset,
-            len: len as u32,
+            len,
             t_ms: t,
         });
     }
