@@ -10,6 +10,7 @@
 //! routes.rs   farm, tokens, audit, sites, servers, stores, collections, devices, sessions,
 //!             login
 //! vdisks.rs   vDisks and the version lifecycle
+//! boot_sets.rs a version's boot set: summary, clear; a device fetches its own (session)
 //! tls.rs      HTTPS: TlsListener (TLS handshakes in front of axum); plain HTTP on loopback only
 //! boot.rs     the network boot routes (plain HTTP, no credentials, boot data only):
 //!             boot::router, boot::serve, BootState, BootCounters
@@ -28,6 +29,7 @@
 pub mod boot;
 pub mod boot_cache;
 pub mod boot_script;
+pub mod boot_sets;
 pub mod boot_source;
 pub mod console;
 pub mod error;
@@ -84,8 +86,10 @@ pub struct AppState {
         vdisks::delete_vdisk, vdisks::list_versions, vdisks::new_version, vdisks::get_version,
         vdisks::promote, vdisks::revert, vdisks::delete_version, vdisks::merge,
         status::status, status::report,
+        boot_sets::get_boot_set, boot_sets::clear_boot_set, boot_sets::device_boot_set,
     ),
-    components(schemas(error::ErrorBody, status::ReportAnswer))
+    components(schemas(error::ErrorBody, status::ReportAnswer, boot_sets::BootSetInfo,
+        contract::boot_set::BootSetRequest))
 )]
 pub struct ApiDoc;
 
@@ -166,6 +170,11 @@ pub fn router(state: AppState) -> Router {
         .route("/vdisks/{id}/versions/{number}/promote", post(v::promote))
         .route("/vdisks/{id}/versions/{number}/revert", post(v::revert))
         .route("/vdisks/{id}/merge", post(v::merge))
+        .route(
+            "/vdisks/{id}/versions/{number}/boot-set",
+            get(boot_sets::get_boot_set).delete(boot_sets::clear_boot_set),
+        )
+        .route("/device/boot-set", post(boot_sets::device_boot_set))
         .merge(status::routes())
         .fallback(not_found)
         .with_state(state);

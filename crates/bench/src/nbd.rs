@@ -20,7 +20,7 @@
 //! ```text
 //!   seq.rs        ──► harness.rs
 //!   iops.rs       ──► harness.rs
-//!   bootstorm.rs  ──► harness.rs, trace.rs
+//!   bootstorm.rs  ──► harness.rs, trace.rs, bootstorm_sets.rs (the boot-set rows' goals)
 //!   sim.rs        ──► harness.rs, trace.rs
 //!   tls.rs        ──► harness.rs
 //!   multi.rs      ──► harness.rs, trace.rs
@@ -35,6 +35,7 @@
 //! file only declares them and re-exports what the rest of the crate calls.
 
 mod bootstorm;
+mod bootstorm_sets;
 mod harness;
 mod iops;
 mod multi;

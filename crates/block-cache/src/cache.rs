@@ -205,6 +205,7 @@ impl BlockCache {
             scan_evictions: c.scan_evictions.get(),
             buffers_reused: c.buffers_reused.get(),
             scan_copies: c.scan_copies.get(),
+            warm_bytes: c.warm_bytes.get(),
             cached_bytes,
             cached_blocks,
             resident_bytes: c.resident_bytes.get(),

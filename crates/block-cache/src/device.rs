@@ -4,6 +4,7 @@
 //! reads (geometry, allocation map, parent, linkage identity) is the inner device's.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::TrySendError;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -24,6 +25,9 @@ pub struct CachedDevice {
     chain: Arc<ChainHandle>,
     /// This connection's sequential streams (read-ahead detection).
     streams: Mutex<Streams>,
+    /// False once the connection's reads are known ahead (a boot set is prefetched for
+    /// them): its stream detector then queues no read-ahead.
+    read_ahead_on: AtomicBool,
     geometry: Geometry,
 }
 
@@ -43,6 +47,7 @@ impl CachedDevice {
         CachedDevice {
             chain,
             streams: Mutex::default(),
+            read_ahead_on: AtomicBool::new(true),
             geometry,
         }
     }
@@ -57,9 +62,33 @@ impl CachedDevice {
         &self.chain.inner
     }
 
+    /// Reads the pages of `[offset, offset + len)` that are not cached into the cache,
+    /// without touching this wrapper's stream detector or the chain's read-ahead score
+    /// (see `warm.rs`). Returns the bytes read from the store.
+    ///
+    /// # Errors
+    /// Out of bounds; the store's error.
+    pub fn warm(&self, offset: u64, len: u64) -> Result<u64> {
+        check_bounds(self.geometry.size, offset, len)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        self.chain.shared.warm(&self.chain, offset, offset + len)
+    }
+
+    /// Turns this wrapper's read-ahead (and scan detection) on or off; off for a
+    /// connection whose reads a prefetcher already knows (a version's boot set), so the
+    /// store reads nothing the boot will not.
+    pub fn set_read_ahead(&self, on: bool) {
+        self.read_ahead_on.store(on, Ordering::Relaxed);
+    }
+
     /// Feeds the stream detector and queues read-ahead it asks for. Returns whether the
     /// read is part of a scan.
     fn read_ahead(&self, offset: u64, len: u64) -> bool {
+        if !self.read_ahead_on.load(Ordering::Relaxed) {
+            return false;
+        }
         let shared = &self.chain.shared;
         let window_max = match &shared.read_ahead {
             Some(_) => u64::from(shared.config.read_ahead_blocks_max),

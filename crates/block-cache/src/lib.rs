@@ -167,16 +167,18 @@
 //! aligned.rs direct-I/O aligned buffers (heap, mapped, huge pages) and buffer pools
 //! stats.rs   live counters and the BlockCacheStats snapshot
 //! config.rs  the limits (constants), CacheConfig and its validation, CacheError
+//! warm.rs    warms: a known range (a boot set) read in ahead of its readers
 //! ```
 //!
 //! Files depend only downward, with no cycle ("uses" includes calling methods another file
 //! adds to `Shared`):
 //!
 //! ```text
-//! cache  ──► device ──► read ──► fill ──► shared ──► flight ──► entry
+//! cache  ──► device ──► warm, read ──► fill ──► shared ──► flight ──► entry
 //! cache  ──► read, shared, chain, shard, aligned, stats, config
 //! device ──► shared, chain, stream, config
 //! read   ──► flight, entry, chain, shard
+//! warm   ──► fill, flight, shard, shared
 //! fill   ──► flight, entry, shard, aligned
 //! shared ──► entry, chain, shard, stats, aligned, config
 //! flight ──► shard
@@ -200,6 +202,7 @@ mod shard;
 mod shared;
 mod stats;
 mod stream;
+mod warm;
 
 pub use cache::BlockCache;
 pub use chain::ChainKey;

@@ -42,6 +42,7 @@ pub(crate) struct Counters {
     pub scan_evictions: Counter,
     pub buffers_reused: Counter,
     pub scan_copies: Counter,
+    pub warm_bytes: Counter,
     /// Bytes of block buffers alive (cached, in flight, or being copied out).
     pub resident_bytes: Counter,
     /// The high-water mark of `resident_bytes`.
@@ -93,6 +94,8 @@ pub struct BlockCacheStats {
     /// Groups a scan filled that were read again before its window passed them, and so were
     /// copied out of the scan's shared buffer into one of their own to stay cached.
     pub scan_copies: u64,
+    /// Bytes read from the store by warms (a boot set read ahead of a boot).
+    pub warm_bytes: u64,
     /// Bytes charged to the budget now (data plus per-entry overhead).
     pub cached_bytes: u64,
     /// Entries cached now.

@@ -518,6 +518,12 @@ enum VersionCommand {
         #[arg(long, default_value = "test")]
         access: String,
     },
+    /// Show or clear a version's boot set (the blocks its first boots read, prefetched
+    /// by the servers ahead of the next boots): boots merged, extents, blocks, bytes.
+    #[command(after_help = "Examples:\n  ferry version boot-set golden@3\n  \
+        ferry version boot-set golden@3 --json\n  ferry version boot-set golden@3 --clear\n  \
+        ferry version boot-set golden@3 --store /srv/ferry/store   (a server without a farm)")]
+    BootSet(crate::version_boot_set::BootSetArgs),
 }
 
 const VERSION_COLUMNS: &[&str] = &[
@@ -534,6 +540,9 @@ const VERSION_COLUMNS: &[&str] = &[
 /// # Errors
 /// API errors; a missing `--vdisk`.
 pub fn version(a: VersionArgs) -> anyhow::Result<ExitCode> {
+    if let VersionCommand::BootSet(b) = a.command {
+        return crate::version_boot_set::run(&a.conn, b);
+    }
     let c = Client::new(&a.conn)?;
     let name = a
         .vdisk
@@ -576,6 +585,7 @@ pub fn version(a: VersionArgs) -> anyhow::Result<ExitCode> {
                 "merged",
             )?;
         }
+        VersionCommand::BootSet(_) => unreachable!("boot-set returned above"),
     }
     Ok(ExitCode::SUCCESS)
 }

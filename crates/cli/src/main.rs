@@ -59,6 +59,7 @@ mod target_farm;
 mod target_initramfs;
 mod vdisk;
 mod vdisk_bucket;
+mod version_boot_set;
 
 use std::io::Write as _;
 use std::process::ExitCode;

@@ -263,6 +263,12 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
             runtime.handle().clone(),
             &resolved.registry.store_dir,
         )));
+        registry
+            .boot_sets()
+            .set_mirror(Arc::new(crate::server_farm::FarmBootSets::new(
+                f,
+                runtime.handle().clone(),
+            )));
         crate::server_farm::close_ended_sessions(f, &registry, runtime.handle());
         crate::server_drain::drain_when_told(f, &registry, runtime.handle());
     }
@@ -282,6 +288,8 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         )),
         _ => None,
     };
+    registry.warm_boot_sets();
+    let boot_sets = registry.boot_sets().clone();
     let api = farm.map(|f| (f, a.api_listen, api_tls));
     let result = runtime.block_on(serve(
         resolved,
@@ -292,6 +300,8 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         boot,
     ));
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
+    // The last boots' recordings are merged and saved before the process goes.
+    boot_sets.wait_saved(RUNTIME_SHUTDOWN_TIMEOUT);
     result?;
     Ok(ExitCode::SUCCESS)
 }
@@ -378,6 +388,7 @@ async fn serve(
         let tftp_counters = tftp.as_ref().map(|t| Arc::clone(&t.counters));
         let render: server::http::Render = Arc::new(move || {
             let mut text = m.render(&reg.cache().stats(), &reg.stats());
+            server::boot_sets::render_metrics(&reg.boot_sets().stats(), &mut text);
             if let Some(c) = &tftp_counters {
                 crate::server_boot::render_metrics(c, &mut text);
             }

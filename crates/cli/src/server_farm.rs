@@ -440,3 +440,46 @@ mod tests {
         );
     }
 }
+
+/// Keeps the boot sets this server records in the farm database, and reads those other
+/// servers recorded (`server::boot_sets::BootSetMirror`): a set follows its version to
+/// every server and goes with it.
+#[derive(Debug)]
+pub struct FarmBootSets {
+    farm: Arc<farm::Farm>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl FarmBootSets {
+    /// The boot sets of `handle`'s farm; database calls run on `runtime` (the mirror is
+    /// called from the blocking pool and the server's own threads).
+    pub fn new(handle: &FarmHandle, runtime: tokio::runtime::Handle) -> FarmBootSets {
+        FarmBootSets {
+            farm: Arc::clone(&handle.farm),
+            runtime,
+        }
+    }
+}
+
+impl server::boot_sets::BootSetMirror for FarmBootSets {
+    fn load(&self, vdisk: &str, version: u32) -> Result<Option<Vec<u8>>, String> {
+        self.runtime
+            .block_on(self.farm.boot_set_by_name(vdisk, i64::from(version)))
+            .map_err(|e| contract::ErrorChain(&e).to_string())
+    }
+
+    fn save(&self, vdisk: &str, version: u32, encoded: &[u8]) -> Result<(), String> {
+        let set = bootset::BootSet::decode(encoded).map_err(|e| e.to_string())?;
+        let summary = (
+            i64::from(set.boots),
+            i64::try_from(set.extents.len()).unwrap_or(i64::MAX),
+            i64::try_from(set.bytes()).unwrap_or(i64::MAX),
+        );
+        self.runtime
+            .block_on(
+                self.farm
+                    .save_boot_set(vdisk, i64::from(version), encoded, summary),
+            )
+            .map_err(|e| contract::ErrorChain(&e).to_string())
+    }
+}

@@ -17,6 +17,7 @@
 //! error_chain.rs  ErrorChain: prints `what: cause: cause`
 //! boot_args.rs    BootArgs: the boot agent's `ferry.*` kernel arguments and boot.conf
 //! bucket_url.rs   BucketUrl: s3://BUCKET[/PREFIX] of a bucket store
+//! boot_set.rs     BootSetRequest: a device asks for its version's boot set
 //! ```
 //!
 //! Who uses what:
@@ -43,6 +44,7 @@
 pub mod access;
 pub mod boot_args;
 pub mod bucket_url;
+pub mod boot_set;
 pub mod cache_mode;
 pub mod error_chain;
 pub mod export;

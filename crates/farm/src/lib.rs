@@ -20,6 +20,7 @@
 //!               device certificate
 //! credentials.rs device credentials: reset; administrator certificates
 //! boot.rs       the network boot decision by MAC (BootPlan): read-only, login's rules
+//! boot_sets.rs  boot sets: a version's encoded set, saved by servers, read, cleared
 //! vdisk_lock.rs a chain change's lock: the process's mutex, then PostgreSQL's advisory
 //!               lock or an flock of DATA/locks/vdisk-ID.lock (SQLite)
 //! balance.rs    load balancing at login: the servers' order (rating, load, draining),
@@ -39,6 +40,7 @@
 
 pub mod balance;
 pub mod boot;
+pub mod boot_sets;
 mod confine;
 pub mod credentials;
 pub mod db;

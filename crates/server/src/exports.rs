@@ -42,19 +42,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use block_cache::{BlockCache, ChainKey};
+use block_cache::{BlockCache, CachedDevice, ChainKey};
 use contract::{DeviceName, ErrorChain, ExportName, SessionKey};
 use disk::BlockDevice;
 use disk::vhdx::VhdxImage;
 use nbd_server::{ExportHandle, ExportInfo, ExportSource, OpenError, Peer};
 
 use crate::access::{AccessPolicy, Caller, Refusal, SessionExport};
+use crate::boot_sets::BootSets;
 use crate::diff_cache::{
     self, DiffCache, DiffCacheError, DiffCacheTarget, FileLock, Retention, WriteCounters,
     WritesCounted,
 };
 use crate::open_sessions::OpenSessions;
 use crate::store::{Resolved, Store, StoreError};
+
+mod list;
 
 /// The most exports `list` returns.
 pub const EXPORTS_LIST_MAX: usize = 10_000;
@@ -160,7 +163,7 @@ struct Counters {
 }
 
 #[derive(Debug)]
-struct Inner {
+pub(crate) struct Inner {
     store: Store,
     cache: BlockCache,
     write_cache_dir: PathBuf,
@@ -184,6 +187,8 @@ struct Inner {
     /// Reads store files' bytes from elsewhere than the files (a bucket through its tier
     /// directory, see the `bucket` crate); `None` for a local store.
     storages: Mutex<Option<Arc<dyn disk::open::StorageOpener>>>,
+    /// Boot sets: recorded, kept and prefetched per read-only version (`boot_sets.rs`).
+    boot_sets: BootSets,
 }
 
 /// How long an open of a busy export keeps trying by default (see the module docs).
@@ -203,7 +208,7 @@ pub trait SessionResolver: Send + Sync + std::fmt::Debug {
 /// The export registry. Cloning gives another handle to the same registry.
 #[derive(Debug, Clone)]
 pub struct Registry {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl Registry {
@@ -239,6 +244,7 @@ impl Registry {
                 access: Mutex::new(AccessPolicy::default()),
                 open_sessions: Arc::default(),
                 storages: Mutex::default(),
+                boot_sets: BootSets::default(),
             }),
         })
     }
@@ -295,6 +301,11 @@ impl Registry {
     /// The shared block cache.
     pub fn cache(&self) -> &BlockCache {
         &self.inner.cache
+    }
+
+    /// The boot sets (see [`crate::boot_sets`]).
+    pub fn boot_sets(&self) -> &BootSets {
+        &self.inner.boot_sets
     }
 
     /// The store.
@@ -536,6 +547,7 @@ impl Inner {
         let mut lease = self.begin_use(&res.path, mode, false)?;
         lease.lock = Some(FileLock::shared(&res.path).map_err(diff_err)?);
         let cached = self.cached_chain(&res.path)?;
+        let cached = (self.boot_sets).watch(&res.vdisk, res.version, &res.path, cached);
         let Some((device, retention)) = diff else {
             return Ok(ExportHandle {
                 device: cached,
@@ -642,9 +654,9 @@ impl Inner {
     }
 
     /// A new connection's cached wrapper of the read-only chain whose top is `path`.
-    fn cached_chain(&self, path: &Path) -> Result<Arc<dyn BlockDevice>, OpenError> {
+    pub(crate) fn cached_chain(&self, path: &Path) -> Result<Arc<CachedDevice>, OpenError> {
         let (top, key) = self.shared_chain(path)?;
-        Ok(self.cache.wrap(key, top))
+        Ok(self.cache.wrap_device(key, top))
     }
 
     /// The shared read-only chain of `path`, opened if no connection holds it or the file
@@ -734,62 +746,6 @@ impl Inner {
                 "{e}; a parent locator may only name files in the store"
             )),
         })
-    }
-
-    fn list(&self) -> Result<Vec<ExportInfo>, StoreError> {
-        let mut out = Vec::new();
-        for vd in self.store.scan()? {
-            let Some(newest) = vd.newest() else { continue };
-            for (&version, path) in &vd.versions {
-                let Some(size) = self.size_of(path) else {
-                    continue;
-                };
-                if version == newest {
-                    out.push(ExportInfo {
-                        name: vd.name.clone(),
-                        description: format!("vDisk {} (newest: version {version})", vd.name),
-                        size,
-                    });
-                }
-                out.push(ExportInfo {
-                    name: format!("{}@{version}", vd.name),
-                    description: format!("vDisk {} version {version}", vd.name),
-                    size,
-                });
-                if out.len() >= EXPORTS_LIST_MAX {
-                    return Ok(out);
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// The virtual size of a store file (cached while the file is unchanged); `None`, with
-    /// a warning, for a file that does not open.
-    fn size_of(&self, path: &Path) -> Option<u64> {
-        let id = FileId::of(path).ok()?;
-        if let Some((known, size)) = lock(&self.sizes).get(path)
-            && *known == id
-        {
-            return Some(*size);
-        }
-        let opts = disk::open::OpenOptions::default();
-        let storages = lock(&self.storages).clone();
-        let opened = match storages {
-            Some(s) => disk::open::open_one_confined_with(self.store.dir(), path, opts, s.as_ref()),
-            None => disk::open::open_one(path, opts),
-        };
-        match opened {
-            Ok(layer) => {
-                let size = layer.image.device().size();
-                lock(&self.sizes).insert(path.to_path_buf(), (id, size));
-                Some(size)
-            }
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %ErrorChain(&e), "store file does not open");
-                None
-            }
-        }
     }
 }
 

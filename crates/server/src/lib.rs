@@ -17,6 +17,8 @@
 #![warn(missing_docs)]
 
 pub mod access;
+pub mod boot_sets;
+mod boot_watch;
 pub mod config;
 pub mod diff_cache;
 pub mod exports;
@@ -24,3 +26,4 @@ pub mod http;
 pub mod metrics;
 pub mod open_sessions;
 pub mod store;
+pub use boot_watch::BootWatch;

@@ -67,6 +67,40 @@ impl Api {
         (status, v)
     }
 
+    /// A request whose answer is returned as bytes (not JSON), with its content type.
+    pub async fn bytes(
+        &self,
+        method: Method,
+        uri: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> (StatusCode, Option<String>, Vec<u8>) {
+        let mut req = Request::builder().method(method).uri(uri);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        if body.is_some() {
+            req = req.header("content-type", "application/json");
+        }
+        let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+        let resp = self
+            .router
+            .clone()
+            .oneshot(req.body(body).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status();
+        let ctype = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let bytes = axum::body::to_bytes(resp.into_body(), 32 << 20)
+            .await
+            .unwrap();
+        (status, ctype, bytes.to_vec())
+    }
+
     pub async fn call(
         &self,
         method: Method,

@@ -10,8 +10,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
 
+use super::bootstorm_sets::{Mode, StormRow};
 use super::harness::{
-    DataSet, GOAL_VS_PEERS, Kind, NbdConfig, Server, Usage, fio_json, make_data_set, percentile,
+    DataSet, GOAL_VS_PEERS, Kind, NbdConfig, Server, fio_json, make_data_set, percentile,
     remove_data_set, verdict,
 };
 use super::trace::{BOOT_TRACE_BYTES, BOOT_TRACE_READS, Trace, synthesize, write_iolog};
@@ -23,18 +24,6 @@ const GOAL_STORE_OVER_UNIQUE: f64 = 1.05;
 const PVS_BOOTS_PER_MIN: f64 = 100.0;
 
 const BOOT_NAME: &str = "boot";
-
-/// One boot-storm scenario on one server.
-#[derive(Debug, Clone)]
-pub struct StormRow {
-    pub kind: Kind,
-    pub clients: usize,
-    /// Seconds of each client, start to exit.
-    pub completion: Vec<f64>,
-    /// Until the last client finished.
-    pub makespan: f64,
-    pub usage: Usage,
-}
 
 impl StormRow {
     fn boots_per_min(&self) -> f64 {
@@ -115,15 +104,49 @@ pub(crate) fn check_replays(outs: &[PathBuf], total_bytes: u64) -> Result<()> {
     Ok(())
 }
 
+/// Records the data set's boot set if it has none: one boot (one client) on a server with
+/// boot sets on, which keeps the set beside the version when the boot ends (untimed).
+fn learn(cfg: &Config, ds: &DataSet, t: &Trace, log: &Path) -> Result<()> {
+    let set = server::boot_sets::set_path(&ds.vhdx);
+    if set.exists() {
+        return Ok(());
+    }
+    let srv = Server::start_boot_sets(ds)?;
+    cfg.cache.drop_now();
+    let (_, _, outs) = replay_at_once(&cfg.dir, "learn", &[srv.uri(ds)], log)?;
+    let usage = srv.stop()?;
+    check_replays(&outs, t.total_bytes)?;
+    if !set.exists() || usage.boots_recorded != Some(1) {
+        bail!(
+            "the first boot recorded no boot set ({} missing, {:?} recorded)",
+            set.display(),
+            usage.boots_recorded
+        );
+    }
+    note(&format!(
+        "bootstorm: first boot recorded {} ({} bytes)",
+        set.display(),
+        std::fs::metadata(&set).map_or(0, |m| m.len())
+    ));
+    Ok(())
+}
+
 fn storm(
     cfg: &Config,
     ds: &DataSet,
     t: &Trace,
     log: &Path,
-    kind: Kind,
+    mode: Mode,
     clients: usize,
 ) -> Result<StormRow> {
-    let srv = Server::start(kind, ds)?;
+    let kind = mode.kind();
+    let srv = match mode {
+        Mode::FerryBootSet => {
+            learn(cfg, ds, t, log)?;
+            Server::start_boot_sets(ds)?
+        }
+        Mode::Ferry | Mode::Nbdkit => Server::start(kind, ds)?,
+    };
     cfg.cache.drop_now();
     cfg.loads.sample();
     let uri = srv.uri(ds);
@@ -137,6 +160,7 @@ fn storm(
     check_replays(&outs, t.total_bytes)?;
     let row = StormRow {
         kind,
+        mode,
         clients,
         completion,
         makespan,
@@ -144,7 +168,7 @@ fn storm(
     };
     note(&format!(
         "bootstorm {} × {clients}: p50 {:.2} s, p99 {:.2} s, {:.0} boots/min, CPU {:.1} s, store {:.0} MB",
-        kind.name(),
+        mode.label(),
         percentile(&row.completion, 50.0),
         percentile(&row.completion, 99.0),
         row.boots_per_min(),
@@ -177,10 +201,11 @@ pub fn bootstorm_bench(cfg: &Config, n: &NbdConfig) -> Result<String> {
     let ds = make_data_set(cfg, BOOT_NAME, n.boot_disk_bytes, cfg.seed ^ 0xb0)?;
     let mut rows = Vec::new();
     for &c in &n.boot_clients {
-        for kind in [Kind::Ferry, Kind::Nbdkit] {
-            rows.push(storm(cfg, &ds, &t, &log, kind, c)?);
+        for mode in [Mode::Ferry, Mode::Nbdkit, Mode::FerryBootSet] {
+            rows.push(storm(cfg, &ds, &t, &log, mode, c)?);
         }
     }
+    let _ = std::fs::remove_file(server::boot_sets::set_path(&ds.vhdx));
     remove_data_set(cfg, &ds);
     if !cfg.keep {
         let _ = std::fs::remove_file(&log);
@@ -263,7 +288,7 @@ fn render_storm(cfg: &Config, n: &NbdConfig, t: &Trace, rows: &[StormRow]) -> St
             out,
             "| {} | {} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} | {store} | {ra} | {store_ratio} | {:.0} | {:.3} |",
             r.clients,
-            r.kind.name(),
+            r.mode.label(),
             percentile(&r.completion, 50.0),
             percentile(&r.completion, 99.0),
             percentile(&r.completion, 100.0),
@@ -274,13 +299,14 @@ fn render_storm(cfg: &Config, n: &NbdConfig, t: &Trace, rows: &[StormRow]) -> St
         );
     }
     out.push('\n');
+    super::bootstorm_sets::render_goals(&mut out, n, t, rows);
     // Goals at the largest client count.
     let Some(&top) = n.boot_clients.iter().max() else {
         return out;
     };
     let f = rows
         .iter()
-        .find(|r| r.clients == top && r.kind == Kind::Ferry);
+        .find(|r| r.clients == top && r.mode == Mode::Ferry);
     let k = rows
         .iter()
         .find(|r| r.clients == top && r.kind == Kind::Nbdkit);

@@ -102,6 +102,9 @@ pub struct Usage {
     pub cached_bytes: Option<u64>,
     /// Ferry only: bytes sent in read replies (`ferry_nbd_bytes_total{type="read"}`).
     pub nbd_read_bytes: Option<u64>,
+    /// Ferry with boot sets: bytes the boot-set prefetch read, boots recorded.
+    pub prefetch_bytes: Option<u64>,
+    pub boots_recorded: Option<u64>,
 }
 
 /// A free loopback TCP port (bound and released: a race a benchmark can afford).
@@ -138,6 +141,16 @@ impl Server {
     /// Starts `kind` serving `ds` on a fresh loopback port; with `tls` (a [`pki::CertDir`]
     /// made by [`make_cert_dir`]) the server requires TLS and its URI is `nbds://`.
     pub fn start_with(kind: Kind, ds: &DataSet, tls: Option<&Path>) -> Result<Server> {
+        Server::start_opts(kind, ds, tls, false)
+    }
+
+    /// Starts Ferry serving `ds` with boot sets on (recorded, kept beside the version and
+    /// prefetched when a boot begins: `server::boot_sets`).
+    pub fn start_boot_sets(ds: &DataSet) -> Result<Server> {
+        Server::start_opts(Kind::Ferry, ds, None, true)
+    }
+
+    fn start_opts(kind: Kind, ds: &DataSet, tls: Option<&Path>, boot_sets: bool) -> Result<Server> {
         let tls_buf = tls.map(Path::to_path_buf);
         match kind {
             Kind::Ferry => {
@@ -147,6 +160,9 @@ impl Server {
                     .arg("--store")
                     .arg(&ds.store)
                     .args(["--port", "0"]);
+                if boot_sets {
+                    cmd.arg("--boot-sets");
+                }
                 if let Some(dir) = tls {
                     cmd.arg("--tls-certificates").arg(dir);
                 }
@@ -276,6 +292,8 @@ impl Server {
             u.buffers_reused = metric(&text, "ferry_cache_buffers_reused_total");
             u.cached_bytes = metric(&text, "ferry_cache_bytes");
             u.nbd_read_bytes = metric(&text, "ferry_nbd_bytes_total{type=\"read\"}");
+            u.prefetch_bytes = metric(&text, "ferry_bootset_prefetch_bytes_total");
+            u.boots_recorded = metric(&text, "ferry_bootset_recorded_total");
         } else {
             let _ = self.child.kill();
             self.child.wait()?;
@@ -354,9 +372,11 @@ pub fn serve_internal(args: &[String]) -> Result<()> {
     let mut store = None;
     let mut port: u16 = 0;
     let mut certs = None;
+    let mut boot_sets = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
+            "--boot-sets" => boot_sets = true,
             "--store" => store = it.next().map(PathBuf::from),
             "--port" => port = it.next().context("--port P")?.parse()?,
             "--tls-certificates" => certs = it.next().map(PathBuf::from),
@@ -407,6 +427,10 @@ pub fn serve_internal(args: &[String]) -> Result<()> {
         },
         cache,
     )?;
+    // Boot sets are off unless asked for, so that the other benchmarks' rows (copies,
+    // random reads) are neither recorded nor prefetched. They are not prefetched at start
+    // either: a boot's open starts the prefetch, as on a server that just came up.
+    registry.boot_sets().set_enabled(boot_sets);
     let metrics = Arc::new(server::metrics::Metrics::new());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -440,7 +464,9 @@ pub fn serve_internal(args: &[String]) -> Result<()> {
         listener.serve(Arc::new(reg), m, rx).await;
         anyhow::Ok(())
     })?;
-    let text = metrics.render(&registry.cache().stats(), &registry.stats());
+    registry.boot_sets().wait_saved(Duration::from_secs(30));
+    let mut text = metrics.render(&registry.cache().stats(), &registry.stats());
+    server::boot_sets::render_metrics(&registry.boot_sets().stats(), &mut text);
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())?;
     out.flush()?;

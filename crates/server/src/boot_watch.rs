@@ -1,0 +1,234 @@
+//! [`BootWatch`]: the device decorator a read-only version is served through while boot
+//! sets are on. It tells the version's [`crate::boot_sets`] slot where the boot is (so the
+//! prefetch skips what the boot has passed, and reads of prefetched extents are counted),
+//! and, for the first boots of a version, records the reads of the connection's boot
+//! window into a [`bootset::Recorder`].
+//!
+//! Every call is passed on to the inner device (the connection's cached wrapper); every
+//! fast path too, observed when it completes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use bootset::Recorder;
+use disk::device::{Geometry, LayerRun, ParentRef, Piece, Submitted};
+use disk::{BlockDevice, FastPath};
+use vhdx::Guid;
+
+/// What a watched connection reports to: its version's boot-set slot
+/// (`crate::boot_sets`), behind a trait so that this file does not depend on that one.
+pub(crate) trait BootObserver: Send + Sync + std::fmt::Debug {
+    /// A client's read completed.
+    fn observe(&self, offset: u64, len: u64);
+    /// A connection's recording ended (`None`: it recorded nothing).
+    fn recorded(self: Arc<Self>, rec: Option<Recording>);
+    /// How long after its first read a connection's reads are its boot's.
+    fn window(&self) -> Duration;
+    /// The most distinct bytes a recording keeps.
+    fn record_bytes_max(&self) -> u64;
+    /// The same in pages.
+    fn record_pages_max(&self) -> usize;
+}
+
+/// One connection's recording.
+#[derive(Debug)]
+pub(crate) struct Recording {
+    /// Set at the connection's first read.
+    pub(crate) started: Option<Instant>,
+    pub(crate) recorder: Recorder,
+}
+
+/// A read-only version's device, watched for boot sets (see the module docs).
+#[derive(Debug)]
+pub struct BootWatch {
+    inner: Arc<dyn BlockDevice>,
+    slot: Arc<dyn BootObserver>,
+    /// True while this connection records.
+    recording: AtomicBool,
+    rec: Mutex<Option<Recording>>,
+}
+
+impl BootWatch {
+    /// Watches `inner` for `slot`'s version; records when `record`.
+    pub(crate) fn new(
+        inner: Arc<dyn BlockDevice>,
+        slot: Arc<dyn BootObserver>,
+        record: bool,
+    ) -> BootWatch {
+        let rec = record.then(|| Recording {
+            started: None,
+            recorder: Recorder::new(inner.size(), slot.record_pages_max()),
+        });
+        BootWatch {
+            inner,
+            slot,
+            recording: AtomicBool::new(record),
+            rec: Mutex::new(rec),
+        }
+    }
+
+    /// Notes a read the inner device answered.
+    fn seen(&self, offset: u64, len: u64) {
+        self.slot.observe(offset, len);
+        if !self.recording.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut rec = self.rec.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(r) = rec.as_mut() else { return };
+        let now = Instant::now();
+        let started = *r.started.get_or_insert(now);
+        let elapsed = now.duration_since(started);
+        let within = elapsed <= self.slot.window()
+            && r.recorder.read(
+                offset,
+                len,
+                u32::try_from(elapsed.as_millis()).unwrap_or(u32::MAX),
+            )
+            && r.recorder.bytes() < self.slot.record_bytes_max();
+        if !within {
+            self.recording.store(false, Ordering::Relaxed);
+            let done = rec.take();
+            drop(rec);
+            Arc::clone(&self.slot).recorded(done);
+        }
+    }
+
+    fn seen_if<T>(
+        &self,
+        r: Option<disk::Result<T>>,
+        offset: u64,
+        len: u64,
+    ) -> Option<disk::Result<T>> {
+        if matches!(r, Some(Ok(_))) {
+            self.seen(offset, len);
+        }
+        r
+    }
+}
+
+impl Drop for BootWatch {
+    fn drop(&mut self) {
+        if self.recording.swap(false, Ordering::Relaxed) {
+            let done = self
+                .rec
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            Arc::clone(&self.slot).recorded(done);
+        }
+    }
+}
+
+impl BlockDevice for BootWatch {
+    fn fast_path(&self) -> Option<&dyn FastPath> {
+        Some(self)
+    }
+
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+
+    fn format(&self) -> &'static str {
+        self.inner.format()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> disk::Result<()> {
+        self.inner.read_at(buf, offset)?;
+        self.seen(offset, buf.len() as u64);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> disk::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+
+    fn flush(&self) -> disk::Result<()> {
+        self.inner.flush()
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> disk::Result<()> {
+        self.inner.trim(offset, len)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> disk::Result<()> {
+        self.inner.write_zeroes(offset, len)
+    }
+
+    fn can_write(&self) -> bool {
+        self.inner.can_write()
+    }
+
+    fn map_layer(&self, offset: u64, len: u64) -> disk::Result<Vec<LayerRun>> {
+        self.inner.map_layer(offset, len)
+    }
+
+    fn parent(&self) -> Option<Arc<dyn BlockDevice>> {
+        self.inner.parent()
+    }
+
+    fn parent_ref(&self) -> Option<ParentRef> {
+        self.inner.parent_ref()
+    }
+
+    fn linkage_id(&self) -> Option<Guid> {
+        self.inner.linkage_id()
+    }
+
+    fn allocated_bytes(&self) -> disk::Result<u64> {
+        self.inner.allocated_bytes()
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.inner.warnings()
+    }
+}
+
+/// Every fast path of the inner device is passed on; reads that complete are observed.
+impl FastPath for BootWatch {
+    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> disk::Result<()> {
+        self.inner.read_vectored_at(bufs, offset)?;
+        let len = bufs.iter().map(|b| b.len() as u64).sum();
+        self.seen(offset, len);
+        Ok(())
+    }
+
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<disk::Result<()>> {
+        let len = buf.len() as u64;
+        self.seen_if(self.inner.try_read_at(buf, offset), offset, len)
+    }
+
+    fn try_read_shared(&self, offset: u64, len: u64) -> Option<disk::Result<Vec<Piece>>> {
+        self.seen_if(self.inner.try_read_shared(offset, len), offset, len)
+    }
+
+    fn shares_reads(&self) -> bool {
+        self.inner.shares_reads()
+    }
+
+    fn read_shared(&self, offset: u64, len: u64) -> Option<disk::Result<Vec<Piece>>> {
+        self.seen_if(self.inner.read_shared(offset, len), offset, len)
+    }
+
+    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<disk::Result<()>> {
+        self.inner.try_write_at(buf, offset)
+    }
+
+    fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
+        let call = self.inner.submit_read(offset, len)?;
+        let slot = Arc::clone(&self.slot);
+        Some(Box::pin(async move {
+            let r = call.await?;
+            if r.is_ok() {
+                // Observed for the prefetch only: a submitted read is not recorded (the
+                // cached wrapper submits none; a recording misses nothing today).
+                slot.observe(offset, len as u64);
+            }
+            Some(r)
+        }))
+    }
+
+    fn submit_write(&self, buf: &[u8], offset: u64) -> Option<Submitted<()>> {
+        self.inner.submit_write(buf, offset)
+    }
+}
