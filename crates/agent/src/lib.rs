@@ -27,12 +27,15 @@
 //! cache modes, MACs and the login wire format are the `contract` crate's, shared with the
 //! server and the farm.
 //!
+//! The boot set comes from the farm after device login (`boot_set_fetch.rs`).
+//!
 //! `daemon.rs` runs it all with a control socket (`control.rs`) that answers `status` and
 //! `mark-booted`.
 
 #![warn(missing_docs)]
 
 pub mod boot;
+pub mod boot_set_fetch;
 pub mod client;
 pub mod control;
 pub mod daemon;

@@ -158,9 +158,24 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
                 );
             }
             let (grant, api) = device_login(a, mac)?;
-            reporter = Some((api, grant.export_name.to_string()));
+            reporter = Some((api.clone(), grant.export_name.to_string()));
             let mut cfg = config_from_grant(&grant, export_socket.clone())?;
             cfg.relogin = Some(relogin(a, &grant));
+            // The version's boot set, read ahead of the machine (local cache modes only:
+            // the prefetch fills the host or a private read cache).
+            if cfg.mode.is_local() && !a.no_prefetch {
+                cfg.boot_set = Some(Arc::new(agent::boot_set_fetch::FarmBootSet {
+                    api: api.clone(),
+                    ca_pem: a
+                        .farm_ca
+                        .as_ref()
+                        .and_then(|f| std::fs::read_to_string(f).ok()),
+                    export_name: grant.export_name.to_string(),
+                    vdisk: grant.vdisk.clone(),
+                    version: grant.version,
+                    size_bytes: grant.size_bytes,
+                }));
+            }
             cfg
         }
     };

@@ -43,8 +43,8 @@
 
 pub mod access;
 pub mod boot_args;
-pub mod bucket_url;
 pub mod boot_set;
+pub mod bucket_url;
 pub mod cache_mode;
 pub mod error_chain;
 pub mod export;

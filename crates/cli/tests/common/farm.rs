@@ -91,6 +91,11 @@ impl Farm {
 
     /// `ferry target` of device `mac` logged in through `api`, exporting `NAME.sock`.
     pub fn target(&self, api: &str, mac: &str, name: &str) -> (Proc, PathBuf) {
+        self.target_with(api, mac, name, &[])
+    }
+
+    /// As [`Farm::target`], with `extra` flags.
+    pub fn target_with(&self, api: &str, mac: &str, name: &str, extra: &[&str]) -> (Proc, PathBuf) {
         let socket = self.dir.path().join(format!("{name}.sock"));
         let overflow = self.dir.path().join(format!("overflow-{name}"));
         std::fs::create_dir_all(&overflow).unwrap();
@@ -102,7 +107,8 @@ impl Farm {
                 path_str(&self.dir.path().join(format!("state-{name}"))),
             ])
             .arg(format!("--export=unix:{}", path_str(&socket)))
-            .args(["--overflow", path_str(&overflow)]);
+            .args(["--overflow", path_str(&overflow)])
+            .args(extra);
         let mut target = Proc::spawn(&mut cmd, self.dir.path().join(format!("{name}.log")));
         let ctl = PathBuf::from(format!("{}.ctl", path_str(&socket)));
         target.wait_until("exporting", || {

@@ -1,0 +1,111 @@
+//! Boot sets through a farm, device side (issue 21): a `ferry server --farm` records a
+//! device's boot of a version into the farm, and the device's next login prefetches that
+//! set (`POST /api/v1/device/boot-set`, `agent::boot_set_fetch`) ahead of its reads.
+//!
+//! * the first `ferry target` boot reads 2 MiB through its export (qemu-io); when it ends,
+//!   the farm shows the version's set (`ferry version boot-set golden@0 --json`: one boot);
+//! * the next `ferry target` of the device, started after that, fetches the set from the farm
+//!   and reads it from the server ahead of the machine (`ferry target status --json`: the
+//!   prefetch is done and fetched the set's bytes); the machine then reads the version's own
+//!   bytes (qemu-io verifies the patterns), its reads answered by the prefetched cache;
+//! * `--no-prefetch` turns it off: no prefetch in the status.
+//!
+//! Tool rule (STYLE.md §6): a missing qemu-io skips with a printed reason on a developer's
+//! machine and fails under `CI=true`.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::WAIT;
+use common::farm::{Farm, status};
+use interop::{MIB, require};
+use serde_json::Value;
+
+const MAC: &str = "aa:bb:cc:00:21:01";
+
+/// qemu-io reads of the golden pattern (0x21 at 0, 0x22 at 32 MiB), which must verify.
+fn boot_reads(socket: &Path) {
+    let out = Command::new("qemu-io")
+        .stdin(Stdio::null())
+        .args([
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x21 0 1M",
+            "-c",
+            "read -P 0x22 32M 1M",
+        ])
+        .arg(format!("nbd+unix:///?socket={}", socket.display()))
+        .output()
+        .unwrap();
+    let t = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && !t.contains("failed"),
+        "qemu-io: {t}"
+    );
+}
+
+/// Polls `f` every 100 ms until it returns `Some`; a hang guard, not a measure.
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < WAIT * 2, "never {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_device_prefetches_the_boot_set_its_farm_recorded() {
+    if !require("qemu-io") {
+        return;
+    }
+    let f = Farm::init();
+    let (srv, api, _) = f.server("s1");
+    f.objects(&api, &[(MAC, "pc1")]);
+
+    // First boot: recorded when its connection ends.
+    let (first, socket) = f.target(&api, MAC, "pc1");
+    boot_reads(&socket);
+    first.stop();
+    let set: Value = wait_for("a boot set in the farm", || {
+        let out = common::ferry()
+            .args(["version", "boot-set", "golden@0", "--json"])
+            .args(["--api", &api, "--token", &f.token])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        (out.status.success() && v["boots"] == 1).then_some(v)
+    });
+    let set_bytes = set["bytes"].as_u64().unwrap();
+    assert!(set_bytes >= 2 * MIB, "{set}");
+
+    // Next boot: the device fetches the set and reads it ahead.
+    let (second, socket) = f.target(&api, MAC, "pc1");
+    let pf = wait_for("the prefetch done", || {
+        let p = status(&socket)["prefetch"].clone();
+        (p["state"] == "done").then_some(p)
+    });
+    assert!(pf["set_bytes"].as_u64().unwrap() >= set_bytes, "{pf}");
+    assert!(pf["fetched_bytes"].as_u64().unwrap() >= set_bytes, "{pf}");
+    boot_reads(&socket);
+    let hc = status(&socket)["host_cache"].clone();
+    assert!(hc["hit_bytes"].as_u64().unwrap() >= 2 * MIB, "{hc}");
+    second.stop();
+
+    // --no-prefetch: none.
+    let (third, socket) = f.target_with(&api, MAC, "pc1", &["--no-prefetch"]);
+    boot_reads(&socket);
+    assert_eq!(status(&socket)["prefetch"], Value::Null);
+    third.stop();
+    srv.stop();
+}
