@@ -10,6 +10,11 @@
 //!   bytes (qemu-io verifies the patterns), its reads answered by the prefetched cache;
 //! * `--no-prefetch` turns it off: no prefetch in the status.
 //!
+//! The set follows its version to every server and through a promotion: a set recorded by
+//! one server while the version is in test is prefetched, after it is promoted to
+//! production, by another server that never saw a boot of it, from the farm's copy (the
+//! file beside the version is removed first), for a production device.
+//!
 //! Tool rule (STYLE.md §6): a missing qemu-io skips with a printed reason on a developer's
 //! machine and fails under `CI=true`.
 
@@ -19,8 +24,8 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::WAIT;
 use common::farm::{Farm, status};
+use common::{WAIT, free_port, scrape, series};
 use interop::{MIB, require};
 use serde_json::Value;
 
@@ -108,4 +113,70 @@ fn a_device_prefetches_the_boot_set_its_farm_recorded() {
     assert_eq!(status(&socket)["prefetch"], Value::Null);
     third.stop();
     srv.stop();
+}
+
+#[test]
+fn a_set_follows_its_version_to_another_server_and_through_a_promotion() {
+    if !require("qemu-io") {
+        return;
+    }
+    const TESTER: &str = "aa:bb:cc:00:21:02";
+    let f = Farm::init();
+    let (s1, api1, _) = f.server("s1");
+    f.objects(&api1, &[(MAC, "pc1")]);
+    f.json(
+        &api1,
+        &[
+            "device",
+            "add",
+            TESTER,
+            "--name",
+            "qa1",
+            "--collection",
+            "1",
+            "--vdisk",
+            "golden",
+            "--type",
+            "test",
+        ],
+    );
+    // Version 1 in test: the test device boots it on s1, which records the set.
+    f.json(&api1, &["version", "new", "--vdisk", "golden"]);
+    f.json(&api1, &["version", "promote", "1", "--vdisk", "golden"]);
+    let (qa, socket) = f.target(&api1, TESTER, "qa1");
+    boot_reads(&socket);
+    qa.stop();
+    let set_bytes = wait_for("version 1's boot set in the farm", || {
+        let out = common::ferry()
+            .args(["version", "boot-set", "golden@1", "--json"])
+            .args(["--api", &api1, "--token", &f.token])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        (out.status.success() && v["boots"] == 1).then(|| v["bytes"].as_u64().unwrap())
+    });
+    f.json(&api1, &["version", "promote", "1", "--vdisk", "golden"]);
+
+    // s1 goes away, and so does the copy it kept beside the version in the shared store:
+    // s2, which never saw a boot of version 1, has only the farm's copy.
+    s1.stop();
+    let beside = f.store().join("golden.1.avhdx.bootset");
+    assert!(beside.is_file(), "s1 kept the set beside the version");
+    std::fs::remove_file(&beside).unwrap();
+    let metrics = free_port();
+    let (s2, api2, _) = f.server_with("s2", |c| {
+        c.args(["--store", common::path_str(&f.store())])
+            .arg(format!("--metrics-listen=127.0.0.1:{metrics}"));
+    });
+    let (pc, socket) = f.target(&api2, MAC, "pc1");
+    boot_reads(&socket);
+    let prefetched = wait_for("s2 prefetching the farm's set", || {
+        let n = series(&scrape(metrics), "ferry_bootset_prefetch_bytes_total");
+        (n >= set_bytes).then_some(n)
+    });
+    assert!(prefetched >= set_bytes);
+    let pf = status(&socket)["prefetch"].clone();
+    assert!(pf["set_bytes"].as_u64().unwrap() >= set_bytes, "{pf}");
+    pc.stop();
+    s2.stop();
 }

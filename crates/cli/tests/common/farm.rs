@@ -143,8 +143,14 @@ impl Farm {
         let mut cmd = ferry();
         cmd.args(["server", "--farm", path_str(&self.data())]);
         extra(&mut cmd);
+        // Metrics off unless `extra` asked for them.
+        let metrics = cmd
+            .get_args()
+            .any(|a| a.to_string_lossy().starts_with("--metrics-listen"));
+        if !metrics {
+            cmd.arg("--metrics-listen=");
+        }
         cmd.arg(format!("--nbd-listen=127.0.0.1:{nbd}"))
-            .arg("--metrics-listen=")
             .arg(format!("--api-listen=127.0.0.1:{api}"))
             .args(["--server-name", name]);
         let mut p = Proc::spawn(&mut cmd, self.dir.path().join(format!("{name}.log")));
