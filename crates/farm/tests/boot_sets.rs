@@ -16,6 +16,7 @@ async fn golden(t: &TestFarm) -> i64 {
     let store = NewStore {
         name: "main".into(),
         path: "main".into(),
+        bucket: String::new(),
     };
     let store = t.farm.create_store(&store, ADMIN).await.unwrap().id;
     let vdisk = NewVDisk {
