@@ -545,6 +545,9 @@ pub struct LoginGrantSchema {
     size_bytes: i64,
     /// The version the device boots.
     version: i64,
+    /// When that version was made (Unix ms): a version deleted and made again under its
+    /// number has another.
+    version_created_at_ms: i64,
     /// That version's access mode.
     access: AccessMode,
     /// Where the device's writes go.
