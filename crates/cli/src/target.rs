@@ -161,9 +161,9 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
             reporter = Some((api.clone(), grant.export_name.to_string()));
             let mut cfg = config_from_grant(&grant, export_socket.clone())?;
             cfg.relogin = Some(relogin(a, &grant));
-            // The version's boot set, read ahead of the machine (local cache modes only:
-            // the prefetch fills the host or a private read cache).
-            if cfg.mode.is_local() && !a.no_prefetch {
+            // The version's boot set, read ahead of the machine into the host read cache
+            // (local cache modes with --host-cache: without one, no read cache is kept).
+            if cfg.mode.is_local() && !a.no_prefetch && a.host_cache.is_some() {
                 cfg.boot_set = Some(Arc::new(agent::boot_set_fetch::FarmBootSet {
                     api: api.clone(),
                     ca_pem: a

@@ -98,8 +98,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "SIZE", default_value = "2G", value_parser = parse_nonzero_size)]
     pub host_cache_size: u64,
     /// After device login, do not read the version's boot set (from the farm) ahead of the
-    /// machine's reads. By default a local cache mode prefetches it into the host read
-    /// cache, or a private one without --host-cache.
+    /// machine's reads. By default a local cache mode with --host-cache prefetches it into
+    /// the host read cache.
     #[arg(long)]
     pub no_prefetch: bool,
     /// NBD over TLS with the certificates in DIR: ca-cert.pem (the farm's CA, which the

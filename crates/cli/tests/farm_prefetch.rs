@@ -4,7 +4,8 @@
 //!
 //! * the first `ferry target` boot reads 2 MiB through its export (qemu-io); when it ends,
 //!   the farm shows the version's set (`ferry version boot-set golden@0 --json`: one boot);
-//! * the next `ferry target` of the device, started after that, fetches the set from the farm
+//! * the next `ferry target` of the device (with `--host-cache`), started after that, fetches
+//!   the set from the farm
 //!   and reads it from the server ahead of the machine (`ferry target status --json`: the
 //!   prefetch is done and fetched the set's bytes); the machine then reads the version's own
 //!   bytes (qemu-io verifies the patterns), its reads answered by the prefetched cache;
@@ -95,7 +96,10 @@ fn a_device_prefetches_the_boot_set_its_farm_recorded() {
     assert!(set_bytes >= 2 * MIB, "{set}");
 
     // Next boot: the device fetches the set and reads it ahead.
-    let (second, socket) = f.target(&api, MAC, "pc1");
+    let hc_dir = f.dir.path().join("hc");
+    std::fs::create_dir_all(&hc_dir).unwrap();
+    let hc_arg = format!("--host-cache={}", hc_dir.display());
+    let (second, socket) = f.target_with(&api, MAC, "pc1", &[&hc_arg]);
     let pf = wait_for("the prefetch done", || {
         let p = status(&socket)["prefetch"].clone();
         (p["state"] == "done").then_some(p)
@@ -108,7 +112,7 @@ fn a_device_prefetches_the_boot_set_its_farm_recorded() {
     second.stop();
 
     // --no-prefetch: none.
-    let (third, socket) = f.target_with(&api, MAC, "pc1", &["--no-prefetch"]);
+    let (third, socket) = f.target_with(&api, MAC, "pc1", &[&hc_arg, "--no-prefetch"]);
     boot_reads(&socket);
     assert_eq!(status(&socket)["prefetch"], Value::Null);
     third.stop();
@@ -168,7 +172,10 @@ fn a_set_follows_its_version_to_another_server_and_through_a_promotion() {
         c.args(["--store", common::path_str(&f.store())])
             .arg(format!("--metrics-listen=127.0.0.1:{metrics}"));
     });
-    let (pc, socket) = f.target(&api2, MAC, "pc1");
+    let hc_dir = f.dir.path().join("hc");
+    std::fs::create_dir_all(&hc_dir).unwrap();
+    let hc_arg = format!("--host-cache={}", hc_dir.display());
+    let (pc, socket) = f.target_with(&api2, MAC, "pc1", &[&hc_arg]);
     boot_reads(&socket);
     let prefetched = wait_for("s2 prefetching the farm's set", || {
         let n = series(&scrape(metrics), "ferry_bootset_prefetch_bytes_total");
