@@ -364,7 +364,13 @@ impl TierStore {
 
     /// True when `name` is served from the bucket: pinned, or published in it now.
     fn is_object(&self, name: &str) -> Result<bool, BucketError> {
-        if self.pinned(name).is_some() {
+        // An object opened before: no manifest file to read and parse again.
+        let opened = self
+            .objects
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(name);
+        if opened || self.pinned(name).is_some() {
             return Ok(true);
         }
         Ok(self.pin_from_bucket(name)?.is_some())

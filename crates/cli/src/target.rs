@@ -158,7 +158,8 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
                 );
             }
             let (grant, api) = device_login(a, mac)?;
-            reporter = Some((api.clone(), grant.export_name.to_string()));
+            let ca = farm_ca_pem(a);
+            reporter = Some((api.clone(), grant.export_name.to_string(), ca.clone()));
             let mut cfg = config_from_grant(&grant, export_socket.clone())?;
             cfg.relogin = Some(relogin(a, &grant));
             // The version's boot set, read ahead of the machine into the host read cache
@@ -166,10 +167,7 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
             if cfg.mode.is_local() && !a.no_prefetch && a.host_cache.is_some() {
                 cfg.boot_set = Some(Arc::new(agent::boot_set_fetch::FarmBootSet {
                     api: api.clone(),
-                    ca_pem: a
-                        .farm_ca
-                        .as_ref()
-                        .and_then(|f| std::fs::read_to_string(f).ok()),
+                    ca_pem: ca,
                     export_name: grant.export_name.to_string(),
                     vdisk: grant.vdisk.clone(),
                     version: grant.version,
@@ -207,11 +205,7 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    if let Some((api, export)) = reporter {
-        let ca = match &a.farm_ca {
-            Some(f) => std::fs::read_to_string(f).ok(),
-            None => None,
-        };
+    if let Some((api, export, ca)) = reporter {
         let refresh = Arc::new(agent::remote::ServerRefresh::default());
         cfg.refresh = Some(Arc::clone(&refresh));
         start_reporter(&api, ca, export, cfg.control_socket.clone(), Some(refresh));
@@ -526,6 +520,13 @@ fn prometheus_text(s: &Status) -> String {
         ));
     }
     out
+}
+
+/// The farm CA's certificate (PEM) from `--farm-ca`, when given and readable.
+fn farm_ca_pem(a: &RunArgs) -> Option<String> {
+    a.farm_ca
+        .as_ref()
+        .and_then(|f| std::fs::read_to_string(f).ok())
 }
 
 #[cfg(test)]

@@ -14,7 +14,6 @@
 //! Tool rule (STYLE.md §6): a missing nbdcopy skips a test with a printed reason on a
 //! developer's machine and fails it under `CI=true`.
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -22,7 +21,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Proc, WAIT, ferry, free_port, path_str, tool};
+use common::{Proc, WAIT, ferry, free_port, path_str, scrape, tool};
 use interop::{MIB, create_vhdx, dynamic, pattern, require, run_ok, session, sha256_file};
 
 /// The vDisk's virtual size.
@@ -149,13 +148,8 @@ impl Server {
     }
 
     fn metric(&self, name: &str) -> u64 {
-        let mut s = TcpStream::connect(("127.0.0.1", self.metrics_port)).expect("connect");
-        s.set_read_timeout(Some(WAIT)).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            .unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).expect("read metrics");
-        text.lines()
+        scrape(self.metrics_port)
+            .lines()
             .filter(|l| !l.starts_with('#'))
             .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
             .map(|v| v as u64)
