@@ -409,6 +409,30 @@ mod tests {
     }
 
     #[test]
+    fn publish_counts_the_same_bytes_as_done_and_refuses_other_bytes() {
+        let d = tempfile::tempdir().unwrap();
+        let store = InMemory::new();
+        let url = BucketUrl::parse("s3://bkt/p").unwrap();
+        let one = file(d.path(), "a.vhdx", 2 << 20, 1);
+        let rt = rt();
+        let first = rt.block_on(publish(&store, &url, &one, "a.vhdx")).unwrap();
+        assert_eq!(first, Published::Uploaded);
+        assert!(rt.block_on(holds(&store, &url, "a.vhdx")).unwrap());
+        assert!(!rt.block_on(holds(&store, &url, "a.1.avhdx")).unwrap());
+        // A retry with the same bytes (a crash between the upload and the farm's row).
+        let again = rt.block_on(publish(&store, &url, &one, "a.vhdx")).unwrap();
+        assert_eq!(again, Published::AlreadyThere);
+        // Other bytes under the published name: refused, the object unchanged.
+        let other = file(d.path(), "b.vhdx", 2 << 20, 9);
+        let r = rt.block_on(publish(&store, &url, &other, "a.vhdx"));
+        assert!(matches!(r, Err(BucketError::Exists(_))), "{r:?}");
+        let there = rt
+            .block_on(async { store.get(&url.key("a.vhdx")).await.unwrap().bytes().await })
+            .unwrap();
+        assert_eq!(there.as_ref(), std::fs::read(&one).unwrap().as_slice());
+    }
+
+    #[test]
     fn push_is_write_once_and_fill_verify_round_trip() {
         let d = tempfile::tempdir().unwrap();
         let store = InMemory::new();

@@ -233,7 +233,7 @@ fn a_set_is_never_applied_to_another_version_or_a_remade_one() {
     let store = Store::new();
     let srv = Server::start(&store);
     srv.boot(&store, "golden@1");
-    wait_boots(&store, 1, 1);
+    let set1 = wait_boots(&store, 1, 1)["bytes"].as_u64().unwrap();
     srv.stop();
 
     // Version 2 gets version 1's set: another identity, deleted at start, never prefetched.
@@ -254,6 +254,8 @@ fn a_set_is_never_applied_to_another_version_or_a_remade_one() {
     assert_ne!(remade, want2);
     let mut srv = Server::start(&store);
     srv.wait_metric("ferry_bootset_stale_total", 1);
+    // Only version 1's set is prefetched; once it is in, the store has read nothing else.
+    srv.wait_metric("ferry_bootset_prefetch_bytes_total", set1);
     assert_eq!(
         srv.metric("ferry_bootset_prefetch_bytes_total"),
         srv.metric("ferry_store_read_bytes_total")

@@ -179,6 +179,39 @@ async fn crud_and_audit(t: TestFarm) {
     assert_eq!(audit_len(&t).await - before, 4);
 }
 
+/// A bucket store's bad URL is refused when the store is added; without a publisher (no
+/// S3 access in this process) adding a vDisk to it fails saying so, and adds nothing.
+async fn a_bucket_store_needs_a_good_url_and_s3_access(t: TestFarm) {
+    let f = &t.farm;
+    let bad = NewStore {
+        name: "bad".into(),
+        path: "bad".into(),
+        bucket: "s3://No_Such".into(),
+    };
+    let e = f.create_store(&bad, ADMIN).await.unwrap_err();
+    assert_eq!(e.kind(), Kind::InvalidInput);
+    assert!(e.message().contains("bucket name"), "{}", e.message());
+    let good = NewStore {
+        name: "cloud".into(),
+        path: "cloud".into(),
+        bucket: "s3://vdisks/site-a/".into(),
+    };
+    let store = f.create_store(&good, ADMIN).await.unwrap();
+    assert_eq!(store.bucket, "s3://vdisks/site-a");
+    let vdisk = NewVDisk {
+        store_id: store.id,
+        name: "golden".into(),
+        size_bytes: Some(SIZE),
+        cache_mode: None,
+        ram_bytes: None,
+        description: String::new(),
+    };
+    let e = f.create_vdisk(&vdisk, ADMIN).await.unwrap_err();
+    assert_eq!(e.kind(), Kind::Bucket);
+    assert!(e.message().contains("no S3 access"), "{}", e.message());
+    assert_eq!(f.list_vdisks(None, None).await.unwrap().total, 0);
+}
+
 async fn store_path_escaping_the_root_is_refused(t: TestFarm) {
     let f = &t.farm;
     for path in ["../outside", "/etc", "a/../../b"] {
@@ -568,6 +601,7 @@ dual_tests!(
     token_authenticates_by_secret_only,
     crud_and_audit,
     store_path_escaping_the_root_is_refused,
+    a_bucket_store_needs_a_good_url_and_s3_access,
     new_version_makes_the_avhdx_on_the_chain,
     promote_runs_maintenance_test_production_then_stops,
     revert_goes_one_step_back_and_not_while_booted,
