@@ -93,6 +93,10 @@ pub struct AgentConfig {
     pub boot_set: Option<Arc<dyn BootSetSource>>,
     /// The prefetch's window.
     pub prefetch: PrefetchConfig,
+    /// The private read cache a prefetch fills when there is no host cache (anonymous
+    /// memory, touched only as the set fills it; it stays resident once touched, so a
+    /// machine with little RAM, the boot agent's, names a smaller one).
+    pub prefetch_cache_bytes: u64,
 }
 
 /// Where and how large the host read cache is.
@@ -117,8 +121,8 @@ pub struct VersionIdentity {
     pub extra: Vec<u8>,
 }
 
-/// The private cache of a prefetch without a host cache (anonymous memory, touched only as
-/// the boot set fills it).
+/// The default private cache of a prefetch without a host cache (anonymous memory, touched
+/// only as the boot set fills it; see [`AgentConfig::prefetch_cache_bytes`]).
 pub const PREFETCH_PRIVATE_BYTES: u64 = 1 << 30;
 
 impl AgentConfig {
@@ -151,6 +155,7 @@ impl AgentConfig {
             version_identity: None,
             boot_set: None,
             prefetch: PrefetchConfig::default(),
+            prefetch_cache_bytes: PREFETCH_PRIVATE_BYTES,
         }
     }
 }
@@ -387,7 +392,7 @@ fn host_layer(
     });
     let cache = match &cfg.host_cache {
         Some(h) => HostCache::open(&h.dir, h.bytes, h.block_bytes),
-        None => HostCache::private(PREFETCH_PRIVATE_BYTES, host_cache::BLOCK_BYTES_DEFAULT),
+        None => HostCache::private(cfg.prefetch_cache_bytes, host_cache::BLOCK_BYTES_DEFAULT),
     }
     .map_err(AgentError::HostCache)?;
     tracing::info!(path = ?cache.path(), key = %key.hex(), vdisk = %id.vdisk,

@@ -21,6 +21,17 @@ const LOGIN_RETRY: Duration = Duration::from_secs(2);
 const ATTACH_PATIENCE: Duration = Duration::from_secs(120);
 /// The `argv[0]` the agent runs under: '@' tells systemd not to kill it at shutdown.
 const ROOT_DAEMON_ARGV0: &str = "@ferry-boot";
+/// The boot-set prefetch's private read cache: this share of the machine's RAM, within
+/// the bounds below. It is the machine's own RAM (the kernel's page cache keeps what the
+/// boot read as well), and it stays resident once filled, so it is kept small: it needs
+/// to hold only the window ahead of the boot ([`PREFETCH_AHEAD_SHARE`] of it), not the
+/// whole set.
+const PREFETCH_CACHE_RAM_DIVISOR: u64 = 16;
+const PREFETCH_CACHE_MIN: u64 = 16 << 20;
+const PREFETCH_CACHE_MAX: u64 = 256 << 20;
+/// The window ahead of the boot: a quarter of the private cache, so that the blocks
+/// fetched ahead are not the ones the cache's LRU gives up.
+const PREFETCH_AHEAD_SHARE: u64 = 4;
 
 const HELP: &str = "\
 ferry-boot: Ferry's agent in a diskless machine's initramfs.
@@ -308,6 +319,27 @@ fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig,
         grant.device_name,
         grant.servers.join(",")
     );
+    if cfg.mode.is_local() && args.prefetch != Some(false) {
+        // The version's boot set, read ahead of the kernel's reads (issue 21): fetched
+        // from the farm once the agent runs, checked against the granted version.
+        cfg.boot_set = Some(std::sync::Arc::new(agent::boot_set_fetch::FarmBootSet {
+            api: args.api[0].clone(),
+            ca_pem: ca.clone(),
+            export_name: grant.export_name.to_string(),
+            vdisk: grant.vdisk.clone(),
+            version: grant.version,
+            size_bytes: grant.size_bytes,
+        }));
+        let cache = prefetch_cache_bytes(mem_total_bytes());
+        cfg.prefetch_cache_bytes = cache;
+        cfg.prefetch.ahead_bytes = cache / PREFETCH_AHEAD_SHARE;
+        cfg.prefetch.inflight_bytes = cfg.prefetch.inflight_bytes.min(cfg.prefetch.ahead_bytes);
+        tracing::info!(
+            cache_bytes = cache,
+            ahead_bytes = cfg.prefetch.ahead_bytes,
+            "the boot set is prefetched into a private read cache"
+        );
+    }
     let refresh = std::sync::Arc::new(agent::remote::ServerRefresh::default());
     cfg.refresh = Some(std::sync::Arc::clone(&refresh));
     agent::report::start(
@@ -318,6 +350,27 @@ fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig,
         Some(refresh),
     );
     Ok((cfg, what))
+}
+
+/// The prefetch's private cache for a machine of `mem` bytes of RAM (`None`: unknown).
+fn prefetch_cache_bytes(mem: Option<u64>) -> u64 {
+    mem.map_or(PREFETCH_CACHE_MIN, |m| {
+        (m / PREFETCH_CACHE_RAM_DIVISOR).clamp(PREFETCH_CACHE_MIN, PREFETCH_CACHE_MAX)
+    })
+}
+
+/// `MemTotal` of /proc/meminfo, in bytes.
+fn mem_total_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    kib.checked_mul(1024)
 }
 
 /// Login at each API URL in turn until one answers, for up to [`LOGIN_PATIENCE`]; a
@@ -407,5 +460,15 @@ mod tests {
         assert!(e.contains("--bogus"), "{e}");
         let e = parse_opts(["--config"].into_iter().map(OsString::from)).unwrap_err();
         assert!(e.contains("needs a value"), "{e}");
+    }
+
+    #[test]
+    fn the_prefetch_cache_is_a_bounded_share_of_ram() {
+        assert_eq!(prefetch_cache_bytes(None), PREFETCH_CACHE_MIN);
+        assert_eq!(prefetch_cache_bytes(Some(768 << 20)), 48 << 20);
+        assert_eq!(prefetch_cache_bytes(Some(64 << 20)), PREFETCH_CACHE_MIN);
+        assert_eq!(prefetch_cache_bytes(Some(64 << 30)), PREFETCH_CACHE_MAX);
+        let mem = mem_total_bytes().expect("this machine's MemTotal");
+        assert!(mem > PREFETCH_CACHE_MIN, "{mem}");
     }
 }

@@ -271,6 +271,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
             )));
         crate::server_farm::close_ended_sessions(f, &registry, runtime.handle());
         crate::server_drain::drain_when_told(f, &registry, runtime.handle());
+        crate::server_farm::prefetch_promoted(f, &registry, runtime.handle());
     }
     let boot = match (&farm, a.boot_listen, &a.farm) {
         (Some(f), Some(listen), Some(data)) => Some((

@@ -483,3 +483,63 @@ impl server::boot_sets::BootSetMirror for FarmBootSets {
             .map_err(|e| contract::ErrorChain(&e).to_string())
     }
 }
+
+/// How often a farm server asks which versions are in production (to prefetch a promoted
+/// version's boot set before its devices boot it).
+pub const PROMOTION_CHECK_EVERY: Duration = Duration::from_secs(10);
+
+/// Prefetches the boot set of each vDisk's newest production version into this server's
+/// block cache: those in production when the server starts, then each version promoted
+/// (seen within [`PROMOTION_CHECK_EVERY`]). Once per version per process: a version
+/// already prefetched is not read again by this task (a boot's own open still starts a run
+/// if the cache lost it). Versions this server's store does not hold are skipped.
+pub fn prefetch_promoted(
+    handle: &FarmHandle,
+    registry: &server::exports::Registry,
+    runtime: &tokio::runtime::Handle,
+) {
+    let reg = registry.clone();
+    let farm = Arc::clone(&handle.farm);
+    runtime.spawn(async move {
+        let mut tick = tokio::time::interval(PROMOTION_CHECK_EVERY);
+        let mut done: std::collections::HashSet<(String, i64)> = Default::default();
+        loop {
+            tick.tick().await;
+            let now = match farm.production_boot_sets().await {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(error = %contract::ErrorChain(&e), "production versions not listed");
+                    continue;
+                }
+            };
+            let new: Vec<_> = now.iter().filter(|v| !done.contains(*v)).cloned().collect();
+            // Only the current list is remembered: bounded by the farm's vDisks.
+            done = now.into_iter().collect();
+            if new.is_empty() {
+                continue;
+            }
+            let reg = reg.clone();
+            let started = tokio::task::spawn_blocking(move || {
+                let mut started = 0usize;
+                for (vdisk, number) in new {
+                    let Ok(version) = u32::try_from(number) else {
+                        continue;
+                    };
+                    match reg.prefetch_boot_set(&vdisk, version) {
+                        Ok(true) => {
+                            started += 1;
+                            tracing::info!(%vdisk, version, "prefetching the boot set of a production version");
+                        }
+                        Ok(false) => {}
+                        Err(e) => tracing::debug!(%vdisk, version, error = %e, "not prefetched here"),
+                    }
+                }
+                started
+            })
+            .await;
+            if let Err(e) = started {
+                tracing::warn!(error = %e, "the promoted versions' prefetch failed");
+            }
+        }
+    });
+}

@@ -14,7 +14,9 @@
 //! The set follows its version to every server and through a promotion: a set recorded by
 //! one server while the version is in test is prefetched, after it is promoted to
 //! production, by another server that never saw a boot of it, from the farm's copy (the
-//! file beside the version is removed first), for a production device.
+//! file beside the version is removed first), for a production device. That server reads
+//! the set into its cache when it starts, before any device asks (the version is then in
+//! production), and starts a prefetch of a version promoted while it runs.
 //!
 //! Tool rule (STYLE.md §6): a missing qemu-io skips with a printed reason on a developer's
 //! machine and fails under `CI=true`.
@@ -172,18 +174,42 @@ fn a_set_follows_its_version_to_another_server_and_through_a_promotion() {
         c.args(["--store", common::path_str(&f.store())])
             .arg(format!("--metrics-listen=127.0.0.1:{metrics}"));
     });
+    // Version 1 is in production when s2 starts: s2 reads the farm's set into its cache
+    // before any device asks.
+    let prefetched = wait_for("s2 prefetching the farm's set at start", || {
+        let n = series(&scrape(metrics), "ferry_bootset_prefetch_bytes_total");
+        (n >= set_bytes).then_some(n)
+    });
+    assert!(prefetched >= set_bytes);
     let hc_dir = f.dir.path().join("hc");
     std::fs::create_dir_all(&hc_dir).unwrap();
     let hc_arg = format!("--host-cache={}", hc_dir.display());
     let (pc, socket) = f.target_with(&api2, MAC, "pc1", &[&hc_arg]);
     boot_reads(&socket);
-    let prefetched = wait_for("s2 prefetching the farm's set", || {
-        let n = series(&scrape(metrics), "ferry_bootset_prefetch_bytes_total");
-        (n >= set_bytes).then_some(n)
-    });
-    assert!(prefetched >= set_bytes);
     let pf = status(&socket)["prefetch"].clone();
     assert!(pf["set_bytes"].as_u64().unwrap() >= set_bytes, "{pf}");
     pc.stop();
+
+    // Version 2, booted in test on s2 (which records its set), then promoted while s2
+    // runs: s2 starts a prefetch run of it with no device asking.
+    f.json(&api2, &["version", "new", "--vdisk", "golden"]);
+    f.json(&api2, &["version", "promote", "2", "--vdisk", "golden"]);
+    let (qa, socket) = f.target(&api2, TESTER, "qa1");
+    boot_reads(&socket);
+    qa.stop();
+    wait_for("version 2's boot set in the farm", || {
+        let out = common::ferry()
+            .args(["version", "boot-set", "golden@2", "--json"])
+            .args(["--api", &api2, "--token", &f.token])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        (out.status.success() && v["boots"] == 1).then_some(())
+    });
+    let runs = series(&scrape(metrics), "ferry_bootset_prefetch_runs_total");
+    f.json(&api2, &["version", "promote", "2", "--vdisk", "golden"]);
+    wait_for("s2 prefetching the promoted version", || {
+        (series(&scrape(metrics), "ferry_bootset_prefetch_runs_total") > runs).then_some(())
+    });
     s2.stop();
 }

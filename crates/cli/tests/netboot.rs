@@ -444,19 +444,16 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
         "the agent runs after switch_root: {}",
         out.text
     );
-    let status: Value = out
-        .text
-        .lines()
-        .find_map(|l| l.strip_prefix("STATUS="))
-        .and_then(|s| serde_json::from_str(s).ok())
-        .unwrap_or_else(|| panic!("first boot: no agent status: {}", out.text));
+    let status = agent_status(&out, "first boot");
     assert!(
         status["overflow_bytes"].as_u64().unwrap_or(0) > 0,
         "64 MiB past 16 MiB of RAM reached the overflow disk: {status}"
     );
     vm.kill();
 
-    // 2. Power cycle: the file is gone.
+    // 2. Power cycle: the file is gone. The first boot's reads are the version's boot
+    //    set in the farm, and the boot agent reads it ahead of this boot's kernel.
+    let set = wait_boot_set(&farm, "debian@0");
     let mut vm = machine(dir, &farm, mac1, "second");
     let out = booted(&mut vm, "second boot", "v1");
     assert!(
@@ -464,6 +461,24 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
         "second boot kept a write: {}",
         out.text
     );
+    let status = agent_status(&out, "second boot");
+    let prefetch = &status["prefetch"];
+    // The agent counts the set in its cache's blocks (64 KiB), the farm in 4 KiB pages.
+    assert!(
+        prefetch["set_bytes"].as_u64().unwrap_or(0) >= set["bytes"].as_u64().unwrap(),
+        "the agent had the farm's set ({set}): {status}"
+    );
+    assert!(
+        prefetch["fetched_bytes"].as_u64().unwrap_or(0) > 0,
+        "the boot agent prefetched the set: {status}"
+    );
+    let cache = &status["host_cache"];
+    assert_eq!(cache["path"], "private", "{status}");
+    assert!(
+        cache["hit_bytes"].as_u64().unwrap_or(0) > 0,
+        "the kernel's reads found prefetched blocks: {status}"
+    );
+    println!("second boot: prefetch {prefetch}, cache {cache}");
     vm.kill();
 
     // 3. A new version, changed (its /etc/ferry-version says v2) and promoted to
@@ -557,6 +572,40 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
         "Ferry: this machine cannot boot",
     );
     stops(&mut vm, "deleted version");
+}
+
+/// The agent's status the guest's test script printed (`STATUS=` JSON).
+fn agent_status(out: &guest::TestOutput, step: &str) -> Value {
+    out.text
+        .lines()
+        .find_map(|l| l.strip_prefix("STATUS="))
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_else(|| panic!("{step}: no agent status: {}", out.text))
+}
+
+/// The farm's boot set of `target` (NAME@V), once a server has recorded one.
+fn wait_boot_set(farm: &Farm, target: &str) -> Value {
+    let start = std::time::Instant::now();
+    loop {
+        let out = ferry()
+            .args(["version", "boot-set", target])
+            .args(["--api", &farm.api, "--token", &farm.token, "--json"])
+            .args(["--farm-ca", path_str(&farm.ca())])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            if v["boots"].as_u64().unwrap_or(0) >= 1 {
+                return v;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "{target}: no boot set in the farm: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// After a refusal the machine stops trying: it powers off, or (an iPXE built without

@@ -54,6 +54,8 @@ pub struct BootArgs {
     pub vdisk: Option<String>,
     /// The version the boot script chose.
     pub version: Option<i64>,
+    /// `ferry.prefetch=0` turns the device's boot-set prefetch off (`None`: on).
+    pub prefetch: Option<bool>,
     /// Keys skipped as unknown (at most [`LIST_MAX`], each cut to
     /// [`UNKNOWN_KEY_CHARS_MAX`] characters).
     pub unknown: Vec<String>,
@@ -164,6 +166,13 @@ impl BootArgs {
             "version" => {
                 self.version = Some(value.parse().map_err(|_| bad("not a version number"))?);
             }
+            "prefetch" => {
+                self.prefetch = Some(match value {
+                    "1" | "on" | "yes" => true,
+                    "0" | "off" | "no" => false,
+                    _ => return Err(bad("must be 0 or 1")),
+                });
+            }
             // Unknown keys: a newer boot script's; skipped, not fatal, and kept (the first
             // LIST_MAX) so that the agent can say which it skipped.
             _ => {
@@ -206,7 +215,10 @@ mod tests {
         assert_eq!(a.mac.as_deref(), Some("52:54:00:12:34:56"));
         assert_eq!(a.version, Some(7));
         assert_eq!(a.device, PathBuf::from(DEFAULT_DEVICE));
+        assert_eq!(a.prefetch, None);
         assert_eq!(a.unknown, ["future"]);
+        a.apply_cmdline("ferry.prefetch=0").unwrap();
+        assert_eq!(a.prefetch, Some(false));
         // A long unknown key is kept cut, once, however often it comes (found by fuzzing).
         let long = format!("ferry.{}=1", "k".repeat(100));
         a.apply_cmdline(&format!("{long} {long}")).unwrap();
@@ -227,6 +239,7 @@ mod tests {
             ),
             ("ferry.key=relative", "key", "must be an absolute path"),
             ("ferry.api=,", "api", "empty list"),
+            ("ferry.prefetch=maybe", "prefetch", "must be 0 or 1"),
         ];
         for (line, key, reason) in cases {
             let e = BootArgs::new().apply_cmdline(line).unwrap_err();

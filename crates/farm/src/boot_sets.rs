@@ -14,6 +14,8 @@ use crate::error::{FarmError, Kind, Result};
 /// The largest encoded set the farm keeps (the `bootset` codec's own limit is 16 MiB of
 /// extents plus a header).
 pub const BOOT_SET_BYTES_MAX: usize = 17 << 20;
+/// The most vDisks [`Farm::production_boot_sets`] names at once.
+pub const PRODUCTION_SETS_MAX: usize = 10_000;
 
 /// A boot set's summary, as the farm keeps it beside the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
@@ -84,6 +86,27 @@ impl Farm {
         .bind(vdisk)
         .bind(number)
         .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Each vDisk's newest production version (what its production devices boot), by
+    /// vDisk name, when that version has a boot set: what a farm server prefetches when a
+    /// version is promoted, and when it starts. At most [`PRODUCTION_SETS_MAX`].
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn production_boot_sets(&self) -> Result<Vec<(String, i64)>> {
+        let limit = i64::try_from(PRODUCTION_SETS_MAX).unwrap_or(i64::MAX);
+        Ok(sqlx::query_as(
+            "SELECT v.name, p.number FROM \
+             (SELECT vdisk_id, MAX(number) AS number FROM versions \
+              WHERE access = 'production' GROUP BY vdisk_id) p \
+             JOIN vdisks v ON v.id = p.vdisk_id \
+             JOIN boot_sets b ON b.vdisk_id = p.vdisk_id AND b.number = p.number \
+             ORDER BY v.name LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
         .await?)
     }
 

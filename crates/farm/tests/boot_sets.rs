@@ -1,6 +1,7 @@
 //! Boot sets in the farm database (migration 0006), against SQLite and PostgreSQL: saved by
 //! vDisk name, read back, replaced, cleared (audited), refused for an unknown version or
-//! when too large, and dropped with their version.
+//! when too large, dropped with their version, and named to servers when their version is
+//! the newest in production.
 
 mod common;
 
@@ -95,7 +96,39 @@ async fn a_deleted_version_takes_its_set_with_it(t: TestFarm) {
     assert_eq!(f.boot_set_by_name("golden", 1).await.unwrap(), None);
 }
 
+async fn servers_learn_the_newest_production_version_with_a_set(t: TestFarm) {
+    let id = golden(&t).await;
+    let f = &t.farm;
+    // Version 0 is production without a set; version 1 is in maintenance with one.
+    f.save_boot_set("golden", 1, b"one", (1, 1, 4096))
+        .await
+        .unwrap();
+    assert_eq!(f.production_boot_sets().await.unwrap(), vec![]);
+    f.save_boot_set("golden", 0, b"zero", (1, 1, 4096))
+        .await
+        .unwrap();
+    assert_eq!(
+        f.production_boot_sets().await.unwrap(),
+        vec![("golden".to_string(), 0)]
+    );
+    // Promoted to test, then to production: version 1 is what devices boot now.
+    f.promote(id, 1, ADMIN).await.unwrap();
+    assert_eq!(
+        f.production_boot_sets().await.unwrap(),
+        vec![("golden".to_string(), 0)]
+    );
+    f.promote(id, 1, ADMIN).await.unwrap();
+    assert_eq!(
+        f.production_boot_sets().await.unwrap(),
+        vec![("golden".to_string(), 1)]
+    );
+    // Its set cleared: nothing to prefetch (version 0's set is not what devices boot).
+    f.clear_boot_set(id, 1, ADMIN).await.unwrap();
+    assert_eq!(f.production_boot_sets().await.unwrap(), vec![]);
+}
+
 dual_tests!(
+    servers_learn_the_newest_production_version_with_a_set,
     saved_read_replaced_and_cleared,
     unknown_versions_and_huge_sets_are_refused,
     a_deleted_version_takes_its_set_with_it,

@@ -49,6 +49,31 @@ impl Registry {
         );
         n
     }
+
+    /// Starts the prefetch of the boot set of `vdisk@version` (a version promoted in the
+    /// farm, or found in production when the server starts), unless one runs. Returns
+    /// whether the version is in this server's store and has a set (from its file or the
+    /// farm). Blocking: the farm's copy may be read.
+    ///
+    /// # Errors
+    /// A bad name, a version this store does not hold, or its chain failing to open.
+    pub fn prefetch_boot_set(&self, vdisk: &str, version: u32) -> Result<bool, String> {
+        let inner: &Arc<Inner> = &self.inner;
+        if !inner.boot_sets.enabled() {
+            return Ok(false);
+        }
+        let name = contract::VdiskName::new(vdisk).map_err(|e| format!("{vdisk:?}: {e}"))?;
+        let res = inner
+            .store
+            .resolve_version(&name, Some(version))
+            .map_err(|e| ErrorChain(&e).to_string())?;
+        let dev = inner
+            .cached_chain(&res.path)
+            .map_err(|e| ErrorChain(&e).to_string())?;
+        Ok(inner
+            .boot_sets
+            .prefetch(&res.vdisk, res.version, &res.path, &dev))
+    }
 }
 
 impl Inner {
