@@ -153,6 +153,9 @@ try {
     'device cache mode');
   check(/ (KiB|MiB|GiB)$/.test((await dev.locator('td.bytes-read').innerText()).trim()),
     'bytes read shown with a unit');
+  const readCache = (await dev.locator('td.read-cache').innerText()).trim();
+  check(readCache === '5.0 MiB / 2.0 MiB',
+    `the read cache's hit and fetched bytes are shown (shown: ${readCache})`);
 
   step = 'live polling: counters grow and the chart draws them';
   const before = (await dev.locator('td.bytes-read').innerText()).trim();

@@ -1,5 +1,6 @@
 // Devices with live status, polled every 2 s from GET /api/v1/status: connected or not, the
-// server and version they boot, cache mode and use, bytes read and written, retries. The
+// server and version they boot, cache mode and use, bytes read and written, retries, the
+// read cache's hits (the host cache of `ferry target --host-cache`, or the boot agent's). The
 // throughput chart is drawn from the differences of the polled byte counters.
 
 import { call } from './api.js';
@@ -45,7 +46,17 @@ function row(d) {
       : '—'),
     h('td', { class: 'num bytes-read' }, c ? bytes(c.bytes_read) : '—'),
     h('td', { class: 'num bytes-written' }, c ? bytes(c.bytes_written) : '—'),
-    h('td', { class: 'num retries' }, c ? String(c.retries) : '—'));
+    h('td', { class: 'num retries' }, c ? String(c.retries) : '—'),
+    h('td', { class: 'num read-cache' }, readCache(c)));
+}
+
+/**
+ * The host read cache's (or the prefetch cache's) share of a device's reads: bytes it
+ * answered / bytes it fetched from the servers; '—' for a device without one.
+ */
+function readCache(c) {
+  if (!c || (!c.host_cache_hit_bytes && !c.host_cache_server_bytes)) return '—';
+  return `${bytes(c.host_cache_hit_bytes || 0)} / ${bytes(c.host_cache_server_bytes || 0)}`;
 }
 
 function push(list, p) {
@@ -86,7 +97,7 @@ async function poll() {
     const st = await call('GET', '/status');
     fill(document.getElementById('device-rows'), st.devices.length
       ? st.devices.map(row)
-      : h('tr', {}, h('td', { colspan: 12, class: 'muted' }, 'No devices.')));
+      : h('tr', {}, h('td', { colspan: 13, class: 'muted' }, 'No devices.')));
     document.getElementById('status-time').textContent =
       `Last update ${time(st.now_ms)}; ${st.devices.filter((d) => d.session).length} of ` +
       `${st.total} connected.`;

@@ -181,7 +181,8 @@ fn report_counters(c: Arc<Client>, export_name: String) {
         for i in 0u64.. {
             let body = json!({"export_name": export_name, "server_address": SERVER_ADDRESS,
                 "bytes_read": (3 << 20) + i * (1 << 20), "bytes_written": i * (256 << 10),
-                "retries": i / 4, "cache_used_bytes": i * (256 << 10)});
+                "retries": i / 4, "cache_used_bytes": i * (256 << 10),
+                "host_cache_hit_bytes": 5 << 20, "host_cache_server_bytes": 2 << 20});
             c.post("/status/report", body).await;
             tokio::time::sleep(Duration::from_millis(500)).await;
         }

@@ -10,6 +10,8 @@
 //!   ferry cold    `ferry server --store` (fresh process, page cache dropped) serving the
 //!                 captured VHDX, the boot agent in the initramfs (boot=ferry ferry.server=)
 //!   ferry warm    a second boot against the same running server (its block cache is warm)
+//!   ferry + set   a fresh server (page cache dropped) with the boot set the boots above
+//!                 recorded beside the version: it prefetches the set as it starts
 //!   concurrent    M machines at once against the warm server: time until all are up
 //! ```
 //!
@@ -53,6 +55,8 @@ const METRICS_BYTES_MAX: u64 = 8 << 20;
 /// Goals from issue 19: Ferry cold no slower than nbdkit; Ferry warm within 10% of local.
 pub const GOAL_COLD_VS_NBDKIT: f64 = 1.0;
 pub const GOAL_WARM_VS_LOCAL: f64 = 1.10;
+/// Issue 21: the second boot of a version with its boot set, ≤ 0.8× nbdkit's time.
+pub const GOAL_SET_VS_NBDKIT: f64 = 0.8;
 
 /// The kernel command lines (the same console and panic for all).
 const LOCAL_APPEND: &str = "root=/dev/vda1 console=ttyS0 rw panic=30";
@@ -146,6 +150,8 @@ pub struct Results {
     pub nbdkit: Row,
     pub ferry_cold: Row,
     pub ferry_warm: Row,
+    /// A fresh server with the boot set the earlier boots recorded (page cache dropped).
+    pub ferry_set: Row,
     /// Per machine of the concurrency run: seconds to its marker.
     pub concurrent: Vec<f64>,
     /// Bytes read from the store during the concurrency run.
@@ -361,7 +367,10 @@ fn run(cfg: &Config, b: &BootConfig, bins: &Binaries, root: &Path, dir: &Path) -
             "boot run {run}: nbdkit: {secs:.1} s, {} read from the file",
             mb(read)
         ));
-        // Ferry: a fresh server, cold, then warm.
+        // Ferry: a fresh server, cold, then warm. The set an earlier run recorded is
+        // removed: this is the version's first boot (today's Ferry), which records it.
+        let set_file = server::boot_sets::set_path(&vhdx);
+        let _ = std::fs::remove_file(&set_file);
         cfg.cache.drop_now();
         let server = FerryServer::start(&bins.ferry, &store, dir)?;
         for warm in [false, true] {
@@ -388,14 +397,47 @@ fn run(cfg: &Config, b: &BootConfig, bins: &Binaries, root: &Path, dir: &Path) -
                 mb(Some(served))
             ));
         }
-        if run < b.runs {
-            server.stop();
-        } else {
+        if run == b.runs {
             concurrent(&mut res, b, &server, &vm, &image)?;
-            server.stop();
         }
+        // The boots above recorded the version's boot set; the server keeps it beside
+        // the version when their connections end.
+        wait_for_file(&set_file)?;
+        server.stop();
+        // Ferry with the boot set: a fresh server, page cache dropped, which prefetches
+        // the set when it starts (as any server does); the machine starts right after.
+        cfg.cache.drop_now();
+        let server = FerryServer::start(&bins.ferry, &store, dir)?;
+        res.loads.push(sys::load1());
+        let q =
+            vm("ferry-set").direct_boot(&image.kernel, &image.initrd, &ferry_append(server.nbd));
+        let (secs, ph) = boot_once(q, "ferry with the boot set")?;
+        let (store_read, served) = server.metrics()?.since(Counters::default());
+        res.ferry_set.secs.push(secs);
+        res.ferry_set.phases.extend(ph);
+        res.ferry_set.store_read.push(store_read);
+        res.ferry_set.served.push(served);
+        note(&format!(
+            "boot run {run}: ferry + boot set: {secs:.1} s, {} read from the store, {} served",
+            mb(Some(store_read)),
+            mb(Some(served))
+        ));
+        server.stop();
     }
     Ok(res)
+}
+
+/// Waits until the server has written `file` (a boot set, saved when a boot's connection
+/// ends), or says it never came.
+fn wait_for_file(file: &Path) -> Result<()> {
+    let deadline = Instant::now() + LISTEN_WAIT;
+    while !file.is_file() {
+        if Instant::now() > deadline {
+            bail!("no boot set at {} after the boots", file.display());
+        }
+        std::thread::sleep(POLL);
+    }
+    Ok(())
 }
 
 /// `b.machines` machines at once against the warm `server`.
@@ -619,7 +661,15 @@ impl FerryServer {
         parse_metrics(&text).ok_or_else(|| anyhow!("no store counters in /metrics: {text:.300}"))
     }
 
+    /// SIGTERM, so that it saves what it recorded; SIGKILL after [`LISTEN_WAIT`].
     fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + LISTEN_WAIT;
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

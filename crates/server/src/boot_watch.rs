@@ -232,3 +232,92 @@ impl FastPath for BootWatch {
         self.inner.submit_write(buf, offset)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use testkit::{FastProbe, call_every_fast_path};
+
+    /// A slot that keeps what it is told.
+    #[derive(Debug, Default)]
+    struct Told {
+        observed: Mutex<Vec<(u64, u64)>>,
+        /// Per recording that ended: its distinct bytes (`None`: nothing recorded).
+        recorded: Mutex<Vec<Option<u64>>>,
+        window: Duration,
+    }
+
+    impl BootObserver for Told {
+        fn observe(&self, offset: u64, len: u64) {
+            self.observed.lock().unwrap().push((offset, len));
+        }
+        fn recorded(self: Arc<Self>, rec: Option<Recording>) {
+            let bytes = rec.map(|r| r.recorder.bytes());
+            self.recorded.lock().unwrap().push(bytes);
+        }
+        fn window(&self) -> Duration {
+            self.window
+        }
+        fn record_bytes_max(&self) -> u64 {
+            1 << 30
+        }
+        fn record_pages_max(&self) -> usize {
+            1 << 18
+        }
+    }
+
+    fn told(window: Duration) -> Arc<Told> {
+        Arc::new(Told {
+            window,
+            ..Told::default()
+        })
+    }
+
+    #[test]
+    fn every_fast_path_reaches_the_device_and_each_read_is_observed() {
+        let probe = Arc::new(FastProbe::new(1 << 20));
+        let slot = told(Duration::from_secs(3600));
+        let dev = BootWatch::new(probe.clone(), slot.clone(), true);
+        let (read, _) = call_every_fast_path(&dev);
+        assert_eq!(
+            probe.missed(),
+            vec![],
+            "fast paths that did not reach the device"
+        );
+        let observed: u64 = slot.observed.lock().unwrap().iter().map(|r| r.1).sum();
+        assert_eq!(observed, read, "every completed read is observed");
+        drop(dev);
+        // Every read was in the first page; the submitted read is observed, not recorded.
+        assert_eq!(*slot.recorded.lock().unwrap(), vec![Some(4096)]);
+    }
+
+    #[test]
+    fn a_recording_ends_once_past_its_window_and_not_again_when_dropped() {
+        let probe = Arc::new(FastProbe::new(1 << 20));
+        let slot = told(Duration::ZERO);
+        let dev = BootWatch::new(probe, slot.clone(), true);
+        let mut buf = vec![0u8; 8192];
+        dev.read_at(&mut buf, 0).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        dev.read_at(&mut buf, 65536).unwrap();
+        dev.read_at(&mut buf, 131072).unwrap();
+        assert_eq!(*slot.recorded.lock().unwrap(), vec![Some(8192)]);
+        drop(dev);
+        assert_eq!(slot.recorded.lock().unwrap().len(), 1);
+        assert_eq!(slot.observed.lock().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_failed_read_is_not_observed_and_a_watch_that_does_not_record_reports_nothing() {
+        let probe = Arc::new(FastProbe::new(1 << 20));
+        let slot = told(Duration::from_secs(3600));
+        let dev = BootWatch::new(probe, slot.clone(), false);
+        let mut buf = vec![0u8; 4096];
+        assert!(dev.read_at(&mut buf, 1 << 20).is_err());
+        assert!(slot.observed.lock().unwrap().is_empty());
+        dev.read_at(&mut buf, 0).unwrap();
+        drop(dev);
+        assert_eq!(*slot.observed.lock().unwrap(), vec![(0, 4096)]);
+        assert!(slot.recorded.lock().unwrap().is_empty());
+    }
+}
