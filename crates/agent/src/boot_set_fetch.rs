@@ -35,6 +35,18 @@ pub struct FarmBootSet {
 }
 
 impl FarmBootSet {
+    /// The set of the version `grant` gave, asked of the farm API at `api`.
+    pub fn for_grant(api: String, ca_pem: Option<String>, grant: &login::LoginGrant) -> Self {
+        FarmBootSet {
+            api,
+            ca_pem,
+            export_name: grant.export_name.to_string(),
+            vdisk: grant.vdisk.clone(),
+            version: grant.version,
+            size_bytes: grant.size_bytes,
+        }
+    }
+
     /// The set's extents, checked against the version (see the module's notes).
     ///
     /// # Errors

@@ -529,6 +529,25 @@ fn wait_listening(port: u16, child: &mut Child, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Stops `child` with SIGTERM, and with SIGKILL if it has not exited after
+/// [`LISTEN_WAIT`]; returns whether it exited on the SIGTERM.
+fn terminate(child: &mut Child) -> bool {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + LISTEN_WAIT;
+    while matches!(child.try_wait(), Ok(None)) {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.wait();
+    true
+}
+
 /// `nbdkit --filter=cow --filter=stats file DISK` on loopback (the guest's 10.0.2.2). The
 /// stats filter sits under the cow filter, so it counts the reads that reach the file.
 struct Nbdkit {
@@ -561,17 +580,8 @@ impl Nbdkit {
     /// Stops nbdkit with SIGTERM (so the stats filter writes its file) and returns the bytes
     /// it read from the file, when the stats say.
     fn stop(mut self) -> Option<u64> {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + LISTEN_WAIT;
-        while self.child.try_wait().ok()?.is_none() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if !terminate(&mut self.child) {
+            return None;
         }
         parse_stats_read(&std::fs::read_to_string(&self.stats).ok()?)
     }
@@ -663,15 +673,7 @@ impl FerryServer {
 
     /// SIGTERM, so that it saves what it recorded; SIGKILL after [`LISTEN_WAIT`].
     fn stop(mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + LISTEN_WAIT;
-        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        terminate(&mut self.child);
     }
 }
 

@@ -322,14 +322,9 @@ fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig,
     if cfg.mode.is_local() && args.prefetch != Some(false) {
         // The version's boot set, read ahead of the kernel's reads (issue 21): fetched
         // from the farm once the agent runs, checked against the granted version.
-        cfg.boot_set = Some(std::sync::Arc::new(agent::boot_set_fetch::FarmBootSet {
-            api: args.api[0].clone(),
-            ca_pem: ca.clone(),
-            export_name: grant.export_name.to_string(),
-            vdisk: grant.vdisk.clone(),
-            version: grant.version,
-            size_bytes: grant.size_bytes,
-        }));
+        cfg.boot_set = Some(std::sync::Arc::new(
+            agent::boot_set_fetch::FarmBootSet::for_grant(args.api[0].clone(), ca.clone(), &grant),
+        ));
         let cache = prefetch_cache_bytes(mem_total_bytes());
         cfg.prefetch_cache_bytes = cache;
         cfg.prefetch.ahead_bytes = cache / PREFETCH_AHEAD_SHARE;

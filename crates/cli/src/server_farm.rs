@@ -519,25 +519,21 @@ pub fn prefetch_promoted(
                 continue;
             }
             let reg = reg.clone();
-            let started = tokio::task::spawn_blocking(move || {
-                let mut started = 0usize;
+            let ran = tokio::task::spawn_blocking(move || {
                 for (vdisk, number) in new {
                     let Ok(version) = u32::try_from(number) else {
                         continue;
                     };
                     match reg.prefetch_boot_set(&vdisk, version) {
-                        Ok(true) => {
-                            started += 1;
-                            tracing::info!(%vdisk, version, "prefetching the boot set of a production version");
-                        }
+                        Ok(true) => tracing::info!(%vdisk, version,
+                            "prefetching the boot set of a production version"),
                         Ok(false) => {}
                         Err(e) => tracing::debug!(%vdisk, version, error = %e, "not prefetched here"),
                     }
                 }
-                started
             })
             .await;
-            if let Err(e) = started {
+            if let Err(e) = ran {
                 tracing::warn!(error = %e, "the promoted versions' prefetch failed");
             }
         }

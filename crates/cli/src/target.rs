@@ -165,14 +165,11 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
             // The version's boot set, read ahead of the machine into the host read cache
             // (local cache modes with --host-cache: without one, no read cache is kept).
             if cfg.mode.is_local() && !a.no_prefetch && a.host_cache.is_some() {
-                cfg.boot_set = Some(Arc::new(agent::boot_set_fetch::FarmBootSet {
-                    api: api.clone(),
-                    ca_pem: ca,
-                    export_name: grant.export_name.to_string(),
-                    vdisk: grant.vdisk.clone(),
-                    version: grant.version,
-                    size_bytes: grant.size_bytes,
-                }));
+                cfg.boot_set = Some(Arc::new(agent::boot_set_fetch::FarmBootSet::for_grant(
+                    api.clone(),
+                    ca,
+                    &grant,
+                )));
             }
             cfg
         }

@@ -72,6 +72,20 @@ fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// The farm's boot set of `target` (NAME@V, `ferry version boot-set --json`) once it holds
+/// one boot.
+fn one_boot_set(f: &Farm, api: &str, target: &str) -> Value {
+    wait_for(&format!("{target}'s boot set in the farm"), || {
+        let out = common::ferry()
+            .args(["version", "boot-set", target, "--json"])
+            .args(["--api", api, "--token", &f.token])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        (out.status.success() && v["boots"] == 1).then_some(v)
+    })
+}
+
 #[test]
 fn a_device_prefetches_the_boot_set_its_farm_recorded() {
     if !require("qemu-io") {
@@ -85,15 +99,7 @@ fn a_device_prefetches_the_boot_set_its_farm_recorded() {
     let (first, socket) = f.target(&api, MAC, "pc1");
     boot_reads(&socket);
     first.stop();
-    let set: Value = wait_for("a boot set in the farm", || {
-        let out = common::ferry()
-            .args(["version", "boot-set", "golden@0", "--json"])
-            .args(["--api", &api, "--token", &f.token])
-            .output()
-            .unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
-        (out.status.success() && v["boots"] == 1).then_some(v)
-    });
+    let set = one_boot_set(&f, &api, "golden@0");
     let set_bytes = set["bytes"].as_u64().unwrap();
     assert!(set_bytes >= 2 * MIB, "{set}");
 
@@ -152,15 +158,9 @@ fn a_set_follows_its_version_to_another_server_and_through_a_promotion() {
     let (qa, socket) = f.target(&api1, TESTER, "qa1");
     boot_reads(&socket);
     qa.stop();
-    let set_bytes = wait_for("version 1's boot set in the farm", || {
-        let out = common::ferry()
-            .args(["version", "boot-set", "golden@1", "--json"])
-            .args(["--api", &api1, "--token", &f.token])
-            .output()
-            .unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
-        (out.status.success() && v["boots"] == 1).then(|| v["bytes"].as_u64().unwrap())
-    });
+    let set_bytes = one_boot_set(&f, &api1, "golden@1")["bytes"]
+        .as_u64()
+        .unwrap();
     f.json(&api1, &["version", "promote", "1", "--vdisk", "golden"]);
 
     // s1 goes away, and so does the copy it kept beside the version in the shared store:
@@ -197,15 +197,7 @@ fn a_set_follows_its_version_to_another_server_and_through_a_promotion() {
     let (qa, socket) = f.target(&api2, TESTER, "qa1");
     boot_reads(&socket);
     qa.stop();
-    wait_for("version 2's boot set in the farm", || {
-        let out = common::ferry()
-            .args(["version", "boot-set", "golden@2", "--json"])
-            .args(["--api", &api2, "--token", &f.token])
-            .output()
-            .unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
-        (out.status.success() && v["boots"] == 1).then_some(())
-    });
+    one_boot_set(&f, &api2, "golden@2");
     let runs = series(&scrape(metrics), "ferry_bootset_prefetch_runs_total");
     f.json(&api2, &["version", "promote", "2", "--vdisk", "golden"]);
     wait_for("s2 prefetching the promoted version", || {

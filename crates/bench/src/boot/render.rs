@@ -35,8 +35,12 @@ fn mb_median(v: &[u64]) -> String {
     if v.is_empty() {
         return "–".into();
     }
-    let f: Vec<f64> = v.iter().map(|&b| b as f64 / 1e6).collect();
-    format!("{:.1}", median(&f))
+    format!("{:.1}", bytes_median(v) / 1e6)
+}
+
+/// The median of byte counts (NaN when empty).
+fn bytes_median(v: &[u64]) -> f64 {
+    median(&v.iter().map(|&b| b as f64).collect::<Vec<_>>())
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -171,19 +175,7 @@ fn render_goals(out: &mut String, r: &Results) {
     let warm_cold_local = r.ferry_warm.median() / r.local.median();
     let set = r.ferry_set.median() / r.nbdkit.median();
     let set_cold = r.ferry_set.median() / r.ferry_cold.median();
-    let set_store = median(
-        &r.ferry_set
-            .store_read
-            .iter()
-            .map(|&b| b as f64)
-            .collect::<Vec<_>>(),
-    ) / median(
-        &r.ferry_cold
-            .store_read
-            .iter()
-            .map(|&b| b as f64)
-            .collect::<Vec<_>>(),
-    );
+    let set_store = bytes_median(&r.ferry_set.store_read) / bytes_median(&r.ferry_cold.store_read);
     let _ = writeln!(
         out,
         "- ferry cold ÷ nbdkit = **{cold:.2}** of the time (goal ≤ {GOAL_COLD_VS_NBDKIT:.2}, \

@@ -32,10 +32,8 @@ impl Registry {
                 if !boot_sets::set_path(path).exists() {
                     continue;
                 }
-                match inner.cached_chain(path) {
-                    Ok(dev) => {
-                        n += usize::from(inner.boot_sets.prefetch(&vd.name, version, path, &dev));
-                    }
+                match inner.prefetch_at(&vd.name, version, path) {
+                    Ok(found) => n += usize::from(found),
                     Err(e) => {
                         tracing::warn!(path = %path.display(), error = %e, "boot set not prefetched")
                     }
@@ -67,16 +65,25 @@ impl Registry {
             .store
             .resolve_version(&name, Some(version))
             .map_err(|e| ErrorChain(&e).to_string())?;
-        let dev = inner
-            .cached_chain(&res.path)
-            .map_err(|e| ErrorChain(&e).to_string())?;
-        Ok(inner
-            .boot_sets
-            .prefetch(&res.vdisk, res.version, &res.path, &dev))
+        inner
+            .prefetch_at(&res.vdisk, res.version, &res.path)
+            .map_err(|e| ErrorChain(&e).to_string())
     }
 }
 
 impl Inner {
+    /// Starts the prefetch of the set of `vdisk@version`, whose top file is `path`, through
+    /// its cached chain; returns whether it has a set.
+    fn prefetch_at(
+        self: &Arc<Self>,
+        vdisk: &str,
+        version: u32,
+        path: &Path,
+    ) -> Result<bool, nbd_server::OpenError> {
+        let dev = self.cached_chain(path)?;
+        Ok(self.boot_sets.prefetch(vdisk, version, path, &dev))
+    }
+
     pub(super) fn list(&self) -> Result<Vec<ExportInfo>, StoreError> {
         let mut out = Vec::new();
         for vd in self.store.scan()? {
