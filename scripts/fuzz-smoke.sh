@@ -52,22 +52,38 @@ cargo fuzz build "${build_args[@]}"
 # Logs go under target/: cargo-fuzz takes any new file in artifacts/<target>/ for a crash input.
 logs="target/fuzz-smoke"
 mkdir -p "$logs"
-failed=()
-for t in "${targets[@]}"; do
+# One target a core at a time (FUZZ_PARALLEL, default the CPU count): each still runs its
+# full ${seconds}s, on a core of its own.
+parallel="${FUZZ_PARALLEL:-$(nproc)}"
+run_one() {
+    local t="$1" log="$logs/$1.log" extra
     mkdir -p "corpus/$t"
-    log="$logs/$t.log"
     read -r -a extra <<<"$(extra_args "$t")"
-    echo "== $t (${seconds}s${extra[*]:+ ${extra[*]}})"
     if cargo fuzz run "$t" -- -max_total_time="$seconds" -timeout=10 "${extra[@]}" \
         >"$log" 2>&1; then
-        grep -E '^Done [0-9]+ runs' "$log" || true
+        echo "== $t (${seconds}s${extra[*]:+ ${extra[*]}}): $(grep -E '^Done [0-9]+ runs' "$log" || true)"
     else
-        failed+=("$t")
         echo "!! $t FAILED (full log: fuzz/$log)"
         # The panic message, libFuzzer's verdict and the reproducer; not the input dump.
         grep -E -A1 'panicked at|ERROR: libFuzzer|^SUMMARY|Test unit written|^\s+cargo fuzz' "$log" \
             | cut -c1-300 || tail -n 20 "$log" | cut -c1-300
+        touch "$logs/$t.failed"
     fi
+}
+rm -f "$logs"/*.failed
+running=0
+for t in "${targets[@]}"; do
+    run_one "$t" &
+    running=$((running + 1))
+    if [[ $running -ge $parallel ]]; then
+        wait -n || true
+        running=$((running - 1))
+    fi
+done
+wait
+failed=()
+for t in "${targets[@]}"; do
+    [[ -e "$logs/$t.failed" ]] && failed+=("$t")
 done
 
 if [[ ${#failed[@]} -gt 0 ]]; then

@@ -25,26 +25,55 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# qemu-utils: qemu-img, qemu-io (interop both ways). libvhdi-utils: vhdiinfo, vhdimount
-# (differencing VHDX, which qemu refuses). fio: benchmarks. nbdkit, libnbd-bin: the NBD
-# server's peers and clients. fuse3: fusermount3 for vhdimount. bzip2: compressed vectors.
-# postgresql: the farm suite's second backend. python3-venv: schemathesis's venv.
-APT_PACKAGES=(qemu-utils libvhdi-utils fio nbdkit libnbd-bin fuse3 bzip2 postgresql python3-venv)
-# chromium: the console's end-to-end test (headless, driven by playwright-core from npm).
-APT_PACKAGES+=(chromium)
-# The QEMU boot tests (crates/guest): the machine and its NIC's iPXE ROM, iPXE's PXE/UEFI
-# binaries for TFTP, debootstrap for the Debian 12 test OS, nbd-client for the nbdkit
-# baseline, mkfs.ext4 and sfdisk for its disk, cpio for initramfs work.
-APT_PACKAGES+=(qemu-system-x86 ipxe-qemu ipxe debootstrap nbd-client e2fsprogs fdisk cpio)
-# musl-tools: musl-gcc, for the static boot agent (ferry-boot) that the QEMU boot tests put
-# into the test OS's initramfs.
-APT_PACKAGES+=(musl-tools)
-# iproute2: ss, which shows the NBD listener's accept queue (nbd-server's listener test).
-APT_PACKAGES+=(iproute2)
-# node and npm run playwright-core; Debian's are installed only when none is on PATH.
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-    APT_PACKAGES+=(nodejs npm)
-fi
+# Every external tool a test runs or requires (the tool rule of docs/testing.md), as
+# TOOL=PACKAGE: the Debian package that installs it, or @venv for the pinned Python tools this
+# script puts in venvs below, or @guest for a tool run inside the test OS's chroot (its recipe,
+# scripts/guest-root.sh, installs it). Every package named here is installed below.
+# tests/interop/tests/tool_list.rs fails when a test names a tool that is not in this list,
+# when a package here is not installed by this script, and (under CI=true) when a tool here is
+# not on PATH after the install.
+TEST_TOOLS=(
+    # images and their interop peers: qemu-img and qemu-io both ways, libvhdi for
+    # differencing VHDX (which qemu refuses), FUSE to unmount vhdimount, compressed vectors
+    qemu-img=qemu-utils qemu-io=qemu-utils qemu-nbd=qemu-utils
+    vhdiinfo=libvhdi-utils vhdimount=libvhdi-utils fusermount3=fuse3 bzip2=bzip2
+    # NBD peers, clients and load
+    nbdkit=nbdkit nbdinfo=libnbd-bin nbdcopy=libnbd-bin fio=fio nbd-client=nbd-client
+    # boot service and TFTP clients, certificates
+    curl=curl tftp=tftp-hpa openssl=openssl
+    # disks of the boot-file and boot tests
+    mkfs.ext4=e2fsprogs mkfs.ext2=e2fsprogs sfdisk=fdisk cpio=cpio
+    # the QEMU boot tests (crates/guest): the machine, the test OS's build
+    qemu-system-x86_64=qemu-system-x86 debootstrap=debootstrap strip=binutils
+    # the console's end-to-end test: Debian's headless Chromium driven from node
+    chromium=chromium node=nodejs
+    # listener and limit tests: ss for the accept queue, prlimit for the open-file limit
+    ss=iproute2 prlimit=util-linux setpriv=util-linux flock=util-linux
+    mount=mount umount=mount
+    # base tools the tests run (named so that a minimal machine gets them too)
+    bash=bash sh=dash tar=tar kill=procps chroot=coreutils mkfifo=coreutils
+    sha256sum=coreutils sync=coreutils timeout=coreutils true=coreutils
+    # pinned in venvs by this script (install_schemathesis, install_moto)
+    moto_server=@venv schemathesis=@venv
+    # run by `ferry target install-initramfs` inside the test OS's chroot
+    update-initramfs=@guest
+)
+
+# Packages besides the tools' own: ipxe-qemu (the NIC's iPXE ROM) and ipxe (undionly.kpxe,
+# ipxe.efi) for the boot tests, postgresql (the farm suite's second backend), python3-venv
+# (the venvs below), musl-tools (musl-gcc, for the static boot agent ferry-boot that the QEMU
+# boot tests put into the test OS's initramfs).
+APT_PACKAGES=(ipxe-qemu ipxe postgresql python3-venv musl-tools)
+for entry in "${TEST_TOOLS[@]}"; do
+    pkg="${entry#*=}"
+    case "$pkg" in
+        @*) continue ;;
+        # node and npm run playwright-core; Debian's are installed only when none is on PATH.
+        nodejs) command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 && continue
+                APT_PACKAGES+=(nodejs npm); continue ;;
+    esac
+    [[ " ${APT_PACKAGES[*]} " == *" $pkg "* ]] || APT_PACKAGES+=("$pkg")
+done
 
 # The farm tests' PostgreSQL (crates/farm/tests/common): a role that may create databases,
 # and a database to connect to first. FERRY_TEST_PG_URL overrides the URL the tests use.
@@ -102,6 +131,19 @@ install_apt_packages() {
     fi
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         "${extra[@]}" "${missing[@]}"
+    # An install can remove what an earlier package put there (Debian 12's qemu-system-x86
+    # replaces a newer qemu-utils): every listed tool must be on PATH afterwards.
+    local entry tool again=()
+    for entry in "${TEST_TOOLS[@]}"; do
+        tool="${entry%%=*}" pkg="${entry#*=}"
+        [[ "$pkg" == @* ]] && continue
+        command -v "$tool" >/dev/null 2>&1 || again+=("$pkg")
+    done
+    if [[ ${#again[@]} -gt 0 ]]; then
+        say "installing again, their tools are missing: ${again[*]}"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+            --allow-downgrades "${again[@]}"
+    fi
 }
 
 # The test OS of the QEMU boot tests (scripts/guest-root.sh): built once into
@@ -127,6 +169,13 @@ install_rust_tools() {
     if ! rustup target list --installed | grep -qx x86_64-unknown-linux-musl; then
         say "adding the x86_64-unknown-linux-musl target (the boot agent)"
         rustup target add x86_64-unknown-linux-musl
+    fi
+    # cargo-nextest runs the tests (one process per test, binaries side by side; see
+    # .config/nextest.toml). Rust machines of this project's kind carry it; elsewhere it is
+    # built once from crates.io.
+    if ! cargo nextest --version >/dev/null 2>&1; then
+        say "installing cargo-nextest"
+        cargo install cargo-nextest --locked
     fi
     if [[ "${FERRY_SKIP_FUZZ:-0}" != 1 ]] && ! cargo fuzz --version >/dev/null 2>&1; then
         say "installing cargo-fuzz"
@@ -195,32 +244,62 @@ install_console_e2e() {
     cp "$dir/package-lock.json" "$dir/node_modules/.ferry-installed-lock.json"
 }
 
+# Each step's wall-clock time, printed at the end (docs/testing.md keeps the figures).
+STEP_TIMES=()
+STEP_NAME=""
+STEP_START=$SECONDS
+RUN_START=$SECONDS
+step() {
+    if [[ -n "$STEP_NAME" ]]; then
+        STEP_TIMES+=("$(printf '%6d s  %s' $((SECONDS - STEP_START)) "$STEP_NAME")")
+    fi
+    STEP_NAME="$1"
+    STEP_START=$SECONDS
+    [[ -n "$1" ]] && say "$1"
+    return 0
+}
+times_report() {
+    step ""
+    say "step times (wall clock, $((SECONDS - RUN_START)) s in all):"
+    printf '%s\n' "${STEP_TIMES[@]}" >&2
+    if [[ -f target/nextest/ci/junit.xml ]]; then
+        python3 scripts/test-times.py target/nextest/ci/junit.xml 15 >&2 || true
+    fi
+}
+trap times_report EXIT
+
+step "installing what the tests need"
 install_apt_packages
 install_rust_tools
 install_console_e2e
 start_postgres
 install_schemathesis
 install_moto
+step "guest root for the boot tests (scripts/guest-root.sh)"
 build_guest_root
 
-say "cargo fmt --all --check"
+step "cargo fmt --all --check"
 cargo fmt --all --check
-say "scripts/layout-check.py (file lengths, import cycles, docs naming the tree)"
+step "scripts/layout-check.py (file lengths, import cycles, docs naming the tree)"
 python3 scripts/layout-check.py
-say "cargo clippy --workspace --all-targets -- -D warnings"
+step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 # The boot agent the diskless boot tests install into the test OS (crates/cli/tests/netboot.rs
 # reads FERRY_BOOT_AGENT).
-say "cargo build --profile boot-agent --target x86_64-unknown-linux-musl -p boot-agent"
+step "cargo build --profile boot-agent --target x86_64-unknown-linux-musl -p boot-agent"
 cargo build --profile boot-agent --target x86_64-unknown-linux-musl -p boot-agent
 export FERRY_BOOT_AGENT="$PWD/target/x86_64-unknown-linux-musl/boot-agent/ferry-boot"
-say "cargo test --workspace${CI:+ (CI=$CI: missing tools fail)}"
-cargo test --workspace --no-fail-fast
+step "cargo nextest run --workspace --profile ci${CI:+ (CI=$CI: missing tools fail)}"
+rm -f target/nextest/ci/junit.xml
+cargo nextest run --workspace --profile ci --no-fail-fast
+# nextest runs no doctests: these run here.
+step "cargo test --workspace --doc"
+cargo test --workspace --doc
 
 if [[ "${FERRY_SKIP_FUZZ:-0}" == 1 ]]; then
     say "fuzz smoke run skipped (FERRY_SKIP_FUZZ=1)"
 elif [[ -f scripts/fuzz-smoke.sh ]]; then
-    say "scripts/fuzz-smoke.sh"
+    step "scripts/fuzz-smoke.sh"
     bash scripts/fuzz-smoke.sh
 fi
 say "all tests passed"

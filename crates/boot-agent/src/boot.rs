@@ -13,11 +13,13 @@ use anyhow::{Context, anyhow, bail};
 use contract::boot_args::{BootArgs, TEXT_BYTES_MAX};
 
 /// How long the farm's API may stay unreachable at boot (the network may still be settling
-/// or a server restarting) before the machine says it cannot boot.
+/// or a server restarting) before the machine says it cannot boot; `ferry.login_wait=`
+/// sets another.
 const LOGIN_PATIENCE: Duration = Duration::from_secs(60);
 /// Pause between login rounds over the API URLs.
 const LOGIN_RETRY: Duration = Duration::from_secs(2);
-/// How long the agent may take to attach (connect to a server, open the export).
+/// How long the agent may take to attach (connect to a server, open the export);
+/// `ferry.attach_wait=` sets another.
 const ATTACH_PATIENCE: Duration = Duration::from_secs(120);
 /// The `argv[0]` the agent runs under: '@' tells systemd not to kill it at shutdown.
 const ROOT_DAEMON_ARGV0: &str = "@ferry-boot";
@@ -205,7 +207,7 @@ fn boot(opts: &Opts) -> anyhow::Result<()> {
         let r = agent::run(agent_cfg, std::future::pending::<()>()).await;
         let _ = done_tx.send(r);
     });
-    wait_for_socket(&socket, &done_rx)?;
+    wait_for_socket(&socket, &done_rx, args.attach_wait.unwrap_or(ATTACH_PATIENCE))?;
     let disk = agent::kernel::attach(&socket, "", &args.device)?;
     std::fs::write(
         opts.run_dir.join("ready"),
@@ -234,14 +236,15 @@ fn boot(opts: &Opts) -> anyhow::Result<()> {
 fn wait_for_socket(
     socket: &Path,
     done: &std::sync::mpsc::Receiver<Result<(), agent::AgentError>>,
+    patience: Duration,
 ) -> anyhow::Result<()> {
     let start = Instant::now();
     while !socket.exists() {
         match done.recv_timeout(Duration::from_millis(100)) {
             Ok(Err(e)) => return Err(anyhow!(e).context("attach the vDisk")),
             Ok(Ok(())) => bail!("the agent stopped before it served the vDisk"),
-            Err(_) if start.elapsed() > ATTACH_PATIENCE => {
-                bail!("the vDisk was not attached within {ATTACH_PATIENCE:?}")
+            Err(_) if start.elapsed() > patience => {
+                bail!("the vDisk was not attached within {patience:?}")
             }
             Err(_) => {}
         }
@@ -292,7 +295,8 @@ fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig,
     )?;
     let key = agent::login::parse_farm_key(&read_limited(key_path)?)
         .with_context(|| format!("the farm key {}", key_path.display()))?;
-    let grant = login_patiently(&args.api, &mac, &key, ca.as_deref())?;
+    let patience = args.login_wait.unwrap_or(LOGIN_PATIENCE);
+    let grant = login_patiently(&args.api, &mac, &key, ca.as_deref(), patience)?;
     if let Some(want) = args.version
         && grant.version != want
     {
@@ -311,6 +315,7 @@ fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig,
         key,
         ca.clone(),
         &grant,
+        patience,
     ));
     let what = format!(
         "vDisk {} version {} of device {} from {}",
@@ -368,13 +373,15 @@ fn mem_total_bytes() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// Login at each API URL in turn until one answers, for up to [`LOGIN_PATIENCE`]; a
-/// refusal (wrong key, unknown device…) ends it at once.
+/// Login at each API URL in turn until one answers, for up to `patience`
+/// ([`LOGIN_PATIENCE`] unless `ferry.login_wait=`); a refusal (wrong key, unknown device…)
+/// ends it at once.
 fn login_patiently(
     apis: &[String],
     mac: &str,
     key: &[u8],
     ca: Option<&str>,
+    patience: Duration,
 ) -> anyhow::Result<LoginGrant> {
     let start = Instant::now();
     loop {
@@ -390,10 +397,10 @@ fn login_patiently(
                 Err(e) => return Err(anyhow!(e).context(format!("device login as {mac}"))),
             }
         }
-        if start.elapsed() > LOGIN_PATIENCE {
+        if start.elapsed() > patience {
             let e = last.map_or_else(|| anyhow!("no farm API named"), |e| anyhow!(e));
             return Err(e.context(format!(
-                "the farm's API did not answer within {LOGIN_PATIENCE:?} (server unreachable)"
+                "the farm's API did not answer within {patience:?} (server unreachable)"
             )));
         }
         std::thread::sleep(LOGIN_RETRY);
@@ -408,9 +415,11 @@ fn relogin(
     key: Vec<u8>,
     ca: Option<String>,
     first: &LoginGrant,
+    patience: Duration,
 ) -> agent::remote::Relogin {
     agent::grant::relogin(first, move || {
-        login_patiently(&apis, &mac, &key, ca.as_deref()).map_err(|e| format!("{e:#}"))
+        login_patiently(&apis, &mac, &key, ca.as_deref(), patience)
+            .map_err(|e| format!("{e:#}"))
     })
 }
 

@@ -28,6 +28,8 @@ pub const UNKNOWN_KEY_CHARS_MAX: usize = 64;
 
 /// The kernel NBD device when none is named.
 pub const DEFAULT_DEVICE: &str = "/dev/nbd0";
+/// The longest wait `ferry.login_wait=` and `ferry.attach_wait=` may set, in seconds.
+pub const WAIT_SECONDS_MAX: u64 = 3600;
 
 /// Everything the boot agent needs, from the command line and boot.conf.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -56,6 +58,12 @@ pub struct BootArgs {
     pub version: Option<i64>,
     /// `ferry.prefetch=0` turns the device's boot-set prefetch off (`None`: on).
     pub prefetch: Option<bool>,
+    /// `ferry.login_wait=SECONDS`: how long the farm's API may stay unreachable at boot
+    /// (`None`: the agent's default).
+    pub login_wait: Option<std::time::Duration>,
+    /// `ferry.attach_wait=SECONDS`: how long attaching the vDisk may take (`None`: the
+    /// agent's default).
+    pub attach_wait: Option<std::time::Duration>,
     /// Keys skipped as unknown (at most [`LIST_MAX`], each cut to
     /// [`UNKNOWN_KEY_CHARS_MAX`] characters).
     pub unknown: Vec<String>,
@@ -173,6 +181,18 @@ impl BootArgs {
                     _ => return Err(bad("must be 0 or 1")),
                 });
             }
+            "login_wait" | "attach_wait" => {
+                let secs: u64 = value.parse().map_err(|_| bad("not a number of seconds"))?;
+                if secs == 0 || secs > WAIT_SECONDS_MAX {
+                    return Err(bad("must be 1 to 3600 seconds"));
+                }
+                let wait = Some(std::time::Duration::from_secs(secs));
+                if key == "login_wait" {
+                    self.login_wait = wait;
+                } else {
+                    self.attach_wait = wait;
+                }
+            }
             // Unknown keys: a newer boot script's; skipped, not fatal, and kept (the first
             // LIST_MAX) so that the agent can say which it skipped.
             _ => {
@@ -217,6 +237,10 @@ mod tests {
         assert_eq!(a.device, PathBuf::from(DEFAULT_DEVICE));
         assert_eq!(a.prefetch, None);
         assert_eq!(a.unknown, ["future"]);
+        assert_eq!(a.login_wait, None);
+        a.apply_cmdline("ferry.login_wait=5 ferry.attach_wait=30").unwrap();
+        assert_eq!(a.login_wait, Some(std::time::Duration::from_secs(5)));
+        assert_eq!(a.attach_wait, Some(std::time::Duration::from_secs(30)));
         a.apply_cmdline("ferry.prefetch=0").unwrap();
         assert_eq!(a.prefetch, Some(false));
         // A long unknown key is kept cut, once, however often it comes (found by fuzzing).
@@ -240,6 +264,9 @@ mod tests {
             ("ferry.key=relative", "key", "must be an absolute path"),
             ("ferry.api=,", "api", "empty list"),
             ("ferry.prefetch=maybe", "prefetch", "must be 0 or 1"),
+            ("ferry.login_wait=soon", "login_wait", "not a number of seconds"),
+            ("ferry.login_wait=0", "login_wait", "must be 1 to 3600 seconds"),
+            ("ferry.attach_wait=3601", "attach_wait", "must be 1 to 3600 seconds"),
         ];
         for (line, key, reason) in cases {
             let e = BootArgs::new().apply_cmdline(line).unwrap_err();

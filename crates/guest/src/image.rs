@@ -139,6 +139,13 @@ impl ImageBuilder {
         self.file(TEST_SCRIPT, script, 0o755)
     }
 
+    /// Adds the small init [`QUICK_INIT`](crate::QUICK_INIT) at
+    /// [`QUICK_INIT_PATH`](crate::QUICK_INIT_PATH): a boot with `init=` that path on its
+    /// kernel command line runs the test script and prints the marker without systemd.
+    pub fn quick_init(self) -> Self {
+        self.file(crate::QUICK_INIT_PATH, crate::QUICK_INIT, 0o755)
+    }
+
     /// Runs `sh -c command` chrooted into the root after the files are added, with /proc and
     /// /sys mounted (e.g. `update-initramfs -u -k all` after an initramfs hook was added).
     pub fn run_in_root(mut self, command: &str) -> Self {

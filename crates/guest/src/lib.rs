@@ -54,6 +54,36 @@ pub const VERSION_FILE: &str = "/etc/ferry-version";
 /// The guest script `ferry-test.service` runs at boot when present.
 pub const TEST_SCRIPT: &str = "/etc/ferry-test.sh";
 
+/// Where [`ImageBuilder::quick_init`] puts [`QUICK_INIT`]; `init=` this path on the kernel
+/// command line boots with it.
+pub const QUICK_INIT_PATH: &str = "/usr/local/sbin/ferry-quick-init";
+
+/// A small init for boots whose subject is the boot path (firmware, boot script, kernel,
+/// initramfs, the root device) rather than systemd: it mounts what the test script needs,
+/// makes the root writable, runs [`TEST_SCRIPT`] and prints its output and the
+/// [`BOOT_MARKER`] on ttyS0 as the test OS's services do after multi-user.target, then
+/// idles (PID 1 must not exit). A TCG boot then skips systemd's tens of seconds.
+pub const QUICK_INIT: &str = r#"#!/bin/sh
+# ferry-quick-init: the test OS's small init (crates/guest, QUICK_INIT).
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export PATH
+mount -t proc proc /proc 2>/dev/null
+mount -t sysfs sysfs /sys 2>/dev/null
+mount -t devtmpfs devtmpfs /dev 2>/dev/null
+mount -o remount,rw / 2>/dev/null
+mount -t tmpfs tmpfs /tmp 2>/dev/null
+if [ -f /etc/ferry-test.sh ]; then
+    out="$(/bin/sh /etc/ferry-test.sh 2>&1)"
+    rc=$?
+    printf 'FERRY-TEST-BEGIN
+%s
+FERRY-TEST-END rc=%d
+' "$out" "$rc" >/dev/ttyS0
+fi
+echo "FERRY-BOOT-OK version=$(cat /etc/ferry-version 2>/dev/null)" >/dev/ttyS0
+while :; do sleep 3600; done
+"#;
+
 /// Kernel arguments every boot of the test OS wants besides its root: the console on the
 /// serial port the harness logs, and the root mounted writable (its fstab names nothing).
 pub const DIRECT_BOOT_ARGS: &str = "console=ttyS0 rw";
