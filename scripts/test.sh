@@ -5,9 +5,10 @@
 #   ./scripts/test.sh                 # install what is missing, then fmt, clippy, tests, fuzz
 #   FERRY_SKIP_FUZZ=1 ./scripts/test.sh   # the same without cargo-fuzz and the fuzz smoke run
 #
-# Steps (each failure stops the run):
-#   1. apt packages the interop tests drive (apt-get update only when one is missing);
-#   2. rustfmt and clippy (rustup components) and cargo-fuzz, when missing;
+# Steps (each failure stops the run; each step's time is printed at the end):
+#   1. apt packages: every TOOL=PACKAGE of TEST_TOOLS below and a few more (apt-get update
+#      only when one is missing);
+#   2. rustfmt and clippy (rustup components), cargo-nextest and cargo-fuzz, when missing;
 #   2b. PostgreSQL on loopback for the farm tests (cluster started, role and database made),
 #      schemathesis (pinned) in a venv for the API fuzz run, and moto[server] (pinned) in
 #      a venv for the S3 store tests;
@@ -17,8 +18,11 @@
 #      outside the repository and rebuilt only when its recipe changes;
 #   3. cargo fmt --check, scripts/layout-check.py (no file over 800 lines without a reason, no
 #      import cycle between the files of a crate, docs that name the tree as it is), cargo
-#      clippy -D warnings, cargo test for the whole workspace;
-#   4. scripts/fuzz-smoke.sh, a time-boxed run of every fuzz target (when present).
+#      clippy -D warnings, the boot agent's static build, `cargo nextest run` for the whole
+#      workspace (.config/nextest.toml) with the fuzz targets building beside it at the
+#      lowest priority, `cargo test --doc`;
+#   4. scripts/fuzz-smoke.sh, a time-boxed run of every fuzz target (when present);
+#   5. at the end, passed or not: the step times and the 15 slowest test binaries.
 #
 # Under CI=true (as .ci/run is run) a test whose external tool is missing fails instead of
 # skipping; elsewhere it prints why it skipped. See docs/testing.md.
@@ -259,6 +263,9 @@ step() {
     return 0
 }
 times_report() {
+    if [[ -n "${FUZZ_BUILD_PID:-}" ]]; then
+        kill "$FUZZ_BUILD_PID" 2>/dev/null || true
+    fi
     step ""
     say "step times (wall clock, $((SECONDS - RUN_START)) s in all):"
     printf '%s\n' "${STEP_TIMES[@]}" >&2
@@ -289,6 +296,15 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo build --profile boot-agent --target x86_64-unknown-linux-musl -p boot-agent"
 cargo build --profile boot-agent --target x86_64-unknown-linux-musl -p boot-agent
 export FERRY_BOOT_AGENT="$PWD/target/x86_64-unknown-linux-musl/boot-agent/ferry-boot"
+# The fuzz targets build (sanitizers, their own target directory) beside the tests, at the
+# lowest CPU priority: it takes the cores only while the tests wait on sockets and timers.
+FUZZ_BUILD_PID=""
+if [[ "${FERRY_SKIP_FUZZ:-0}" != 1 && -f scripts/fuzz-smoke.sh ]]; then
+    mkdir -p fuzz/target
+    (cd fuzz && RUSTC_BOOTSTRAP=1 exec nice -n 19 cargo fuzz build) \
+        >fuzz/target/fuzz-build.log 2>&1 &
+    FUZZ_BUILD_PID=$!
+fi
 step "cargo nextest run --workspace --profile ci${CI:+ (CI=$CI: missing tools fail)}"
 rm -f target/nextest/ci/junit.xml
 cargo nextest run --workspace --profile ci --no-fail-fast
@@ -300,6 +316,10 @@ if [[ "${FERRY_SKIP_FUZZ:-0}" == 1 ]]; then
     say "fuzz smoke run skipped (FERRY_SKIP_FUZZ=1)"
 elif [[ -f scripts/fuzz-smoke.sh ]]; then
     step "scripts/fuzz-smoke.sh"
+    # Its build ran beside the tests; what it left undone (or its error) fuzz-smoke.sh
+    # builds again and reports.
+    wait "$FUZZ_BUILD_PID" || true
+    FUZZ_BUILD_PID=""
     bash scripts/fuzz-smoke.sh
 fi
 say "all tests passed"
