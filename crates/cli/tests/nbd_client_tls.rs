@@ -3,7 +3,8 @@
 //! administrator's certificate from `ferry farm cert admin`, and reads every byte of it
 //! back; the same client without TLS, over TLS without a certificate, and with a certificate
 //! of another farm's CA, is refused. This host has no nbd module, hence the machine (the
-//! test OS of `crates/guest`, booted from its own disk).
+//! test OS of `crates/guest`, booted from its own disk with its small init,
+//! `guest::QUICK_INIT`: what is tested is the kernel's client, not systemd).
 //!
 //! QEMU's user network makes the machine's connections come from the host's loopback, which
 //! `[access]`'s defaults trust for plain reads; the server is told `plain_reads = "none"` so
@@ -182,6 +183,7 @@ fn the_kernel_s_nbd_client_reads_over_tls_with_a_farm_certificate_only() {
         )
         .version("tls")
         .test_script(&script(port))
+        .quick_init()
         .build(&dir.join("image"))
         .expect("build the image");
 
@@ -202,7 +204,13 @@ fn the_kernel_s_nbd_client_reads_over_tls_with_a_farm_certificate_only() {
         TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
 
-    let append = format!("root=/dev/vda1 {}", guest::DIRECT_BOOT_ARGS);
+    // The test OS's small init: the script needs the kernel, modules and a shell, not
+    // systemd (it brings the NIC up by hand).
+    let append = format!(
+        "root=/dev/vda1 {} init={}",
+        guest::DIRECT_BOOT_ARGS,
+        guest::QUICK_INIT_PATH
+    );
     let mut vm = guest::Qemu::new(dir.join("console.log"))
         .disk(&image.disk)
         .direct_boot(&image.kernel, &image.initrd, &append)
