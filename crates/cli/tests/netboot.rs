@@ -286,8 +286,9 @@ fn golden_image(dir: &Path, farm: &Farm) -> guest::GuestImage {
 }
 
 /// Without a farm: a plain `ferry server` export of the image, booted with the image's
-/// own kernel and initramfs and `ferry.server=` on the command line. The machine reaches
-/// multi-user with the boot agent serving its root, and its writes stay in its RAM.
+/// own kernel and initramfs and `ferry.server=` on the command line. The machine runs the
+/// test OS's small init (systemd's part is the farm test's first boot) with the boot agent
+/// serving its root after switch_root, and its writes stay in its RAM.
 #[test]
 fn a_machine_boots_a_plain_export_through_the_boot_agent() {
     if !runnable("a_machine_boots_a_plain_export_through_the_boot_agent") {
@@ -302,6 +303,7 @@ fn a_machine_boots_a_plain_export_through_the_boot_agent() {
         .copy(boot_agent(), "/root/ferry-boot", 0o755)
         .version("plain")
         .test_script(TEST_SCRIPT)
+        .quick_init()
         .run_in_root(install)
         .build(&dir.join("image"))
         .expect("build the image");
@@ -320,7 +322,8 @@ fn a_machine_boots_a_plain_export_through_the_boot_agent() {
     });
     let append = format!(
         "boot=ferry ip=dhcp ferry.server=10.0.2.2:{nbd} ferry.export=debian ferry.cache=ram \
-         root=/dev/nbd0p1 console=ttyS0 panic=30"
+         root=/dev/nbd0p1 console=ttyS0 panic=30 init={}",
+        guest::QUICK_INIT_PATH
     );
     let mut vm = guest::Qemu::new(dir.join("console.log"))
         .memory_mib(GUEST_MIB)
