@@ -54,6 +54,8 @@ TEST_TOOLS=(
     # listener and limit tests: ss for the accept queue, prlimit for the open-file limit
     ss=iproute2 prlimit=util-linux setpriv=util-linux flock=util-linux
     mount=mount umount=mount
+    # the layout check's test runs scripts/layout-check.py
+    python3=python3
     # base tools the tests run (named so that a minimal machine gets them too)
     bash=bash sh=dash tar=tar kill=procps chroot=coreutils mkfifo=coreutils
     sha256sum=coreutils sync=coreutils timeout=coreutils true=coreutils

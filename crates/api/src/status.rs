@@ -180,7 +180,7 @@ pub struct ServerStatus {
     pub name: String,
     /// NBD address.
     pub address: String,
-    /// True when it heartbeat within [`farm::login::SERVER_ALIVE_MS`].
+    /// True when it heartbeat within [`farm::model::SERVER_ALIVE_MS`].
     pub alive: bool,
     /// Its last heartbeat.
     pub heartbeat_at_ms: i64,
@@ -475,7 +475,7 @@ fn server_status(s: &Server, now_ms: i64) -> ServerStatus {
         site_id: s.site_id,
         name: s.name.clone(),
         address: s.address.clone(),
-        alive: now_ms.saturating_sub(s.heartbeat_at_ms) <= farm::login::SERVER_ALIVE_MS,
+        alive: now_ms.saturating_sub(s.heartbeat_at_ms) <= farm::model::SERVER_ALIVE_MS,
         heartbeat_at_ms: s.heartbeat_at_ms,
     }
 }

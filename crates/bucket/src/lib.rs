@@ -4,6 +4,8 @@
 //!
 //! - [`location`]: `s3://BUCKET/PREFIX` URLs, endpoint, region and credentials, and the
 //!   `object_store` client built from them.
+//! - [`objects`]: what a bucket prefix holds (listing, existence) and an object's manifest,
+//!   fetched and checked; the tier store and the transfers both read the bucket through it.
 //! - [`bridge`]: runs the client's futures from the synchronous [`disk::Storage`] calls.
 //! - [`tier`]: [`tier::TieredObject`], a read-only `Storage` over one object: chunk-sized
 //!   ranged GETs, each chunk checked against the manifest before it is used, kept in a local
@@ -14,9 +16,12 @@
 //! - [`transfer`]: write-once upload of a local file with its manifest, fill of a local
 //!   store from a bucket, and verify of a local store against the bucket's manifests.
 
+#![warn(missing_docs)]
+
 pub mod bridge;
 pub mod error;
 pub mod location;
+pub mod objects;
 pub mod tier;
 pub mod tier_store;
 pub mod transfer;

@@ -25,6 +25,7 @@ use manifest::Manifest;
 use object_store::ObjectStore;
 
 use crate::bridge::Bridge;
+use crate::objects::{exists, get_manifest, list};
 use crate::tier::{ObjectSource, TierStats, TieredObject};
 use crate::{
     BucketError, BucketUrl, Keys, MANIFEST_SUFFIX, S3Config, is_vdisk_file, manifest_name,
@@ -32,106 +33,6 @@ use crate::{
 
 /// The hidden directory inside the tier directory holding the fetched bytes.
 pub const TIER_SUBDIR: &str = ".tier";
-/// The most objects listed under one prefix.
-pub const MAX_LISTED: usize = 100_000;
-
-/// What a listing of a bucket prefix found.
-#[derive(Debug, Default, Clone)]
-pub struct Listing {
-    /// vDisk files with their manifests, by name, with their sizes.
-    pub objects: Vec<(String, u64)>,
-    /// vDisk files without a manifest (not served).
-    pub unmanifested: Vec<String>,
-    /// Manifest sizes by object name.
-    pub manifests: HashMap<String, u64>,
-}
-
-/// Lists the vDisk objects and manifests directly under `url`'s prefix.
-///
-/// # Errors
-/// [`BucketError::Store`] (unreachable endpoint, refused credentials, no such bucket).
-pub async fn list(store: &dyn ObjectStore, url: &BucketUrl) -> Result<Listing, BucketError> {
-    let prefix = url.prefix_key();
-    let res = store
-        .list_with_delimiter(prefix.as_ref())
-        .await
-        .map_err(BucketError::store("list", url.to_string()))?;
-    let mut sizes = HashMap::new();
-    for o in res.objects.into_iter().take(MAX_LISTED) {
-        if let Some(name) = o.location.filename() {
-            sizes.insert(name.to_string(), o.size);
-        }
-    }
-    let mut l = Listing::default();
-    for (name, size) in &sizes {
-        if let Some(obj) = name.strip_suffix(MANIFEST_SUFFIX) {
-            if is_vdisk_file(obj) {
-                l.manifests.insert(obj.to_string(), *size);
-            }
-        } else if is_vdisk_file(name) {
-            if sizes.contains_key(&manifest_name(name)) {
-                l.objects.push((name.clone(), *size));
-            } else {
-                l.unmanifested.push(name.clone());
-            }
-        }
-    }
-    l.objects.sort();
-    l.unmanifested.sort();
-    Ok(l)
-}
-
-/// Fetches and parses object `name`'s manifest, checking it names the object and its size.
-///
-/// # Errors
-/// [`BucketError::Store`], [`BucketError::Manifest`], [`BucketError::Missing`].
-pub async fn get_manifest(
-    store: &dyn ObjectStore,
-    url: &BucketUrl,
-    name: &str,
-    object_size: Option<u64>,
-) -> Result<Manifest, BucketError> {
-    let murl = url.url_of(&manifest_name(name));
-    let key = url.key(&manifest_name(name));
-    let meta = store
-        .head(&key)
-        .await
-        .map_err(BucketError::store("read", murl.clone()))?;
-    if meta.size > manifest::MAX_MANIFEST_BYTES as u64 {
-        return Err(BucketError::Manifest {
-            url: murl,
-            source: manifest::ManifestError::TooLong(meta.size as usize),
-        });
-    }
-    let bytes = store
-        .get(&key)
-        .await
-        .map_err(BucketError::store("read", murl.clone()))?
-        .bytes()
-        .await
-        .map_err(BucketError::store("read", murl.clone()))?;
-    let m = Manifest::parse(&bytes).map_err(|source| BucketError::Manifest {
-        url: murl.clone(),
-        source,
-    })?;
-    if m.name != name {
-        return Err(BucketError::Missing(format!(
-            "{murl} describes {:?}, not {name:?}",
-            m.name
-        )));
-    }
-    if let Some(s) = object_size
-        && s != m.size
-    {
-        return Err(BucketError::Missing(format!(
-            "{} is {s} bytes; its manifest says {}",
-            url.url_of(name),
-            m.size
-        )));
-    }
-    Ok(m)
-}
-
 /// What [`TierStore::sync`] did.
 #[derive(Debug, Default, Clone)]
 pub struct SyncReport {
@@ -350,7 +251,7 @@ impl TierStore {
     fn pin_from_bucket(&self, name: &str) -> Result<Option<Manifest>, BucketError> {
         let (store, url, n) = (self.store.clone(), self.url.clone(), name.to_string());
         let got = self.bridge.run(async move {
-            if !crate::transfer::exists(store.as_ref(), &url, &manifest_name(&n)).await? {
+            if !exists(store.as_ref(), &url, &manifest_name(&n)).await? {
                 return Ok(None);
             }
             get_manifest(store.as_ref(), &url, &n, None).await.map(Some)

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use manifest::{Builder, CHUNK_SIZE, Manifest};
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload, WriteMultipart};
 
-use crate::tier_store::{get_manifest, list};
+use crate::objects::{exists, get_manifest, list};
 use crate::{BucketError, BucketUrl, Keys, is_vdisk_file, manifest_name};
 
 /// Files up to this size are uploaded in one write-once PUT; larger ones in parts.
@@ -30,18 +30,6 @@ pub const PARTS_IN_FLIGHT: usize = 4;
 
 /// Progress callback: bytes done, bytes in all.
 pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
-
-pub(crate) async fn exists(
-    store: &dyn ObjectStore,
-    url: &BucketUrl,
-    name: &str,
-) -> Result<bool, BucketError> {
-    match store.head(&url.key(name)).await {
-        Ok(_) => Ok(true),
-        Err(object_store::Error::NotFound { .. }) => Ok(false),
-        Err(e) => Err(BucketError::store("check", url.url_of(name))(e)),
-    }
-}
 
 async fn put_create(
     store: &dyn ObjectStore,

@@ -21,11 +21,11 @@ use std::sync::PoisonError;
 use contract::login::LoginServer;
 use serde_json::json;
 
+use crate::Farm;
 use crate::db::audit;
 use crate::error::{FarmError, Result};
 use crate::input::ServerPatch;
-use crate::model::{Flag, Server};
-use crate::{Farm, login::SERVER_ALIVE_MS};
+use crate::model::{Flag, SERVER_ALIVE_MS, Server};
 
 pub use crate::model::{DEFAULT_RATING, RATING_MAX};
 

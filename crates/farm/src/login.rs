@@ -35,6 +35,7 @@ use serde_json::json;
 
 pub use contract::login::{Challenge, ChallengeRequest, DeviceTls, LoginRequest, LoginServer};
 
+use crate::balance::SessionServer;
 use crate::db::{Farm, audit, hash_secret};
 use crate::devices::insert_device;
 use crate::error::{FarmError, Kind, Result};
@@ -48,8 +49,6 @@ pub const NONCE_TTL_MS: i64 = 60_000;
 pub const NONCES_MAX: i64 = 10_000;
 /// How long a session lives.
 pub const SESSION_TTL_MS: i64 = 24 * 3600 * 1000;
-/// A server whose last heartbeat is older is listed as not alive.
-pub const SERVER_ALIVE_MS: i64 = 60_000;
 
 /// What a device gets at login: the contract's grant with the farm's whole device record
 /// (a target reads it as `LoginGrant<`[`contract::login::DeviceRef`]`>`).
@@ -396,11 +395,8 @@ impl Farm {
         }
         let servers = self.site_servers(device.collection_id).await?;
         if let Some(first) = servers.first() {
-            self.note_session_server(
-                &session_id,
-                crate::balance::SessionServer::Name(&first.name),
-            )
-            .await?;
+            self.note_session_server(&session_id, SessionServer::Name(&first.name))
+                .await?;
         }
         Ok(LoginGrant {
             session_id,

@@ -174,6 +174,8 @@ pub struct Server {
 pub const DEFAULT_RATING: i64 = 100;
 /// The highest rating (a server rated this carries that many times a server rated 1).
 pub const RATING_MAX: i64 = 10_000;
+/// A server whose last heartbeat is older is listed as not alive (and ordered last).
+pub const SERVER_ALIVE_MS: i64 = 60_000;
 
 fn default_rating() -> i64 {
     DEFAULT_RATING

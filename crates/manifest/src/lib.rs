@@ -20,6 +20,8 @@
 //! HEX64            (N lines, chunk 0 first)
 //! ```
 
+#![warn(missing_docs)]
+
 use std::fmt::Write as _;
 
 /// The chunk size new manifests use: the unit of a ranged GET and of verification.
