@@ -20,6 +20,7 @@ pub mod bytes;
 pub mod device;
 pub mod error;
 pub mod file;
+pub mod filter;
 pub mod inline;
 pub mod open;
 pub mod ops;
@@ -33,4 +34,5 @@ pub use overlay::OverlayStorage;
 
 pub use device::{BlockDevice, Extent, ExtentKind, FastPath};
 pub use error::{Error, ErrorKind, Result};
+pub use filter::Filter;
 pub use storage::{DIRECT_ALIGN, FileStorage, Storage};
