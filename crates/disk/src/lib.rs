@@ -13,6 +13,8 @@
 //! The format codecs live in the pure `vhdx` crate; this crate performs the I/O they describe.
 //! Images open through [`open::open`] (by magic, with the parent chain resolved), and the
 //! operations (`convert`, `capture`, `merge`, `check`, `compact`) are built on [`BlockDevice`].
+//! A decorator that changes some calls of the device below and passes the rest on (a
+//! counter, a watch) is a [`Filter`], which names only the calls it changes.
 
 #![warn(missing_docs)]
 
