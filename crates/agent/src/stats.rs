@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use disk::device::{Geometry, LayerRun, Piece, Submitted};
-use disk::{BlockDevice, FastPath, Result};
+use disk::device::{Piece, Submitted};
+use disk::{BlockDevice, Result};
 use parking_lot::Mutex;
 
 use crate::boot::{BootClock, BootEnd, Booted};
@@ -157,29 +157,32 @@ impl Tally {
     }
 }
 
-impl BlockDevice for IoCounted {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
+/// What completes, on every path, is counted; the rest is the inner device's.
+impl disk::Filter for IoCounted {
+    fn next(&self) -> &dyn BlockDevice {
+        &*self.inner
     }
-    fn format(&self) -> &'static str {
-        self.inner.format()
-    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let r = self.inner.read_at(buf, offset);
         self.tally.counted_read(r, buf.len())
     }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         let r = self.inner.write_at(buf, offset);
         self.tally.counted_write(r, buf.len())
     }
+
     fn flush(&self) -> Result<()> {
         let r = self.inner.flush();
         self.tally.count(r)
     }
+
     fn trim(&self, offset: u64, len: u64) -> Result<()> {
         let r = self.inner.trim(offset, len);
         self.tally.count(r)
     }
+
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         let r = self.inner.write_zeroes(offset, len);
         if r.is_ok() {
@@ -187,23 +190,7 @@ impl BlockDevice for IoCounted {
         }
         self.tally.count(r)
     }
-    fn can_write(&self) -> bool {
-        self.inner.can_write()
-    }
-    fn map_layer(&self, offset: u64, len: u64) -> Result<Vec<LayerRun>> {
-        self.inner.map_layer(offset, len)
-    }
-    fn parent(&self) -> Option<Arc<dyn BlockDevice>> {
-        self.inner.parent()
-    }
 
-    fn fast_path(&self) -> Option<&dyn FastPath> {
-        Some(self)
-    }
-}
-
-/// Every fast path of the inner device is passed on, and what completes on one is counted.
-impl FastPath for IoCounted {
     fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> Result<()> {
         let len = bufs.iter().map(|b| b.len()).sum();
         let r = self.inner.read_vectored_at(bufs, offset);
@@ -213,10 +200,6 @@ impl FastPath for IoCounted {
     fn try_read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {
         let r = self.inner.try_read_shared(offset, len)?;
         Some(self.tally.counted_read(r, len as usize))
-    }
-
-    fn shares_reads(&self) -> bool {
-        self.inner.shares_reads()
     }
 
     fn read_shared(&self, offset: u64, len: u64) -> Option<Result<Vec<Piece>>> {

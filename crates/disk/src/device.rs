@@ -164,10 +164,11 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
 
     /// This device's fast paths: `Some(self)` for a device that implements [`FastPath`],
     /// `None` when every call takes the ordinary path. It has no default, so that a new
-    /// device, and above all a decorator, has to decide: a decorator that wraps another
-    /// device implements [`FastPath`] by passing each method on to `inner.fast_path()` (or
-    /// answering it itself), and then adding a method to [`FastPath`] does not compile
-    /// until every decorator says what it does with it.
+    /// device has to decide. A decorator that changes some calls of the device below and
+    /// passes the rest on is a [`Filter`](crate::Filter), which answers `Some(self)` and
+    /// passes on every fast path it does not define; a layer with data of its own (a
+    /// cache) implements [`FastPath`] itself, and adding a method to [`FastPath`] does not
+    /// compile until it says what it does with it.
     fn fast_path(&self) -> Option<&dyn FastPath>;
 }
 
@@ -175,8 +176,11 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
 /// thread (from memory, or by a future another task completes) or with fewer system calls.
 /// Each method may decline (`None`), and then nothing was done and the caller makes the
 /// ordinary call. None of the methods has a default, on purpose (see
-/// [`BlockDevice::fast_path`]); callers go through the methods of the same names on
-/// `dyn BlockDevice`, which answer `None` for a device without fast paths.
+/// [`BlockDevice::fast_path`]): a method added here must be added to
+/// [`Filter`](crate::Filter) too, with a default that passes it on, and to
+/// `testkit::Fast`, whose tests check every filter and cache against it. Callers go
+/// through the methods of the same names on `dyn BlockDevice`, which answer `None` for a
+/// device without fast paths.
 pub trait FastPath: Send + Sync {
     /// Reads `bufs` one after the other from `offset` on, as [`BlockDevice::read_at`] of
     /// their concatenation would; an image whose range lies in one stretch of its file

@@ -13,6 +13,8 @@
 //! The format codecs live in the pure `vhdx` crate; this crate performs the I/O they describe.
 //! Images open through [`open::open`] (by magic, with the parent chain resolved), and the
 //! operations (`convert`, `capture`, `merge`, `check`, `compact`) are built on [`BlockDevice`].
+//! A decorator that changes some calls of the device below and passes the rest on (a
+//! counter, a watch) is a [`Filter`], which names only the calls it changes.
 
 #![warn(missing_docs)]
 
@@ -20,6 +22,7 @@ pub mod bytes;
 pub mod device;
 pub mod error;
 pub mod file;
+pub mod filter;
 pub mod inline;
 pub mod open;
 pub mod ops;
@@ -33,4 +36,5 @@ pub use overlay::OverlayStorage;
 
 pub use device::{BlockDevice, Extent, ExtentKind, FastPath};
 pub use error::{Error, ErrorKind, Result};
+pub use filter::Filter;
 pub use storage::{DIRECT_ALIGN, FileStorage, Storage};

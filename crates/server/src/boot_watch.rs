@@ -4,17 +4,16 @@
 //! and, for the first boots of a version, records the reads of the connection's boot
 //! window into a [`bootset::Recorder`].
 //!
-//! Every call is passed on to the inner device (the connection's cached wrapper); every
-//! fast path too, observed when it completes.
+//! A [`disk::Filter`]: every call is passed on to the inner device (the connection's
+//! cached wrapper), every fast path too; the reads are observed when they complete.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bootset::Recorder;
-use disk::device::{Geometry, LayerRun, ParentRef, Piece, Submitted};
-use disk::{BlockDevice, FastPath};
-use vhdx::Guid;
+use disk::BlockDevice;
+use disk::device::{Piece, Submitted};
 
 /// What a watched connection reports to: its version's boot-set slot
 /// (`crate::boot_sets`), behind a trait so that this file does not depend on that one.
@@ -120,17 +119,11 @@ impl Drop for BootWatch {
     }
 }
 
-impl BlockDevice for BootWatch {
-    fn fast_path(&self) -> Option<&dyn FastPath> {
-        Some(self)
-    }
-
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-
-    fn format(&self) -> &'static str {
-        self.inner.format()
+/// Reads, on every path, are observed when they complete; every other call is the inner
+/// device's.
+impl disk::Filter for BootWatch {
+    fn next(&self) -> &dyn BlockDevice {
+        &*self.inner
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> disk::Result<()> {
@@ -139,53 +132,6 @@ impl BlockDevice for BootWatch {
         Ok(())
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64) -> disk::Result<()> {
-        self.inner.write_at(buf, offset)
-    }
-
-    fn flush(&self) -> disk::Result<()> {
-        self.inner.flush()
-    }
-
-    fn trim(&self, offset: u64, len: u64) -> disk::Result<()> {
-        self.inner.trim(offset, len)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64) -> disk::Result<()> {
-        self.inner.write_zeroes(offset, len)
-    }
-
-    fn can_write(&self) -> bool {
-        self.inner.can_write()
-    }
-
-    fn map_layer(&self, offset: u64, len: u64) -> disk::Result<Vec<LayerRun>> {
-        self.inner.map_layer(offset, len)
-    }
-
-    fn parent(&self) -> Option<Arc<dyn BlockDevice>> {
-        self.inner.parent()
-    }
-
-    fn parent_ref(&self) -> Option<ParentRef> {
-        self.inner.parent_ref()
-    }
-
-    fn linkage_id(&self) -> Option<Guid> {
-        self.inner.linkage_id()
-    }
-
-    fn allocated_bytes(&self) -> disk::Result<u64> {
-        self.inner.allocated_bytes()
-    }
-
-    fn warnings(&self) -> Vec<String> {
-        self.inner.warnings()
-    }
-}
-
-/// Every fast path of the inner device is passed on; reads that complete are observed.
-impl FastPath for BootWatch {
     fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> disk::Result<()> {
         self.inner.read_vectored_at(bufs, offset)?;
         let len = bufs.iter().map(|b| b.len() as u64).sum();
@@ -202,16 +148,8 @@ impl FastPath for BootWatch {
         self.seen_if(self.inner.try_read_shared(offset, len), offset, len)
     }
 
-    fn shares_reads(&self) -> bool {
-        self.inner.shares_reads()
-    }
-
     fn read_shared(&self, offset: u64, len: u64) -> Option<disk::Result<Vec<Piece>>> {
         self.seen_if(self.inner.read_shared(offset, len), offset, len)
-    }
-
-    fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<disk::Result<()>> {
-        self.inner.try_write_at(buf, offset)
     }
 
     fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
@@ -227,16 +165,12 @@ impl FastPath for BootWatch {
             Some(r)
         }))
     }
-
-    fn submit_write(&self, buf: &[u8], offset: u64) -> Option<Submitted<()>> {
-        self.inner.submit_write(buf, offset)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use testkit::{FastProbe, call_every_fast_path};
+    use testkit::{Expect, FastProbe, check_fast_paths};
 
     /// A slot that keeps what it is told.
     #[derive(Debug, Default)]
@@ -278,14 +212,12 @@ mod tests {
         let probe = Arc::new(FastProbe::new(1 << 20));
         let slot = told(Duration::from_secs(3600));
         let dev = BootWatch::new(probe.clone(), slot.clone(), true);
-        let (read, _) = call_every_fast_path(&dev);
-        assert_eq!(
-            probe.missed(),
-            vec![],
-            "fast paths that did not reach the device"
-        );
+        let moved = check_fast_paths(&dev, &probe, |_| Expect::Passes);
         let observed: u64 = slot.observed.lock().unwrap().iter().map(|r| r.1).sum();
-        assert_eq!(observed, read, "every completed read is observed");
+        assert_eq!(
+            observed, moved.read_bytes,
+            "every completed read is observed"
+        );
         drop(dev);
         // Every read was in the first page; the submitted read is observed, not recorded.
         assert_eq!(*slot.recorded.lock().unwrap(), vec![Some(4096)]);

@@ -41,11 +41,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use contract::DeviceName;
-use disk::device::{Geometry, LayerRun, ParentRef, Piece, Submitted};
+use disk::device::Submitted;
 use disk::vhdx::{CreateOptions, ParentSpec, VhdxImage};
-use disk::{BlockDevice, FastPath, FileStorage, Storage};
+use disk::{BlockDevice, FileStorage, Storage};
 use rustix::fs::{FlockOperation, flock};
-use vhdx::Guid;
 
 /// The payload block size of diff-cache files (Hyper-V's for differencing disks).
 pub const DIFF_CACHE_BLOCK_BYTES: u32 = 2 << 20;
@@ -417,21 +416,11 @@ impl WritesCounted {
     }
 }
 
-impl BlockDevice for WritesCounted {
-    fn fast_path(&self) -> Option<&dyn FastPath> {
-        Some(self)
-    }
-
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-
-    fn format(&self) -> &'static str {
-        self.inner.format()
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> disk::Result<()> {
-        self.inner.read_at(buf, offset)
+/// Writes that complete, on every path, are counted; every other call is the inner
+/// device's.
+impl disk::Filter for WritesCounted {
+    fn next(&self) -> &dyn BlockDevice {
+        &*self.inner
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> disk::Result<()> {
@@ -440,79 +429,12 @@ impl BlockDevice for WritesCounted {
         Ok(())
     }
 
-    fn flush(&self) -> disk::Result<()> {
-        self.inner.flush()
-    }
-
-    fn trim(&self, offset: u64, len: u64) -> disk::Result<()> {
-        self.inner.trim(offset, len)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64) -> disk::Result<()> {
-        self.inner.write_zeroes(offset, len)
-    }
-
-    fn can_write(&self) -> bool {
-        self.inner.can_write()
-    }
-
-    fn map_layer(&self, offset: u64, len: u64) -> disk::Result<Vec<LayerRun>> {
-        self.inner.map_layer(offset, len)
-    }
-
-    fn parent(&self) -> Option<Arc<dyn BlockDevice>> {
-        self.inner.parent()
-    }
-
-    fn parent_ref(&self) -> Option<ParentRef> {
-        self.inner.parent_ref()
-    }
-
-    fn linkage_id(&self) -> Option<Guid> {
-        self.inner.linkage_id()
-    }
-
-    fn allocated_bytes(&self) -> disk::Result<u64> {
-        self.inner.allocated_bytes()
-    }
-
-    fn warnings(&self) -> Vec<String> {
-        self.inner.warnings()
-    }
-}
-
-/// Every fast path of the inner device is passed on; writes that complete on one are counted.
-impl FastPath for WritesCounted {
-    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> disk::Result<()> {
-        self.inner.read_vectored_at(bufs, offset)
-    }
-
-    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<disk::Result<()>> {
-        self.inner.try_read_at(buf, offset)
-    }
-
-    fn try_read_shared(&self, offset: u64, len: u64) -> Option<disk::Result<Vec<Piece>>> {
-        self.inner.try_read_shared(offset, len)
-    }
-
-    fn shares_reads(&self) -> bool {
-        self.inner.shares_reads()
-    }
-
-    fn read_shared(&self, offset: u64, len: u64) -> Option<disk::Result<Vec<Piece>>> {
-        self.inner.read_shared(offset, len)
-    }
-
     fn try_write_at(&self, buf: &[u8], offset: u64) -> Option<disk::Result<()>> {
         let r = self.inner.try_write_at(buf, offset)?;
         if r.is_ok() {
             self.count(buf.len());
         }
         Some(r)
-    }
-
-    fn submit_read(&self, offset: u64, len: usize) -> Option<Submitted<Vec<u8>>> {
-        self.inner.submit_read(offset, len)
     }
 
     fn submit_write(&self, buf: &[u8], offset: u64) -> Option<Submitted<()>> {

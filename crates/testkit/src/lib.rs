@@ -6,8 +6,9 @@
 //! * [`SimDisk`]: a [`disk::Storage`] with separate live and durable images. It can crash
 //!   (keeping a random subset of unflushed writes, the last one possibly torn at a 512-byte
 //!   sector boundary), fail the Nth mutating op with `ErrorKind::Io`, or cut the power at op N.
-//! * [`FastProbe`]: a device whose every [`disk::FastPath`] answers and is counted, for tests
-//!   that a decorator passes the fast paths of the device below it on.
+//! * [`FastProbe`]: a device whose every [`disk::FastPath`] answers and is counted, and
+//!   [`check_fast_paths`], which proves over it that a decorator passes each fast path of
+//!   the device below it on, answers it or declines it, as its test expects.
 //! * [`seed_from_env`] and [`sim_rng`]: every simulation test draws its randomness from one
 //!   printed seed, so `SIM_SEED=n cargo test ...` replays a failure.
 //!
@@ -31,7 +32,10 @@ mod image;
 mod probe;
 mod sim_disk;
 
-pub use probe::{Fast, FastProbe, block_on, call_every_fast_path};
+pub use probe::{
+    Expect, Fast, FastProbe, Moved, WRITE_AT, block_on, call_fast_path, check_fast_paths,
+    device_types,
+};
 pub use sim_disk::{CrashModel, LEN_MAX, SECTOR_BYTES, SimDisk};
 
 /// The environment variable that fixes the seed of a simulation test.
