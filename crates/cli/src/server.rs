@@ -122,8 +122,9 @@ pub struct Args {
     /// https://ADVERTISED-HOST:API-PORT).
     #[arg(long, value_name = "URL", requires = "boot_listen")]
     pub boot_api_url: Option<String>,
+    /// Boxed: eight durations would make `ferry server`'s arguments the one large variant.
     #[command(flatten)]
-    pub member: crate::server_farm::TimingArgs,
+    pub member: Box<crate::server_farm::TimingArgs>,
 }
 
 impl Args {
@@ -323,18 +324,18 @@ fn host_name() -> String {
         .unwrap_or_else(|| "ferry-server".into())
 }
 
+/// The farm API to serve: the farm, its address and its TLS.
+type FarmApi = (
+    crate::server_farm::FarmHandle,
+    SocketAddr,
+    Option<Arc<rustls::ServerConfig>>,
+);
+
 async fn serve(
     r: Resolved,
     registry: Registry,
     (metrics, tier_stats): (Arc<Metrics>, Option<Arc<bucket::tier::TierStats>>),
-    (farm, member): (
-        Option<(
-            crate::server_farm::FarmHandle,
-            SocketAddr,
-            Option<Arc<rustls::ServerConfig>>,
-        )>,
-        Option<member::Runtime>,
-    ),
+    (farm, member): (Option<FarmApi>, Option<member::Runtime>),
     tftp: Option<crate::server_boot::Tftp>,
     boot: Option<(Arc<farm::Farm>, i64, crate::server_boot_http::BootHttp)>,
 ) -> anyhow::Result<()> {

@@ -156,7 +156,7 @@ async fn a_session_another_server_granted_is_honoured_and_closed_when_it_ends() 
         let ticks = sim.step(&mut nodes, STEP).await;
         let revoked = &ticks[1].as_ref().unwrap().revoked;
         if !revoked.is_empty() {
-            assert_eq!(revoked, &[d.1.clone()]);
+            assert_eq!(revoked, std::slice::from_ref(&d.1));
             break;
         }
         assert!(nodes[1].served.is_open(&d.1));
