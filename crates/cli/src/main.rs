@@ -9,8 +9,8 @@
 //! quickstart.rs  `ferry quickstart`: a whole farm here (server, console, one target)
 //! quickstart_machine.rs its demo machine: the vDisk's boot sector, the QEMU command
 //! server.rs      `ferry server`: NBD + metrics over a store, until SIGINT/SIGTERM
-//! server_farm.rs `ferry server --farm`: farm API + console, session exports, heartbeat
-//! server_drain.rs a draining farm server moves its sessions' devices to other servers
+//! server_farm.rs `ferry server --farm`: joins the farm, farm API + console, member flags
+//! server_drain.rs `ferry server drain|undrain NAME` (the drain itself: crates/member)
 //! target.rs      `ferry target`: the target device agent; `status`, `mark-booted`
 //! progress.rs    indicatif bars behind `disk::ops::Progress`
 //! size.rs        "10G", "512M", "32MiB" parsing

@@ -122,6 +122,9 @@ pub struct Args {
     /// https://ADVERTISED-HOST:API-PORT).
     #[arg(long, value_name = "URL", requires = "boot_listen")]
     pub boot_api_url: Option<String>,
+    /// Boxed: eight durations would make `ferry server`'s arguments the one large variant.
+    #[command(flatten)]
+    pub member: Box<crate::server_farm::TimingArgs>,
 }
 
 impl Args {
@@ -257,22 +260,27 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         AccessPolicy::STANDALONE
     };
     registry.set_access(resolved.access_policy(base));
-    if let Some(f) = &farm {
-        registry.set_sessions(Arc::new(crate::server_farm::FarmSessions::new(
+    let member = farm.as_ref().map(|f| {
+        registry.set_sessions(Arc::new(member::FarmSessions::new(
             f,
             runtime.handle().clone(),
             &resolved.registry.store_dir,
         )));
         registry
             .boot_sets()
-            .set_mirror(Arc::new(crate::server_farm::FarmBootSets::new(
+            .set_mirror(Arc::new(member::FarmBootSets::new(
                 f,
                 runtime.handle().clone(),
             )));
-        crate::server_farm::close_ended_sessions(f, &registry, runtime.handle());
-        crate::server_drain::drain_when_told(f, &registry, runtime.handle());
-        crate::server_farm::prefetch_promoted(f, &registry, runtime.handle());
-    }
+        member::Runtime::new(
+            Arc::clone(&f.farm),
+            f.server_id,
+            Arc::new(registry.clone()),
+            a.member.timing(),
+            rand::random(),
+            f.farm.now_ms(),
+        )
+    });
     let boot = match (&farm, a.boot_listen, &a.farm) {
         (Some(f), Some(listen), Some(data)) => Some((
             Arc::clone(&f.farm),
@@ -296,7 +304,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         resolved,
         registry,
         (Arc::new(Metrics::new()), tier_stats),
-        api,
+        (api, member),
         tftp,
         boot,
     ));
@@ -316,15 +324,18 @@ fn host_name() -> String {
         .unwrap_or_else(|| "ferry-server".into())
 }
 
+/// The farm API to serve: the farm, its address and its TLS.
+type FarmApi = (
+    crate::server_farm::FarmHandle,
+    SocketAddr,
+    Option<Arc<rustls::ServerConfig>>,
+);
+
 async fn serve(
     r: Resolved,
     registry: Registry,
     (metrics, tier_stats): (Arc<Metrics>, Option<Arc<bucket::tier::TierStats>>),
-    farm: Option<(
-        crate::server_farm::FarmHandle,
-        SocketAddr,
-        Option<Arc<rustls::ServerConfig>>,
-    )>,
+    (farm, member): (Option<FarmApi>, Option<member::Runtime>),
     tftp: Option<crate::server_boot::Tftp>,
     boot: Option<(Arc<farm::Farm>, i64, crate::server_boot_http::BootHttp)>,
 ) -> anyhow::Result<()> {
@@ -333,6 +344,10 @@ async fn serve(
     let nbd = Listener::bind(r.nbd.clone())
         .await
         .context("bind NBD listener")?;
+    // The farm-member runtime (heartbeat, session recheck, drain, rebalancing, promotion
+    // prefetch) on the system clock, until the server stops.
+    let member_task =
+        member.map(|m| tokio::spawn(m.run(Arc::new(farm::SystemClock), stopped(stop_rx.clone()))));
     let (boot_task, boot_counters) = match boot {
         Some((farm, server_id, b)) => {
             let l = crate::server_boot_http::bind(&b).await?;
@@ -414,6 +429,9 @@ async fn serve(
         let _ = task.await;
     }
     if let Some(task) = api_task {
+        let _ = task.await;
+    }
+    if let Some(task) = member_task {
         let _ = task.await;
     }
     if let Some(task) = boot_task {

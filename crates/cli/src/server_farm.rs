@@ -3,11 +3,10 @@
 //! On top of the store's NBD exports, the server then
 //! * serves the farm's REST API and web console (`--api-listen`, default 0.0.0.0:8080),
 //!   over HTTPS with `--api-tls-dir` ([`api_tls`]); plain HTTP only on a loopback address;
-//! * resolves the session-scoped export names of device login (`ferry-s-…`) through the
-//!   farm's session table ([`FarmSessions`]), so a logged-in target reads exactly the version
-//!   its device type boots, in its cache mode;
 //! * registers itself in the farm (a site, a name and the NBD address devices reach) and
-//!   heartbeats every [`HEARTBEAT_EVERY`].
+//!   runs the farm-member runtime (`member`: session resolution, heartbeat, drain,
+//!   rebalancing, promotion prefetch), whose intervals the hidden `--member-*` flags
+//!   ([`TimingArgs`]) shorten for tests.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,135 +14,84 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use contract::{CacheMode, DeviceName, ExportName, Mac, SessionKey, VdiskName};
-use farm::sessions::{SessionGrant, SessionLookup as _, SessionTable};
-use farm::{Clock as _, SystemClock};
+use clap::Args as ClapArgs;
+pub use member::FarmHandle;
 
-/// How often a farm server records its heartbeat.
-pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
 /// The site a server joins when the farm has none and `--site` is not given.
 pub const DEFAULT_SITE: &str = "default";
 
-/// Maps the farm's session grants to the export names of [`server::exports::Registry`].
-///
-/// A session this process does not hold (granted by another server of the farm, or by
-/// this one before a restart) is looked up in the farm database and remembered: the
-/// database is the source of truth, the table a cache of it.
-#[derive(Debug)]
-pub struct FarmSessions {
-    table: Arc<SessionTable>,
-    farm: Arc<farm::Farm>,
-    server_id: i64,
-    runtime: tokio::runtime::Handle,
-    store_dir: PathBuf,
+/// The farm-member runtime's intervals (`member::Timing`), hidden: a farm keeps the
+/// defaults, and tests shorten them so that process-level runs need not wait for them.
+#[derive(Debug, Clone, ClapArgs)]
+pub struct TimingArgs {
+    /// How often this server records its heartbeat (default 10s).
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub member_heartbeat_every: Option<Duration>,
+    /// How often open sessions are checked against the farm database (default 10s).
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub member_session_recheck_every: Option<Duration>,
+    /// How often the draining flag is read, the drain's pace (default 1s).
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub member_drain_check_every: Option<Duration>,
+    /// The least time between two drain moves of one session (default 15s).
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub member_drain_move_again_after: Option<Duration>,
+    /// The mean pause between rebalance checks (default 5s).
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub member_rebalance_every: Option<Duration>,
+    /// How long an excess lasts before sessions move (default 25s).
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub member_rebalance_settle: Option<Duration>,
+    /// How long a session moved for balance is not moved again (default 60s).
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub member_rebalance_forget: Option<Duration>,
+    /// How often production versions are listed for prefetch (default 10s).
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub member_promotion_check_every: Option<Duration>,
 }
 
-impl FarmSessions {
-    /// Grants of `handle`'s farm whose store is `store_dir` (the one this registry
-    /// serves); database lookups run on `runtime` (the resolver is called on its blocking
-    /// pool).
-    pub fn new(
-        handle: &FarmHandle,
-        runtime: tokio::runtime::Handle,
-        store_dir: &Path,
-    ) -> FarmSessions {
-        let store_dir = store_dir
-            .canonicalize()
-            .unwrap_or_else(|_| store_dir.to_path_buf());
-        FarmSessions {
-            table: handle.farm.session_table(),
-            farm: Arc::clone(&handle.farm),
-            server_id: handle.server_id,
-            runtime,
-            store_dir,
-        }
-    }
-
-    /// The live grant of `export_name`: the table's, else the database's.
-    fn grant(&self, export_name: &str) -> Option<SessionGrant> {
-        if let Some(g) = self.table.lookup(export_name, SystemClock.now_ms()) {
-            return Some(g);
-        }
-        let found = self
-            .runtime
-            .block_on(self.farm.session_grant(export_name, Some(self.server_id)));
-        match found {
-            Ok(g) => {
-                if g.is_some() {
-                    tracing::info!(
-                        session = export_name,
-                        "session found in the farm database (granted by another server or before a restart)"
-                    );
-                }
-                g
-            }
-            Err(e) => {
-                tracing::warn!(session = export_name, error = %e, "farm database lookup of a session failed");
-                None
-            }
+impl TimingArgs {
+    /// The defaults with the flags given applied over them.
+    pub fn timing(&self) -> member::Timing {
+        let d = member::Timing::default();
+        member::Timing {
+            heartbeat_every: self.member_heartbeat_every.unwrap_or(d.heartbeat_every),
+            session_recheck_every: self
+                .member_session_recheck_every
+                .unwrap_or(d.session_recheck_every),
+            drain_check_every: self.member_drain_check_every.unwrap_or(d.drain_check_every),
+            drain_move_again_after: self
+                .member_drain_move_again_after
+                .unwrap_or(d.drain_move_again_after),
+            rebalance_every: self.member_rebalance_every.unwrap_or(d.rebalance_every),
+            rebalance_settle: self.member_rebalance_settle.unwrap_or(d.rebalance_settle),
+            rebalance_forget: self.member_rebalance_forget.unwrap_or(d.rebalance_forget),
+            promotion_check_every: self
+                .member_promotion_check_every
+                .unwrap_or(d.promotion_check_every),
         }
     }
 }
 
-/// The registry export a grant stands for (`NAME@V`, `NAME@V+aa-bb-cc-dd-ee-ff`,
-/// `...+persistent`, or `NAME+private` when it writes the version itself), or why there is
-/// none.
-pub fn export_for(g: &SessionGrant) -> Result<ExportName, String> {
-    let vdisk = VdiskName::new(&g.vdisk_name).map_err(|e| format!("vdisk name: {e}"))?;
-    let mac: Mac = g.mac.parse().map_err(|e| format!("mac {:?}: {e}", g.mac))?;
-    let device = DeviceName::of_mac(mac);
-    if g.writable || g.cache_mode == CacheMode::Private {
-        return Ok(ExportName::Private { vdisk });
+/// A positive duration with its unit: `250ms`, `2s`, `1m`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number and a unit (ms, s, m)"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(format!("{s:?}: the unit must be ms, s or m")),
+    };
+    if d.is_zero() {
+        return Err(format!("{s:?}: must be more than zero"));
     }
-    let version = u32::try_from(g.version).map_err(|_| format!("version {}", g.version))?;
-    ExportName::for_cache_mode(g.cache_mode, vdisk, Some(version), device.as_str())
-        .map_err(|e| e.to_string())
+    Ok(d)
 }
-
-impl server::exports::SessionResolver for FarmSessions {
-    fn resolve(&self, key: &SessionKey) -> Option<server::access::SessionExport> {
-        let export_name = ExportName::Session(key.clone()).to_string();
-        let g = self.grant(&export_name)?;
-        let dir = g.store_dir.canonicalize().unwrap_or(g.store_dir.clone());
-        if dir != self.store_dir {
-            tracing::warn!(
-                session = export_name,
-                store = %g.store_dir.display(),
-                served = %self.store_dir.display(),
-                "session's vDisk lives in a store this server does not serve"
-            );
-            return None;
-        }
-        let device: Mac = g
-            .mac
-            .parse()
-            .inspect_err(|e| tracing::warn!(session = export_name, error = %e, "session's MAC"))
-            .ok()?;
-        export_for(&g)
-            .inspect_err(|why| {
-                tracing::warn!(session = export_name, why, "session names no export");
-            })
-            .ok()
-            .map(|export| server::access::SessionExport { export, device })
-    }
-}
-
-/// What `ferry server` needs of its farm.
-#[derive(Debug)]
-pub struct FarmHandle {
-    /// The farm.
-    pub farm: Arc<farm::Farm>,
-    /// This server's id in the farm.
-    pub server_id: i64,
-    /// This server's name in the farm.
-    pub name: String,
-    /// The NBD address devices are told to use.
-    pub advertise: String,
-}
-
-/// How often a farm server checks that the sessions open on it still exist in the farm
-/// database (ended by another server's API, or expired), closing those that do not.
-pub const SESSION_RECHECK_EVERY: Duration = Duration::from_secs(10);
 
 /// This server's certificate from the farm's authority, for the host it is advertised at
 /// and the local names (issued once and kept in the farm's secrets directory).
@@ -175,38 +123,6 @@ pub async fn tls_material(handle: &FarmHandle) -> anyhow::Result<crate::server_t
         cert_pem: issued.cert_pem,
         key_pem: issued.key_pem,
     })
-}
-
-/// Closes the connections of every session that ends: at once for sessions this process's
-/// farm API ends (the session table tells), and within [`SESSION_RECHECK_EVERY`] for
-/// sessions ended elsewhere (another server's API, expiry), checked against the database.
-pub fn close_ended_sessions(
-    handle: &FarmHandle,
-    registry: &server::exports::Registry,
-    runtime: &tokio::runtime::Handle,
-) {
-    let reg = registry.clone();
-    handle.farm.session_table().on_end(move |name| {
-        reg.revoke_session(name);
-    });
-    let reg = registry.clone();
-    let farm = Arc::clone(&handle.farm);
-    runtime.spawn(async move {
-        let mut tick = tokio::time::interval(SESSION_RECHECK_EVERY);
-        loop {
-            tick.tick().await;
-            for name in reg.open_session_names() {
-                match farm.session_by_export(&name).await {
-                    Ok(Some(_)) => {}
-                    Ok(None) => {
-                        farm.session_table().remove(&name);
-                        reg.revoke_session(&name);
-                    }
-                    Err(e) => tracing::warn!(error = %e, "session recheck failed"),
-                }
-            }
-        }
-    });
 }
 
 /// Opens the farm in `data` (SQLite there, or `db`), finds the store to serve (`store`, or
@@ -337,7 +253,7 @@ pub fn api_tls_from_dir(dir: &Path) -> anyhow::Result<Arc<rustls::ServerConfig>>
 }
 
 /// Serves the farm API and console on `listener` (HTTPS with `tls`, else plain HTTP, which
-/// only a loopback listener allows) and heartbeats until `stop` completes.
+/// only a loopback listener allows) until `stop` completes.
 pub async fn serve_api(
     handle: &FarmHandle,
     listener: tokio::net::TcpListener,
@@ -348,20 +264,9 @@ pub async fn serve_api(
         farm: Arc::clone(&handle.farm),
         server_id: Some(handle.server_id),
     };
-    let farm = Arc::clone(&handle.farm);
-    let id = handle.server_id;
-    let beat = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
-        loop {
-            tick.tick().await;
-            if let Err(e) = farm.heartbeat(id).await {
-                tracing::warn!(error = %e, "farm heartbeat failed");
-            }
-        }
-    });
-    let r = api::serve_with(listener, state, tls, stop).await;
-    beat.abort();
-    r.context("serve farm API")
+    api::serve_with(listener, state, tls, stop)
+        .await
+        .context("serve farm API")
 }
 
 /// The address devices reach this server's NBD listener at: `advertise` (a host alone gets
@@ -396,6 +301,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn durations_take_a_unit_and_are_positive() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("s").is_err());
+    }
+
+    #[test]
     fn an_advertised_host_alone_gets_the_nbd_port() {
         let nbd = Some("0.0.0.0:10900".parse().unwrap());
         assert_eq!(advertised(Some("10.0.2.2"), nbd), "10.0.2.2:10900");
@@ -403,139 +318,4 @@ mod tests {
         assert_eq!(advertised(Some("boot.example"), nbd), "boot.example:10900");
         assert_eq!(advertised(Some("10.0.2.2:10809"), nbd), "10.0.2.2:10809");
     }
-
-    #[test]
-    fn grants_map_to_registry_exports() {
-        let grant = |cache_mode, writable| SessionGrant {
-            session_id: "s".into(),
-            export_name: "ferry-s-00".into(),
-            device_id: 1,
-            mac: "aa:bb:cc:00:00:01".into(),
-            device_type: farm::model::DeviceType::Production,
-            vdisk_id: 1,
-            vdisk_name: "golden".into(),
-            version: 3,
-            store_dir: PathBuf::from("/s"),
-            path: PathBuf::from("/s/golden.3.avhdx"),
-            cache_mode,
-            ram_bytes: 0,
-            writable,
-            expires_at_ms: 0,
-        };
-        let got = [
-            grant(CacheMode::Ram, false),
-            grant(CacheMode::Server, false),
-            grant(CacheMode::ServerPersistent, false),
-            grant(CacheMode::Private, true),
-        ]
-        .map(|g| export_for(&g).unwrap().to_string());
-        assert_eq!(
-            got,
-            [
-                "golden@3",
-                "golden@3+aa-bb-cc-00-00-01",
-                "golden@3+aa-bb-cc-00-00-01+persistent",
-                "golden+private"
-            ]
-        );
-    }
-}
-
-/// Keeps the boot sets this server records in the farm database, and reads those other
-/// servers recorded (`server::boot_sets::BootSetMirror`): a set follows its version to
-/// every server and goes with it.
-#[derive(Debug)]
-pub struct FarmBootSets {
-    farm: Arc<farm::Farm>,
-    runtime: tokio::runtime::Handle,
-}
-
-impl FarmBootSets {
-    /// The boot sets of `handle`'s farm; database calls run on `runtime` (the mirror is
-    /// called from the blocking pool and the server's own threads).
-    pub fn new(handle: &FarmHandle, runtime: tokio::runtime::Handle) -> FarmBootSets {
-        FarmBootSets {
-            farm: Arc::clone(&handle.farm),
-            runtime,
-        }
-    }
-}
-
-impl server::boot_sets::BootSetMirror for FarmBootSets {
-    fn load(&self, vdisk: &str, version: u32) -> Result<Option<Vec<u8>>, String> {
-        self.runtime
-            .block_on(self.farm.boot_set_by_name(vdisk, i64::from(version)))
-            .map_err(|e| contract::ErrorChain(&e).to_string())
-    }
-
-    fn save(&self, vdisk: &str, version: u32, encoded: &[u8]) -> Result<(), String> {
-        let set = bootset::BootSet::decode(encoded).map_err(|e| e.to_string())?;
-        let summary = (
-            i64::from(set.boots),
-            i64::try_from(set.extents.len()).unwrap_or(i64::MAX),
-            i64::try_from(set.bytes()).unwrap_or(i64::MAX),
-        );
-        self.runtime
-            .block_on(
-                self.farm
-                    .save_boot_set(vdisk, i64::from(version), encoded, summary),
-            )
-            .map_err(|e| contract::ErrorChain(&e).to_string())
-    }
-}
-
-/// How often a farm server asks which versions are in production (to prefetch a promoted
-/// version's boot set before its devices boot it).
-pub const PROMOTION_CHECK_EVERY: Duration = Duration::from_secs(10);
-
-/// Prefetches the boot set of each vDisk's newest production version into this server's
-/// block cache: those in production when the server starts, then each version promoted
-/// (seen within [`PROMOTION_CHECK_EVERY`]). Once per version per process: a version
-/// already prefetched is not read again by this task (a boot's own open still starts a run
-/// if the cache lost it). Versions this server's store does not hold are skipped.
-pub fn prefetch_promoted(
-    handle: &FarmHandle,
-    registry: &server::exports::Registry,
-    runtime: &tokio::runtime::Handle,
-) {
-    let reg = registry.clone();
-    let farm = Arc::clone(&handle.farm);
-    runtime.spawn(async move {
-        let mut tick = tokio::time::interval(PROMOTION_CHECK_EVERY);
-        let mut done: std::collections::HashSet<(String, i64)> = Default::default();
-        loop {
-            tick.tick().await;
-            let now = match farm.production_boot_sets().await {
-                Ok(v) => v,
-                Err(e) => {
-                    tracing::warn!(error = %contract::ErrorChain(&e), "production versions not listed");
-                    continue;
-                }
-            };
-            let new: Vec<_> = now.iter().filter(|v| !done.contains(*v)).cloned().collect();
-            // Only the current list is remembered: bounded by the farm's vDisks.
-            done = now.into_iter().collect();
-            if new.is_empty() {
-                continue;
-            }
-            let reg = reg.clone();
-            let ran = tokio::task::spawn_blocking(move || {
-                for (vdisk, number) in new {
-                    let Ok(version) = u32::try_from(number) else {
-                        continue;
-                    };
-                    match reg.prefetch_boot_set(&vdisk, version) {
-                        Ok(true) => tracing::info!(%vdisk, version,
-                            "prefetching the boot set of a production version"),
-                        Ok(false) => {}
-                        Err(e) => tracing::debug!(%vdisk, version, error = %e, "not prefetched here"),
-                    }
-                }
-            })
-            .await;
-            if let Err(e) = ran {
-                tracing::warn!(error = %e, "the promoted versions' prefetch failed");
-            }
-        }
-    });
 }

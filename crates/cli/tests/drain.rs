@@ -9,6 +9,11 @@
 //! its status reports and failing over to it, with the same session (no new login) and
 //! reads that keep verifying.
 //!
+//! The servers run with short farm-member intervals (the hidden `--member-*` flags: drain
+//! checks every 250 ms, a settling time of 14 s instead of 25 s), so the test waits for the
+//! devices, not for production timers; the timing cases themselves run in simulated time in
+//! `crates/member/tests/sim_drain.rs`.
+//!
 //! Tool rule: a missing qemu-io skips with a printed reason, and fails under `CI=true`.
 
 use std::path::PathBuf;
@@ -17,14 +22,30 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::farm::{Farm, reads_verify, status};
-use common::{Proc, ferry};
+use common::{Proc, ferry, path_str};
 use interop::require;
 use serde_json::Value;
 
 const MAC: &str = "aa:bb:cc:00:20:01";
+/// The farm-member intervals of these servers: a drain check every 250 ms; rebalance checks
+/// as often as a farm's (5 s ± 20 %, longer than a status report's 2 s, so that a moved
+/// device is counted on its new server before the next check), settling for 14 s (longer
+/// than the 12 s a device takes to learn a new server) and a forget window of 20 s.
+const MEMBER_FLAGS: [&str; 3] = [
+    "--member-drain-check-every=250ms",
+    "--member-rebalance-settle=14s",
+    "--member-rebalance-forget=20s",
+];
+
+/// `ferry server --farm` named `name` with [`MEMBER_FLAGS`].
+fn server(f: &Farm, name: &str) -> (Proc, String, String) {
+    f.server_with(name, |c| {
+        c.args(["--store", path_str(&f.store())]).args(MEMBER_FLAGS);
+    })
+}
 /// A hang guard for the move (a drain check each second), not a measure.
 const MOVE_WAIT: Duration = Duration::from_secs(60);
-/// A hang guard for a rebalance (15 s of settling, then checks 4 to 6 s apart), not a
+/// A hang guard for a rebalance (14 s of settling, then checks 4 to 6 s apart), not a
 /// measure.
 const REBALANCE_WAIT: Duration = Duration::from_secs(120);
 
@@ -34,9 +55,9 @@ fn a_drained_server_s_device_fails_over_and_keeps_reading() {
         return;
     }
     let f = Farm::init();
-    let (s1, api1, nbd1) = f.server("s1");
+    let (s1, api1, nbd1) = server(&f, "s1");
     f.objects(&api1, &[(MAC, "pc1")]);
-    let (s2, api2, nbd2) = f.server("s2");
+    let (s2, api2, nbd2) = server(&f, "s2");
     let servers = f.json(&api2, &["farm", "server", "list"]);
     let id_of = |name: &str| {
         servers["items"]
@@ -174,7 +195,7 @@ fn a_server_that_joins_takes_its_share_without_a_new_login() {
         return;
     }
     let f = Farm::init();
-    let (s1, api1, nbd1) = f.server("s1");
+    let (s1, api1, nbd1) = server(&f, "s1");
     let devices = [
         ("aa:bb:cc:00:20:11", "pc11"),
         ("aa:bb:cc:00:20:12", "pc12"),
@@ -193,8 +214,8 @@ fn a_server_that_joins_takes_its_share_without_a_new_login() {
     assert_eq!(sessions.len(), 4);
 
     // s2 joins: s1 carries 4 of 4, its share is 2, so it moves 2 (after the excess has
-    // lasted REBALANCE_SETTLE, by then every device has learnt s2 from its reports).
-    let (s2, _api2, nbd2) = f.server("s2");
+    // lasted the settling time, by then every device has learnt s2 from its reports).
+    let (s2, _api2, nbd2) = server(&f, "s2");
     let deadline = Instant::now() + REBALANCE_WAIT;
     let on = |nbd: &str| {
         targets

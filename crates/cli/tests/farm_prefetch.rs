@@ -18,6 +18,10 @@
 //! the set into its cache when it starts, before any device asks (the version is then in
 //! production), and starts a prefetch of a version promoted while it runs.
 //!
+//! The second server asks for promoted versions every second (the hidden
+//! `--member-promotion-check-every`; a farm's is 10 s): the test waits for the prefetch, not
+//! for the production timer.
+//!
 //! Tool rule (STYLE.md §6): a missing qemu-io skips with a printed reason on a developer's
 //! machine and fails under `CI=true`.
 
@@ -172,7 +176,8 @@ fn a_set_follows_its_version_to_another_server_and_through_a_promotion() {
     let metrics = free_port();
     let (s2, api2, _) = f.server_with("s2", |c| {
         c.args(["--store", common::path_str(&f.store())])
-            .arg(format!("--metrics-listen=127.0.0.1:{metrics}"));
+            .arg(format!("--metrics-listen=127.0.0.1:{metrics}"))
+            .arg("--member-promotion-check-every=1s");
     });
     // Version 1 is in production when s2 starts: s2 reads the farm's set into its cache
     // before any device asks.

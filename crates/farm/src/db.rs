@@ -55,6 +55,52 @@ impl Clock for SystemClock {
     }
 }
 
+/// A clock that moves only when told: simulated time for tests and simulations (the farm's
+/// expiries and heartbeats, and the farm-member runtime's timers, read it).
+///
+/// Clones share one time, so a test keeps a clone and advances the clock the farm reads.
+#[derive(Debug, Clone, Default)]
+pub struct SimClock {
+    now_ms: Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl SimClock {
+    /// A clock at `now_ms` (Unix milliseconds).
+    pub fn new(now_ms: i64) -> SimClock {
+        SimClock {
+            now_ms: Arc::new(std::sync::atomic::AtomicI64::new(now_ms)),
+        }
+    }
+
+    /// Moves the clock `by` forward; returns the new now.
+    pub fn advance(&self, by: std::time::Duration) -> i64 {
+        let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        self.now_ms
+            .fetch_add(ms, std::sync::atomic::Ordering::SeqCst)
+            .saturating_add(ms)
+    }
+
+    /// Sets the clock to `now_ms`, which must not be earlier than now (time never goes back).
+    ///
+    /// # Panics
+    /// When `now_ms` is earlier than the clock's now: a bug of the simulation.
+    pub fn set(&self, now_ms: i64) {
+        let was = self
+            .now_ms
+            .swap(now_ms, std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            now_ms >= was,
+            "simulated time went back from {was} to {now_ms} ms"
+        );
+    }
+}
+
+impl Clock for SimClock {
+    fn now_ms(&self) -> i64 {
+        self.now_ms.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// Which database holds the farm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {

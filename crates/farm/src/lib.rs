@@ -61,7 +61,7 @@ pub mod validate;
 mod vdisk_lock;
 pub mod vdisks;
 
-pub use db::{Backend, Clock, Farm, FarmConfig, InitSecrets, SystemClock};
+pub use db::{Backend, Clock, Farm, FarmConfig, InitSecrets, SimClock, SystemClock};
 pub use error::{FarmError, Kind, Result};
 pub use publisher::Publisher;
 pub use sessions::{SessionGrant, SessionLookup, SessionTable};
