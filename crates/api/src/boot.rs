@@ -14,13 +14,15 @@
 //! version's boot files. The device logs in over the API's HTTPS afterwards, with its key.
 //!
 //! The boot files come from a [`BootSource`] (the `bootfiles` crate, bound by the server),
-//! called on the blocking pool. Requests are bounded ([`REQUESTS_MAX`] at once, more get
-//! 503) and cache fills more so ([`FILLS_MAX`]).
+//! called on the blocking pool. A version's boot files are searched for once per version
+//! file state and kept (`boot_versions.rs`, at most [`VERSIONS_MAX`] versions): the script,
+//! the kernel and the initramfs of a boot, and every boot of a storm, share that search.
+//! Requests are bounded ([`REQUESTS_MAX`] at once, more get 503) and searches and cache
+//! fills more so ([`FILLS_MAX`]).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::extract::{Path as UrlPath, Request, State};
@@ -33,7 +35,9 @@ use tokio::sync::Semaphore;
 
 use crate::boot_cache::{self, CacheKey};
 use crate::boot_script::{self, DeviceScript};
-pub use crate::boot_source::{BootFileKind, BootInfo, BootOverrides, BootSource};
+pub use crate::boot_source::{BootFileKind, BootInfo, BootOverrides, BootSource, Located};
+pub use crate::boot_versions::VERSIONS_MAX;
+use crate::boot_versions::{Search, Versions};
 
 /// The most boot requests served at once; more are answered 503 at once.
 pub const REQUESTS_MAX: usize = 64;
@@ -41,8 +45,6 @@ pub const REQUESTS_MAX: usize = 64;
 pub const FILLS_MAX: usize = 2;
 /// The largest kernel or initramfs served.
 pub const BOOT_FILE_BYTES_MAX: u64 = 512 << 20;
-/// The most versions whose boot files' description is kept in memory.
-pub const INFOS_MAX: usize = 256;
 /// Refusals are logged at most once per this many milliseconds (the rest are counted).
 pub const REFUSAL_LOG_EVERY_MS: i64 = 10_000;
 
@@ -74,6 +76,9 @@ pub struct BootCounters {
     pub busy: AtomicU64,
     /// Cache fills (boot files read through a chain).
     pub fills: AtomicU64,
+    /// Boot file searches (a version's chain opened and its filesystems searched): one per
+    /// version file state while it stays among the [`VERSIONS_MAX`] kept.
+    pub searches: AtomicU64,
 }
 
 impl BootCounters {
@@ -88,6 +93,7 @@ impl BootCounters {
             ("not_found", g(&self.not_found)),
             ("busy", g(&self.busy)),
             ("fills", g(&self.fills)),
+            ("searches", g(&self.searches)),
         ]
     }
 }
@@ -101,7 +107,7 @@ pub struct BootState {
     counters: Arc<BootCounters>,
     requests: Arc<Semaphore>,
     fills: Arc<Semaphore>,
-    infos: Arc<Mutex<HashMap<CacheKey, BootInfo>>>,
+    versions: Arc<Versions>,
     refusal_logged_ms: Arc<AtomicI64>,
     refusals_unlogged: Arc<AtomicU64>,
 }
@@ -116,7 +122,7 @@ impl BootState {
             counters: Arc::default(),
             requests: Arc::new(Semaphore::new(REQUESTS_MAX)),
             fills: Arc::new(Semaphore::new(FILLS_MAX)),
-            infos: Arc::default(),
+            versions: Arc::default(),
             refusal_logged_ms: Arc::new(AtomicI64::new(i64::MIN)),
             refusals_unlogged: Arc::default(),
         }
@@ -215,32 +221,28 @@ impl BootState {
         ipxe(boot_script::refusal_script(reason))
     }
 
-    /// What the version of `t` offers, from memory or found through its chain.
+    /// The located boot files of version `key` (file `image`): kept, or searched for now.
+    async fn located(
+        &self,
+        key: &CacheKey,
+        image: &std::path::Path,
+    ) -> Result<Arc<dyn Located>, String> {
+        let search = Search {
+            source: &self.config.source,
+            fills: &self.fills,
+            searches: &self.counters.searches,
+        };
+        self.versions.located(key, image, search).await
+    }
+
+    /// What the version of `t` offers.
     async fn info(&self, t: &BootTarget) -> Result<BootInfo, String> {
         let overrides = overrides_of(&t.vdisk);
         let key = boot_cache::key_of(&t.path, t.vdisk.id, t.version.number, &overrides)
             .await
             .map_err(|e| format!("version file {}: {e}", t.version.file_name))?;
-        if let Some(i) = lock(&self.infos).get(&key) {
-            return Ok(i.clone());
-        }
-        let _fill = self.fills.acquire().await.map_err(|e| e.to_string())?;
-        let (source, path) = (Arc::clone(&self.config.source), t.path.clone());
-        let o = overrides.clone();
-        let info = tokio::task::spawn_blocking(move || source.find(&path, &o))
-            .await
-            .map_err(|e| format!("boot file search stopped: {e}"))??;
-        let mut infos = lock(&self.infos);
-        if infos.len() >= INFOS_MAX {
-            infos.clear();
-        }
-        infos.insert(key, info.clone());
-        Ok(info)
+        Ok(self.located(&key, &t.path).await?.info(&overrides))
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn overrides_of(v: &farm::model::VDisk) -> BootOverrides {
@@ -356,13 +358,17 @@ async fn serve_file(
     let dir = s.config.cache_dir.clone();
     let cached = boot_cache::path_of(&dir, &key, kind);
     if !tokio::fs::try_exists(&cached).await.unwrap_or(false) {
+        // Found before taking a fill permit: a search takes one of its own.
+        let located = s
+            .located(&key, &path)
+            .await
+            .map_err(|e| format!("{what}: {e}"))?;
         let _fill = s.fills.acquire().await.map_err(|e| e.to_string())?;
         if !tokio::fs::try_exists(&cached).await.unwrap_or(false) {
             s.counters.fills.fetch_add(1, Ordering::Relaxed);
-            let source = Arc::clone(&s.config.source);
             let k = key.clone();
             tokio::task::spawn_blocking(move || {
-                let bytes = source.read(&path, kind, &overrides, BOOT_FILE_BYTES_MAX)?;
+                let bytes = located.read(kind, &overrides, BOOT_FILE_BYTES_MAX)?;
                 boot_cache::store(&dir, &k, kind, &bytes).map_err(|e| e.to_string())
             })
             .await

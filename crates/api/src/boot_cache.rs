@@ -59,6 +59,14 @@ pub async fn key_of(
     })
 }
 
+impl CacheKey {
+    /// Whether `other` is a key of the same version of the same vDisk (whatever its file
+    /// state and overrides).
+    pub fn same_version(&self, other: &CacheKey) -> bool {
+        self.prefix == other.prefix
+    }
+}
+
 /// The cached file of `key` and `kind` in `dir`.
 pub fn path_of(dir: &Path, key: &CacheKey, kind: BootFileKind) -> PathBuf {
     dir.join(format!("{}{}-{}", key.prefix, key.state, kind.as_str()))

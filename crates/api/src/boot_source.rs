@@ -3,6 +3,11 @@
 //! read-only, its kernel, initramfs, command line and root found in its own filesystem. An
 //! override path (the vDisk's `boot_kernel`/`boot_initrd`) names a file in the filesystem
 //! the search found the kernel in.
+//!
+//! The search is split from the reads: [`BootSource::locate`] opens the chain and searches
+//! once, and the [`Located`] it returns answers what the version offers and reads its files
+//! through the chain it holds. The boot service keeps a version's `Located` (see
+//! `boot_versions.rs`), so a boot (script, kernel, initramfs) searches once per version.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -50,22 +55,29 @@ pub struct BootInfo {
     pub root: RootDev,
 }
 
-/// Where the boot service reads a version's boot files: `image` is the version's file, the
-/// top of its chain. Both calls block (they read the chain); the service calls them on the
+/// Where the boot service finds a version's boot files: `image` is the version's file, the
+/// top of its chain. The call blocks (it reads the chain); the service makes it on the
 /// blocking pool. Errors are one line for a person.
 pub trait BootSource: Send + Sync + std::fmt::Debug + 'static {
-    /// What the version offers.
+    /// Opens the version's chain and searches it for boot files: the one search a version's
+    /// boot needs.
     ///
     /// # Errors
     /// No kernel found, an image or filesystem error.
-    fn find(&self, image: &Path, overrides: &BootOverrides) -> Result<BootInfo, String>;
-    /// The bytes of one boot file, at most `max_bytes`.
+    fn locate(&self, image: &Path) -> Result<Arc<dyn Located>, String>;
+}
+
+/// A version's boot files, found: what the version offers and reads of its files, through
+/// the chain the search opened (held until this is dropped).
+pub trait Located: Send + Sync + std::fmt::Debug {
+    /// What the version offers, with the vDisk's overrides applied.
+    fn info(&self, overrides: &BootOverrides) -> BootInfo;
+    /// The bytes of one boot file, at most `max_bytes`. Blocks (it reads the chain).
     ///
     /// # Errors
-    /// As `find`; the file is missing or larger than `max_bytes`.
+    /// The file is missing or larger than `max_bytes`; an image or filesystem error.
     fn read(
         &self,
-        image: &Path,
         kind: BootFileKind,
         overrides: &BootOverrides,
         max_bytes: u64,
@@ -76,14 +88,17 @@ pub trait BootSource: Send + Sync + std::fmt::Debug + 'static {
 #[derive(Debug, Default)]
 pub struct BootfilesSource;
 
+/// What [`BootfilesSource`] found: the chain's top and the files in its filesystems.
+#[derive(Debug)]
+struct Found {
+    dev: Arc<dyn BlockDevice>,
+    files: bootfiles::BootFiles,
+}
+
 fn open_chain(image: &Path) -> Result<Arc<dyn BlockDevice>, String> {
     disk::open::open(image, disk::open::OpenOptions::default())
         .map(|c| c.top())
         .map_err(|e| format!("open {}: {}", image.display(), contract::ErrorChain(&e)))
-}
-
-fn found(dev: &Arc<dyn BlockDevice>) -> Result<bootfiles::BootFiles, String> {
-    bootfiles::find(dev).map_err(|e| contract::ErrorChain(&e).to_string())
 }
 
 /// `path` in the volume of `like` (an override names a file in the filesystem the search
@@ -98,41 +113,46 @@ fn at_path(like: &bootfiles::BootFile, path: &str) -> bootfiles::BootFile {
 }
 
 impl BootSource for BootfilesSource {
-    fn find(&self, image: &Path, overrides: &BootOverrides) -> Result<BootInfo, String> {
+    fn locate(&self, image: &Path) -> Result<Arc<dyn Located>, String> {
         let dev = open_chain(image)?;
-        let f = found(&dev)?;
+        let files = bootfiles::find(&dev).map_err(|e| contract::ErrorChain(&e).to_string())?;
+        Ok(Arc::new(Found { dev, files }))
+    }
+}
+
+impl Located for Found {
+    fn info(&self, overrides: &BootOverrides) -> BootInfo {
+        let f = &self.files;
         let root = match &f.root {
             Some(r) => r.partition.map_or(RootDev::WholeDisk, RootDev::Partition),
             None => RootDev::Unknown,
         };
-        Ok(BootInfo {
+        BootInfo {
             initrd: f.initrd.is_some() || overrides.initrd.is_some(),
-            cmdline: f.cmdline,
+            cmdline: f.cmdline.clone(),
             root,
-        })
+        }
     }
 
     fn read(
         &self,
-        image: &Path,
         kind: BootFileKind,
         overrides: &BootOverrides,
         max_bytes: u64,
     ) -> Result<Vec<u8>, String> {
-        let dev = open_chain(image)?;
-        let f = found(&dev)?;
+        let f = &self.files;
         let file = match kind {
             BootFileKind::Kernel => match &overrides.kernel {
                 Some(p) => at_path(&f.kernel, p),
-                None => f.kernel,
+                None => f.kernel.clone(),
             },
-            BootFileKind::Initrd => match (&overrides.initrd, f.initrd) {
+            BootFileKind::Initrd => match (&overrides.initrd, &f.initrd) {
                 (Some(p), _) => at_path(&f.kernel, p),
-                (None, Some(i)) => i,
+                (None, Some(i)) => i.clone(),
                 (None, None) => return Err("the version has no initramfs".into()),
             },
         };
-        bootfiles::read(&dev, &file, max_bytes)
+        bootfiles::read(&self.dev, &file, max_bytes)
             .map_err(|e| format!("{}: {}", file.path, contract::ErrorChain(&e)))
     }
 }

@@ -16,8 +16,9 @@
 //!             boot::router, boot::serve, BootState, BootCounters
 //! boot_script.rs  the iPXE scripts (pure): chain, per device, refusal
 //! boot_cache.rs   DATA/boot-cache/: boot files per version file state
-//! boot_source.rs  the BootSource trait, and BootfilesSource: boot files through a
-//!                 version's chain (the bootfiles crate)
+//! boot_versions.rs each version's located boot files, found once per version file state
+//! boot_source.rs  the BootSource and Located traits, and BootfilesSource: boot files
+//!                 through a version's chain (the bootfiles crate)
 //! ```
 //!
 //! [`router`] returns a plain `axum::Router`, so `ferry server` can mount it beside its own
@@ -31,6 +32,7 @@ pub mod boot_cache;
 pub mod boot_script;
 pub mod boot_sets;
 pub mod boot_source;
+mod boot_versions;
 pub mod console;
 pub mod error;
 pub mod extract;

@@ -2,8 +2,9 @@
 //! over a real vDisk: an ext4 filesystem made by `mkfs.ext4 -d` with `/boot/vmlinuz-*` and
 //! its initramfs, captured into the store's VHDX by Ferry. The chain script, a device's
 //! script (its kernel command line), the kernel and initramfs bytes (GET and HEAD), the
-//! on-disk cache (modes, re-read when the version file changes), refusals, and what an
-//! outsider cannot get: nothing of the API, no other file.
+//! on-disk cache (modes, re-read when the version file changes), one boot file search per
+//! version file state, refusals, and what an outsider cannot get: nothing of the API, no
+//! other file.
 //!
 //! `mkfs.ext4` follows the tool rule (docs/testing.md): missing outside CI, a test prints
 //! why and returns; under `CI=true` it fails.
@@ -257,6 +258,11 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
         .await;
     assert_eq!(c.fills.load(Ordering::Relaxed), 2);
     assert_eq!(c.scripts.load(Ordering::Relaxed), 1);
+    // The script, the kernel and the initramfs (two fills) shared one search of the
+    // version's chain; a second boot's script searches nothing.
+    assert_eq!(c.searches.load(Ordering::Relaxed), 1);
+    b.text("/boot/ipxe/52-54-00-12-34-56").await;
+    assert_eq!(c.searches.load(Ordering::Relaxed), 1);
     // The version file changes (a maintenance version written): read again, old entry gone.
     let f = std::fs::File::options()
         .write(true)
@@ -269,6 +275,11 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
         .await;
     assert_eq!(again, kernel);
     assert_eq!(c.fills.load(Ordering::Relaxed), 3);
+    assert_eq!(
+        c.searches.load(Ordering::Relaxed),
+        2,
+        "a changed version file"
+    );
     assert_eq!(std::fs::read_dir(&b.cache).unwrap().count(), 2);
     drop(b.t);
 }

@@ -189,6 +189,7 @@ impl BlockCache {
             .unwrap_or_else(PoisonError::into_inner)
             .len() as u64;
         BlockCacheStats {
+            probes: c.probes.get(),
             hits: c.hits.get(),
             misses: c.misses.get(),
             inflight_waits: c.inflight_waits.get(),

@@ -165,6 +165,7 @@ impl Shared {
         offset: u64,
         len: u64,
     ) -> Option<Vec<Piece>> {
+        self.counters.probes.add(1);
         let bs = self.block_bytes;
         let end = offset + len;
         let (first, last) = (offset / bs, (end - 1) / bs);

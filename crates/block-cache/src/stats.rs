@@ -26,6 +26,7 @@ impl Counter {
 /// The live counters, shared by the cache, its wrappers, workers and block buffers.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
+    pub probes: Counter,
     pub hits: Counter,
     pub misses: Counter,
     pub inflight_waits: Counter,
@@ -59,6 +60,10 @@ impl Counters {
 /// A snapshot of the cache's counters. Hits, misses and waits count blocks, not requests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BlockCacheStats {
+    /// Reads looked up without waiting or filling (`try_read_shared`, `try_read_at`), hit
+    /// or not: a server probes once per request it may serve from memory, so a cold read
+    /// that then fills through `read_shared` counts one probe and one miss.
+    pub probes: u64,
     /// Block lookups served from a ready entry.
     pub hits: u64,
     /// Blocks a reader had to fill from the store itself.

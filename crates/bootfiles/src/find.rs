@@ -364,6 +364,7 @@ pub fn read(
     }
     let mut f = fs.open(file.path.as_str()).map_err(|e| fs_err(vol, e))?;
     // size <= BOOT_FILE_BYTES_MAX, which fits in usize on the 64-bit hosts Ferry runs on.
+    debug_assert!(size <= BOOT_FILE_BYTES_MAX, "refused above when larger");
     let mut out = vec![0u8; usize::try_from(size).unwrap_or(0)];
     let mut got = 0usize;
     while got < out.len() {
@@ -373,6 +374,7 @@ pub fn read(
         }
         got += n;
     }
+    debug_assert!(got <= out.len(), "reads fill at most the buffer");
     if got as u64 != size {
         return Err(BootFilesError::ShortRead {
             volume: label(),

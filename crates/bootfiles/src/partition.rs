@@ -179,6 +179,12 @@ impl GptHeader {
     /// `GPT_ENTRIES_MAX * GPT_ENTRY_BYTES_MAX`; [`parse_gpt_header`] checked it lies inside
     /// the disk.
     pub fn entries_span(&self, sector_size: u32) -> (u64, usize) {
+        debug_assert!(
+            self.entries_count <= GPT_ENTRIES_MAX && self.entry_bytes <= GPT_ENTRY_BYTES_MAX,
+            "a parsed header's entries ({} of {} bytes) are bounded",
+            self.entries_count,
+            self.entry_bytes
+        );
         let len = self.entries_count as usize * self.entry_bytes as usize;
         (self.entries_lba * u64::from(sector_size), len)
     }
@@ -510,6 +516,7 @@ pub fn parse_gpt_entries(
             .collect();
         let name = String::from_utf16_lossy(&units);
         // last_usable < disk sectors, so these products fit in u64.
+        debug_assert!(start <= end, "checked above: a partition is never empty");
         out.push((
             start,
             end,

@@ -92,7 +92,7 @@ pub fn volumes(dev: &dyn BlockDevice) -> Result<(TableKind, Vec<Volume>), BootFi
             (TableKind::Gpt, parts)
         }
     };
-    let vols = parts
+    let vols: Vec<Volume> = parts
         .into_iter()
         .take(VOLUMES_MAX)
         .map(|p| Volume {
@@ -101,6 +101,12 @@ pub fn volumes(dev: &dyn BlockDevice) -> Result<(TableKind, Vec<Volume>), BootFi
             partition: Some(p),
         })
         .collect();
+    // The table parsers refuse partitions past the disk's end and empty ones.
+    debug_assert!(
+        vols.iter()
+            .all(|v| v.len > 0 && v.start.checked_add(v.len).is_some_and(|e| e <= size)),
+        "every volume lies inside the {size}-byte disk"
+    );
     Ok((kind, vols))
 }
 

@@ -145,6 +145,7 @@ pub fn render_boot_metrics(c: &api::boot::BootCounters, out: &mut String) {
             "not_found" => "Boot requests answered 404",
             "busy" => "Boot requests answered 503 (too many at once)",
             "fills" => "Boot files read from a version's file system into the boot cache",
+            "searches" => "Boot file searches of a version's chain (one per version file state)",
             _ => "Boot service counter",
         };
         let _ = writeln!(out, "# HELP ferry_boot_{name}_total {help}.");

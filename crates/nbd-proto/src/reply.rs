@@ -215,6 +215,10 @@ fn put_message(out: &mut Vec<u8>, error: u32, message: &str) {
     let m = clamp(message);
     out.extend_from_slice(&error.to_be_bytes());
     // At most 4096 bytes after clamping, so the conversion is exact.
+    debug_assert!(
+        m.len() <= MAX_STRING_LEN,
+        "a clamped message is at most 4096 bytes"
+    );
     let n = u16::try_from(m.len()).unwrap_or(u16::MAX);
     out.extend_from_slice(&n.to_be_bytes());
     out.extend_from_slice(m.as_bytes());

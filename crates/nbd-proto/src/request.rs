@@ -13,7 +13,7 @@ use crate::consts::{
     NBD_CMD_FLUSH, NBD_CMD_READ, NBD_CMD_TRIM, NBD_CMD_WRITE, NBD_CMD_WRITE_ZEROES,
     NBD_REQUEST_MAGIC,
 };
-use crate::wire::Reader;
+use crate::wire::{Reader, Short};
 
 /// Bytes of a request header.
 pub const REQUEST_LEN: usize = 28;
@@ -172,18 +172,22 @@ impl Request {
     pub fn parse(buf: &[u8; REQUEST_LEN]) -> Result<Request, RequestError> {
         let mut r = Reader::new(buf);
         // The reads below cannot fail: the array holds exactly the 28 bytes they consume.
-        let field = |_| RequestError::Incomplete;
+        let field = |s: Short| -> RequestError {
+            unreachable!("a {REQUEST_LEN}-byte request header is never short ({s:?})")
+        };
         let magic = r.u32().map_err(field)?;
         if magic != NBD_REQUEST_MAGIC {
             return Err(RequestError::InvalidMagic { actual: magic });
         }
-        Ok(Request {
+        let req = Request {
             flags: CommandFlags(r.u16().map_err(field)?),
             command: Command::from_u16(r.u16().map_err(field)?),
             cookie: r.u64().map_err(field)?,
             offset: r.u64().map_err(field)?,
             len: r.u32().map_err(field)?,
-        })
+        };
+        debug_assert_eq!(r.remaining(), 0, "a request header is read whole");
+        Ok(req)
     }
 
     /// Checks that `cur` holds a whole request (header and any write payload) from its
@@ -207,6 +211,10 @@ impl Request {
         if rest.len() < total {
             return Err(RequestError::Incomplete);
         }
+        debug_assert!(
+            start + total <= buf.len(),
+            "a whole request lies in the buffer"
+        );
         cur.set_position((start + total) as u64);
         Ok(req)
     }
@@ -232,12 +240,19 @@ impl Request {
 
     /// Appends the 28-byte header (the client's side).
     pub fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
         out.extend_from_slice(&NBD_REQUEST_MAGIC.to_be_bytes());
         out.extend_from_slice(&self.flags.0.to_be_bytes());
         out.extend_from_slice(&self.command.to_u16().to_be_bytes());
         out.extend_from_slice(&self.cookie.to_be_bytes());
         out.extend_from_slice(&self.offset.to_be_bytes());
         out.extend_from_slice(&self.len.to_be_bytes());
+        // Paired with `parse`, which reads exactly this many bytes.
+        debug_assert_eq!(
+            out.len() - start,
+            REQUEST_LEN,
+            "a request header is 28 bytes"
+        );
     }
 }
 

@@ -24,6 +24,7 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn remaining(&self) -> usize {
+        debug_assert!(self.pos <= self.buf.len(), "a reader never passes its end");
         self.buf.len() - self.pos
     }
 
@@ -65,6 +66,11 @@ impl<'a> Reader<'a> {
 
 /// Appends a length-prefixed (u32) string. The caller has checked the length fits.
 pub(crate) fn put_str32(out: &mut Vec<u8>, s: &str) {
+    debug_assert!(
+        u32::try_from(s.len()).is_ok(),
+        "a string of {} bytes has no u32 length",
+        s.len()
+    );
     let len = u32::try_from(s.len()).unwrap_or(u32::MAX);
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(s.as_bytes());
@@ -87,5 +93,7 @@ pub(crate) fn clamp(s: &str) -> &str {
     while !s.is_char_boundary(end) {
         end -= 1;
     }
+    // A UTF-8 character is at most 4 bytes: the cut loses at most 3.
+    debug_assert!(end + 3 >= MAX_STRING_LEN, "clamp cut {end} bytes");
     &s[..end]
 }

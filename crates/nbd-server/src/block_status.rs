@@ -3,11 +3,12 @@
 
 use disk::{BlockDevice, ExtentKind};
 use nbd_proto::reply::Descriptor;
-use nbd_proto::{NBD_EINVAL, NBD_EIO, NBD_STATE_HOLE, NBD_STATE_ZERO, Request};
+use nbd_proto::{NBD_EIO, NBD_STATE_HOLE, NBD_STATE_ZERO};
 
 use crate::config::{MAX_BLOCK_STATUS_EXTENTS, MAX_BLOCK_STATUS_QUERY};
 use crate::conn::Export;
 use crate::frame::{Frame, disk_error, error};
+use crate::valid::Valid;
 
 /// The `base:allocation` flags of an extent kind.
 fn allocation_flags(kind: ExtentKind) -> u32 {
@@ -19,10 +20,13 @@ fn allocation_flags(kind: ExtentKind) -> u32 {
 }
 
 /// Answers `NBD_CMD_BLOCK_STATUS` for `base:allocation` (on the blocking pool).
-pub(crate) fn block_status(dev: &dyn BlockDevice, req: &Request, e: &Export) -> Frame {
-    let Some(context_id) = e.meta_context else {
-        return error(NBD_EINVAL, "no metadata context negotiated");
-    };
+///
+/// # Panics
+/// When the export has no metadata context: [`Valid::check`] refuses such a request.
+pub(crate) fn block_status(dev: &dyn BlockDevice, req: &Valid, e: &Export) -> Frame {
+    let context_id = e
+        .meta_context
+        .expect("Valid::check refuses block status without a metadata context");
     let len = req.len.min(MAX_BLOCK_STATUS_QUERY);
     let extents = match disk::device::extents(dev, req.offset, u64::from(len)) {
         Ok(x) => x,

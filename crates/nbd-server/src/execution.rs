@@ -2,6 +2,11 @@
 //! (`try_read_shared`, `try_read_at`, `try_write_at`), the request tasks that await a
 //! device's submitted future (`submit_read`, `submit_write`) or make the disk call on the
 //! blocking pool under the global `max_blocking` limit, and the disk calls themselves.
+//!
+//! Every request here is a [`Valid`] one: checked once by the reader against its export.
+//! Each entry point (`read_into`, `try_inline`, `execute`) asserts that check
+//! ([`Valid::assert_on`]) instead of checking again, and the replies it encodes are within
+//! the limits the check established.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,6 +21,7 @@ use tokio::sync::mpsc;
 use crate::block_status::block_status;
 use crate::conn::{ConnCtx, Export};
 use crate::frame::{Frame, Outgoing, disk_error, encode_frame, error};
+use crate::valid::Valid;
 
 /// The largest read or write served on the connection's own task when the device can do it
 /// in memory (a copy of this size takes tens of microseconds; larger ones go to the pool
@@ -27,19 +33,17 @@ const ZERO_STEP_BYTES: usize = 1 << 20;
 
 /// Reads `req`'s range from memory, appending its encoded reply to `out`; `None` (nothing
 /// appended) when the device cannot answer without waiting. Returns whether the read
-/// succeeded.
-pub(crate) fn read_into(
-    dev: &dyn BlockDevice,
-    req: &Request,
-    structured: bool,
-    out: &mut Vec<u8>,
-) -> Option<bool> {
+/// succeeded. The device is probed once: a declined read is not tried again by the caller.
+pub(crate) fn read_into(e: &Export, req: &Valid, out: &mut Vec<u8>) -> Option<bool> {
+    req.assert_on(e);
+    let (dev, structured) = (e.device.as_ref(), e.structured);
     let mark = out.len();
     let len = req.len as usize;
     let data_header = |out: &mut Vec<u8>| {
         if structured {
-            // At most DIRECT_WRITE_BYTES: the length fits.
-            let _ = encode_offset_data_header(req.cookie, req.offset, len, true, out);
+            // At most MAX_PAYLOAD bytes (the check): the length fits.
+            let r = encode_offset_data_header(req.cookie, req.offset, len, true, out);
+            debug_assert!(r.is_ok(), "a read of {len} bytes has an encodable header");
         } else {
             SimpleReply {
                 error: 0,
@@ -95,7 +99,8 @@ pub(crate) fn read_into(
 /// Serves a read or write that the device can complete in memory without blocking (a block
 /// cache hit, a RAM write cache with room), or returns `None` to send it to the blocking
 /// pool. A read's buffer is left in `payload` for the pool to reuse.
-pub(crate) fn try_inline(req: &Request, e: &Export, payload: &mut Vec<u8>) -> Option<Frame> {
+pub(crate) fn try_inline(req: &Valid, e: &Export, payload: &mut Vec<u8>) -> Option<Frame> {
+    req.assert_on(e);
     let dev = e.device.as_ref();
     match req.command {
         Command::Read if req.len > 0 => {
@@ -120,11 +125,11 @@ pub(crate) fn try_inline(req: &Request, e: &Export, payload: &mut Vec<u8>) -> Op
     }
 }
 
-/// A validated request on its way to the blocking pool.
+/// A checked request on its way to the blocking pool.
 #[derive(Debug)]
 pub(crate) struct Job {
     /// The request.
-    pub req: Request,
+    pub req: Valid,
     /// What it runs on.
     pub export: Export,
     /// A write's data (empty for other commands).
@@ -168,7 +173,7 @@ pub(crate) async fn run_job(
 /// Serves a read or write the device completes without a thread of ours waiting on it
 /// ([`disk::FastPath::submit_read`]: the target forwarding to its server); `None` to make the
 /// blocking call.
-async fn submitted(req: &Request, e: &Export, payload: &[u8]) -> Option<Frame> {
+async fn submitted(req: &Valid, e: &Export, payload: &[u8]) -> Option<Frame> {
     let dev = e.device.as_ref();
     match req.command {
         Command::Read if req.len > 0 => {
@@ -190,7 +195,7 @@ async fn submitted(req: &Request, e: &Export, payload: &[u8]) -> Option<Frame> {
 }
 
 /// The disk call on the blocking pool, under the global `max_blocking` limit.
-async fn blocking(req: Request, export: Export, payload: Vec<u8>, ctx: &ConnCtx) -> Frame {
+async fn blocking(req: Valid, export: Export, payload: Vec<u8>, ctx: &ConnCtx) -> Frame {
     match Arc::clone(&ctx.blocking).acquire_owned().await {
         Ok(permit) => {
             let r = tokio::task::spawn_blocking(move || {
@@ -209,7 +214,12 @@ async fn blocking(req: Request, export: Export, payload: Vec<u8>, ctx: &ConnCtx)
 }
 
 /// The disk call of one request (on the blocking pool).
-fn execute(req: &Request, e: &Export, payload: Vec<u8>) -> Frame {
+fn execute(req: &Valid, e: &Export, payload: Vec<u8>) -> Frame {
+    req.assert_on(e);
+    debug_assert!(
+        req.command != Command::Write || payload.len() == req.len as usize,
+        "a write's payload is its length"
+    );
     let dev = e.device.as_ref();
     let r = match req.command {
         Command::Read => return read(dev, req, e.structured, payload),
@@ -221,7 +231,7 @@ fn execute(req: &Request, e: &Export, payload: Vec<u8>) -> Frame {
         Command::Cache => cache(dev, req),
         Command::BlockStatus => return block_status(dev, req, e),
         Command::Disc | Command::Unknown(_) => {
-            // validate() refuses unknown commands and admit() never queues DISC.
+            // Valid::check refuses unknown commands and admit() never queues DISC.
             unreachable!("command {:?} is never executed", req.command)
         }
     };

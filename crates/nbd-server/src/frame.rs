@@ -78,19 +78,28 @@ pub(crate) fn encode_frame<'a>(
     };
     let simple = |error| SimpleReply { error, cookie };
     // Chunk payloads here are bounded (descriptors, 4096-byte messages), so encoding cannot
-    // fail; a failure would be a bug, reported as a dropped reply by the client's timeout.
+    // fail; a failure is a bug (asserted in debug builds), reported as a dropped reply by
+    // the client's timeout in release builds.
     let put = |c: Chunk, head: &mut Vec<u8>| {
         if let Err(e) = c.encode(head) {
+            debug_assert!(false, "reply not encodable: {e}");
             tracing::error!(error = %e, "reply not encodable");
         }
+    };
+    // Read data is at most MAX_PAYLOAD bytes (the request's check): its header encodes.
+    let data_header = |offset: u64, len: usize, head: &mut Vec<u8>| {
+        let r = encode_offset_data_header(cookie, offset, len, true, head);
+        debug_assert!(
+            r.is_ok(),
+            "read data of {len} bytes has an encodable header"
+        );
     };
     match frame {
         Frame::Ok if structured && is_read => put(chunk(ChunkPayload::None), head),
         Frame::Ok => simple(0).encode(head),
         Frame::Data { offset, data } => {
             if structured {
-                // At most MAX_PAYLOAD bytes: the length fits.
-                let _ = encode_offset_data_header(cookie, *offset, data.len(), true, head);
+                data_header(*offset, data.len(), head);
             } else {
                 simple(0).encode(head);
             }
@@ -98,7 +107,7 @@ pub(crate) fn encode_frame<'a>(
         }
         Frame::Shared { offset, len, .. } => {
             if structured {
-                let _ = encode_offset_data_header(cookie, *offset, *len, true, head);
+                data_header(*offset, *len, head);
             } else {
                 simple(0).encode(head);
             }

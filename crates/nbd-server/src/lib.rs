@@ -21,6 +21,8 @@
 //!   │    ├─ execution.rs   requests on the device: in-memory fast paths (try_*), submitted
 //!   │    │   │             futures (submit_*), disk calls on the blocking pool
 //!   │    │   └─ block_status.rs  NBD_CMD_BLOCK_STATUS: extents ─► base:allocation
+//!   │    ├─ valid.rs       Valid: a request checked once against its export; the layers
+//!   │    │                 below assert the check instead of repeating it
 //!   │    ├─ writer.rs      the writer task and the shared write half (Sink)
 //!   │    └─ frame.rs       a request's result (Frame) and its encoding as a reply
 //!   ├─ negotiate.rs    option haggling (greeting, OPT_GO/INFO/LIST/STARTTLS/..., meta
@@ -73,6 +75,7 @@ mod source;
 mod tls;
 mod transmission;
 mod trim;
+mod valid;
 mod writer;
 
 pub use config::{

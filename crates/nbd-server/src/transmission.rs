@@ -31,6 +31,11 @@
 //!   (and then flush and release) without waiting for a client that will never read.
 //! * A reply cut short (shutdown while the reader was writing a batch) empties the sink:
 //!   nothing more is written on a stream that is no longer in step.
+//! * One pass per request: its header is parsed once, it is checked against the export once
+//!   ([`Valid::check`]; the layers below assert the check), and the device's in-memory path
+//!   (a block-cache probe) is tried at most once. The batch hands the request it stops at to
+//!   the slow path with what it found (`Parsed`), and the slow path consumes its header from
+//!   the read buffer instead of reading and parsing it again.
 //! * The connection ends like on shutdown when the export's handle is revoked
 //!   (`ExportHandle::revoked`), when a request's header and payload take longer than
 //!   `request_timeout` to arrive, or, for a connection subject to it (see
@@ -57,7 +62,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nbd_proto::{Command, NBD_EINVAL, NBD_ENOSPC, NBD_EOVERFLOW, NBD_EPERM, REQUEST_LEN, Request};
+use nbd_proto::{Command, NBD_EOVERFLOW, REQUEST_LEN, Request};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
@@ -68,6 +73,7 @@ use crate::frame::{Frame, Outgoing, disk_error, encode_frame, error};
 use crate::limits::LogKind;
 use crate::negotiate::{Negotiated, release_blocking};
 use crate::source::Peer;
+use crate::valid::Valid;
 use crate::writer::{DIRECT_WRITE_BYTES, Sink, new_sink, write_replies};
 
 /// Replies the reader encodes into one batch before handing it to the writer.
@@ -234,8 +240,12 @@ async fn read_requests<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 ) -> End {
     loop {
         let mut batch = Batch::default();
-        serve_buffered(c, &mut batch);
+        let left = serve_buffered(c, &mut batch);
         let full = batch.is_full();
+        debug_assert!(
+            !full || left.is_none(),
+            "a full batch stops before parsing another request"
+        );
         if batch.count > 0
             && let Err(end) = send_batch(&c.sink, batch, &mut c.shutdown).await
         {
@@ -275,33 +285,81 @@ async fn read_requests<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 Err(_) => return End::WriterGone,
             },
         };
-        let mut head = [0u8; REQUEST_LEN];
         // The request has started arriving: it has `request_timeout` to arrive in full.
         let deadline = tokio::time::Instant::now() + c.ctx.config.request_timeout;
-        let read = tokio::select! {
-            biased;
-            () = c.shutdown.recv() => return End::Shutdown,
-            () = c.tx.closed() => return End::WriterGone,
-            r = tokio::time::timeout_at(deadline, c.reader.read_exact(&mut head)) => r,
-        };
-        match read {
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => return End::Eof,
-            Err(_) => return request_timed_out(&c.ctx, &c.peer),
-        }
-        let req = match Request::parse(&head) {
-            Ok(r) => r,
-            Err(e) => {
-                if c.ctx.logs.allow(LogKind::Protocol) {
-                    tracing::warn!(peer = %c.peer, error = %e, "closing connection: bad request");
-                }
-                c.ctx.metrics.protocol_error("request magic");
-                return End::Protocol;
+        let parsed = match left {
+            Some(left) => {
+                // The batch parsed this header at the head of the read buffer, and nothing
+                // was read since: consumed here, not parsed again.
+                debug_assert_eq!(
+                    c.reader
+                        .buffer()
+                        .first_chunk::<REQUEST_LEN>()
+                        .map(Request::parse),
+                    Some(Ok(left.req)),
+                    "the request the batch left is at the head of the read buffer"
+                );
+                c.reader.consume(REQUEST_LEN);
+                left
             }
+            None => match read_request(c, deadline).await {
+                Ok(req) => Parsed::new(req),
+                Err(end) => return end,
+            },
         };
-        match admit(c, req, slot, deadline).await {
+        match admit(c, parsed, slot, deadline).await {
             Ok(()) => {}
             Err(end) => return end,
+        }
+    }
+}
+
+/// Reads and parses the next request's header from the socket (by `deadline`).
+async fn read_request<R: AsyncRead + Unpin, W>(
+    c: &mut Connection<R, W>,
+    deadline: tokio::time::Instant,
+) -> Result<Request, End> {
+    let mut head = [0u8; REQUEST_LEN];
+    let read = tokio::select! {
+        biased;
+        () = c.shutdown.recv() => return Err(End::Shutdown),
+        () = c.tx.closed() => return Err(End::WriterGone),
+        r = tokio::time::timeout_at(deadline, c.reader.read_exact(&mut head)) => r,
+    };
+    match read {
+        Ok(Ok(_)) => {}
+        Ok(Err(_)) => return Err(End::Eof),
+        Err(_) => return Err(request_timed_out(&c.ctx, &c.peer)),
+    }
+    Request::parse(&head).map_err(|e| {
+        if c.ctx.logs.allow(LogKind::Protocol) {
+            tracing::warn!(peer = %c.peer, error = %e, "closing connection: bad request");
+        }
+        c.ctx.metrics.protocol_error("request magic");
+        End::Protocol
+    })
+}
+
+/// A request the reader parsed, with how far it got: the batch (`serve_buffered`) leaves
+/// the request it cannot serve to the slow path in one of these, so that each request's
+/// header is parsed once, checked once ([`Valid::check`]), and tried in memory (a
+/// block-cache probe) at most once.
+#[derive(Debug)]
+struct Parsed {
+    req: Request,
+    /// Its check, when the batch got that far.
+    checked: Option<Result<Valid, Frame>>,
+    /// The device declined to serve it from memory: the slow path hands it to a request
+    /// task without trying again.
+    declined: bool,
+}
+
+impl Parsed {
+    fn new(req: Request) -> Parsed {
+        Parsed {
+            req,
+            checked: None,
+            declined: false,
         }
     }
 }
@@ -394,8 +452,12 @@ async fn send_batch<W: AsyncWrite + Unpin>(
 /// replies into `batch`. Stops after [`BATCH_MAX_REPLIES`] requests (the caller sends them
 /// and comes back for the rest), or at the first request that needs more: bytes not yet
 /// read, a slot, the blocking pool, or an error reply of the slow path (which then serves
-/// it).
-fn serve_buffered<R: AsyncRead + Unpin, W>(c: &mut Connection<R, W>, batch: &mut Batch) {
+/// it). Returns that request when its header was parsed, with its check and whether the
+/// device declined it, for the slow path to go on from.
+fn serve_buffered<R: AsyncRead + Unpin, W>(
+    c: &mut Connection<R, W>,
+    batch: &mut Batch,
+) -> Option<Parsed> {
     let Connection {
         reader,
         export,
@@ -406,39 +468,45 @@ fn serve_buffered<R: AsyncRead + Unpin, W>(c: &mut Connection<R, W>, batch: &mut
     let dev = export.device.as_ref();
     while !batch.is_full() {
         let buf = reader.buffer();
-        let Some(head) = buf.first_chunk::<REQUEST_LEN>() else {
-            break;
-        };
-        let Ok(req) = Request::parse(head) else {
-            break;
-        };
+        let head = buf.first_chunk::<REQUEST_LEN>()?;
+        // A bad header ends the connection; the slow path reports it.
+        let req = Request::parse(head).ok()?;
+        let mut left = Parsed::new(req);
         let payload_len = match req.command {
             Command::Read if req.len > 0 && (req.len as usize) < DIRECT_WRITE_BYTES => 0,
             Command::Write if !req.flags.fua() && req.len <= INLINE_MAX_BYTES => req.len as usize,
-            _ => break,
+            _ => return Some(left),
         };
         let Some(payload) = buf.get(REQUEST_LEN..REQUEST_LEN + payload_len) else {
-            break;
+            return Some(left);
         };
-        if validate(&req, export).is_err() {
-            break;
-        }
+        let valid = match Valid::check(req, export) {
+            Ok(v) => v,
+            Err(f) => {
+                left.checked = Some(Err(f));
+                return Some(left);
+            }
+        };
+        left.checked = Some(Ok(valid));
         let Ok(slot) = Arc::clone(&budget.slots).try_acquire_owned() else {
-            break;
+            return Some(left);
         };
         let start = Instant::now();
         let ok = if req.command == Command::Read {
             let Ok(bytes) = Arc::clone(&budget.bytes).try_acquire_many_owned(req.len) else {
-                break;
+                return Some(left);
             };
-            let Some(ok) = read_into(dev, &req, export.structured, &mut batch.bytes) else {
-                break;
+            let Some(ok) = read_into(export, &valid, &mut batch.bytes) else {
+                left.declined = true;
+                return Some(left);
             };
             Batch::hold(&mut batch.payload, bytes);
             ok
         } else {
+            valid.assert_on(export);
             let Some(r) = dev.try_write_at(payload, req.offset) else {
-                break;
+                left.declined = true;
+                return Some(left);
             };
             let frame = match &r {
                 Ok(()) => Frame::Ok,
@@ -459,13 +527,15 @@ fn serve_buffered<R: AsyncRead + Unpin, W>(c: &mut Connection<R, W>, batch: &mut
         Batch::hold(&mut batch.slots, slot);
         batch.count += 1;
     }
+    None
 }
 
 /// Reads a request's payload (by `deadline`, plus the time spent waiting for the
-/// connection's byte budget), validates it, and starts its task (or queues its error).
+/// connection's byte budget), checks it (unless the batch did), tries it in memory (unless
+/// the batch did and the device declined), and starts its task (or queues its reply).
 async fn admit<R: AsyncRead + Unpin, W>(
     c: &mut Connection<R, W>,
-    req: Request,
+    parsed: Parsed,
     slot: OwnedSemaphorePermit,
     mut deadline: tokio::time::Instant,
 ) -> Result<(), End> {
@@ -480,6 +550,11 @@ async fn admit<R: AsyncRead + Unpin, W>(
         peer,
         ..
     } = c;
+    let Parsed {
+        req,
+        checked,
+        declined,
+    } = parsed;
     let is_read = req.command == Command::Read;
     let reply_now = |frame: Frame, slot: OwnedSemaphorePermit| Outgoing {
         cookie: req.cookie,
@@ -542,14 +617,17 @@ async fn admit<R: AsyncRead + Unpin, W>(
             },
         };
     }
-    if let Err(f) = validate(&req, export) {
-        ctx.metrics
-            .request(req.command.name(), 0, std::time::Duration::ZERO, false);
-        return tx
-            .send(reply_now(f, slot))
-            .await
-            .map_err(|_| End::WriterGone);
-    }
+    let valid = match checked.unwrap_or_else(|| Valid::check(req, export)) {
+        Ok(v) => v,
+        Err(f) => {
+            ctx.metrics
+                .request(req.command.name(), 0, std::time::Duration::ZERO, false);
+            return tx
+                .send(reply_now(f, slot))
+                .await
+                .map_err(|_| End::WriterGone);
+        }
+    };
     let mut out = Outgoing {
         cookie: req.cookie,
         is_read,
@@ -558,7 +636,8 @@ async fn admit<R: AsyncRead + Unpin, W>(
         _bytes: bytes,
     };
     let start = Instant::now();
-    if let Some(frame) = try_inline(&req, export, &mut payload) {
+    // A request the batch tried in memory is not tried again: the device declined it.
+    if !declined && let Some(frame) = try_inline(&valid, export, &mut payload) {
         // Served from memory on this task: no hand-off to the blocking pool.
         let ok = !matches!(frame, Frame::Error { .. });
         ctx.metrics
@@ -567,7 +646,7 @@ async fn admit<R: AsyncRead + Unpin, W>(
         return tx.send(out).await.map_err(|_| End::WriterGone);
     }
     let job = Job {
-        req,
+        req: valid,
         export: export.clone(),
         payload,
         out,
@@ -586,59 +665,4 @@ async fn discard<R: AsyncRead + Unpin>(reader: &mut R, mut left: u64) -> io::Res
         left -= n as u64;
     }
     Ok(())
-}
-
-/// Checks a request against the export before any disk call.
-fn validate(req: &Request, e: &Export) -> Result<(), Frame> {
-    let cmd = req.command;
-    if let Command::Unknown(c) = cmd {
-        return Err(error(NBD_EINVAL, format!("unknown command {c}")));
-    }
-    let bad = req.unknown_flags();
-    if bad != 0 || (req.flags.df() && !e.structured) || req.flags.fast_zero() {
-        return Err(error(
-            NBD_EINVAL,
-            format!("flags {:#x} not valid for {}", req.flags.0, cmd.name()),
-        ));
-    }
-    let writes = matches!(cmd, Command::Write | Command::Trim | Command::WriteZeroes);
-    if writes && !e.writable {
-        return Err(error(NBD_EPERM, "export is read-only"));
-    }
-    match cmd {
-        Command::Read | Command::Cache if req.len > MAX_PAYLOAD => {
-            return Err(error(
-                NBD_EOVERFLOW,
-                format!("{} of {} bytes over {MAX_PAYLOAD}", cmd.name(), req.len),
-            ));
-        }
-        Command::BlockStatus if e.meta_context.is_none() => {
-            return Err(error(NBD_EINVAL, "no metadata context negotiated"));
-        }
-        Command::BlockStatus if req.len == 0 => {
-            return Err(error(NBD_EINVAL, "zero-length block status"));
-        }
-        Command::Flush => return Ok(()),
-        _ => {}
-    }
-    match req.end() {
-        Some(end) if end <= e.size => Ok(()),
-        _ => {
-            let errno = if matches!(cmd, Command::Write | Command::WriteZeroes) {
-                NBD_ENOSPC
-            } else {
-                NBD_EINVAL
-            };
-            Err(error(
-                errno,
-                format!(
-                    "{} at {:#x}+{:#x} past the end ({:#x})",
-                    cmd.name(),
-                    req.offset,
-                    req.len,
-                    e.size
-                ),
-            ))
-        }
-    }
 }

@@ -376,7 +376,12 @@ impl NbdMetrics for Metrics {
 /// The block cache's and the registry's counters as constant metrics, in exposition order.
 fn snapshot_registry(c: &BlockCacheStats, r: &RegistryStats) -> Registry {
     let mut reg = Registry::default();
-    let counters: [(&str, &str, u64); 15] = [
+    let counters: [(&str, &str, u64); 16] = [
+        (
+            "ferry_cache_probes",
+            "Reads looked up in the cache without waiting (one per request tried in memory)",
+            c.probes,
+        ),
         (
             "ferry_cache_hits",
             "Block lookups served from the cache",

@@ -1,7 +1,9 @@
 //! The block cache over real VHDX chains, through the registry: cached reads equal the
 //! uncached chain (property), a writable server-cache export over the cached parent follows
-//! a byte model (property), block status passes through, and a boot storm reads each block
-//! of the store once.
+//! a byte model (property), block status passes through, a boot storm reads each block
+//! of the store once, and one cold read over NBD probes the cache once.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
@@ -10,6 +12,7 @@ use block_cache::{BlockCache, CacheConfig};
 use disk::BlockDevice;
 use disk::device::extents;
 use disk::vhdx::CreateOptions;
+use nbd_proto::Command;
 use nbd_server::{ExportSource, Peer};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -235,4 +238,31 @@ fn boot_storm_reads_each_block_from_the_store_once() {
         .collect();
     handles.into_iter().for_each(|h| h.join().unwrap());
     assert_eq!(reg.cache().stats().store_read_bytes, SIZE);
+}
+
+/// A cold 4 KiB read over NBD, sent whole so the reader's batch parses it, probes the cache
+/// once: the batch tries it in memory, the cache declines, and the slow path hands it to the
+/// blocking pool (one fill) without parsing, checking or probing it again. The same read
+/// again is one more probe, a hit.
+#[test]
+fn a_cold_read_over_nbd_probes_the_cache_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let top = make_store(dir.path());
+    let want = read(uncached(&top).as_ref(), MIB + 512, 4096);
+    let reg = registry(dir.path(), CacheConfig::default());
+    let srv = common::Server::start(Arc::new(reg.clone()));
+    let mut c = common::Raw::go(srv.addr, "golden", false);
+    let before = reg.cache().stats();
+    c.request(&common::req(Command::Read, 1, MIB + 512, 4096));
+    assert_eq!(c.reply(4096).1, want);
+    let cold = reg.cache().stats();
+    assert_eq!(cold.probes - before.probes, 1, "probes of a cold read");
+    assert_eq!(cold.misses - before.misses, 1, "blocks filled");
+    assert_eq!(cold.hits, before.hits);
+    c.request(&common::req(Command::Read, 2, MIB + 512, 4096));
+    assert_eq!(c.reply(4096).1, want);
+    let warm = reg.cache().stats();
+    assert_eq!(warm.probes - cold.probes, 1, "probes of a hit");
+    assert_eq!(warm.hits - cold.hits, 1);
+    assert_eq!(warm.misses, cold.misses);
 }

@@ -234,12 +234,19 @@ pub fn negotiate(req: &Options, file_size: u64, b: &Bounds) -> Negotiated {
         tsize: req.tsize.filter(|_| file_size > 0).map(|_| file_size),
         windowsize,
     };
-    Negotiated {
+    let n = Negotiated {
         oack,
         blksize: bs,
         windowsize: windowsize.unwrap_or(1),
         timeout: req.timeout,
-    }
+    };
+    debug_assert!(
+        n.blksize >= 1 && n.windowsize >= 1,
+        "negotiated {} × {}: at least one byte per block and one block per window",
+        n.blksize,
+        n.windowsize
+    );
+    n
 }
 
 #[cfg(test)]

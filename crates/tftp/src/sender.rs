@@ -115,6 +115,11 @@ impl Sender {
         let offset = abs.saturating_sub(1).saturating_mul(bs);
         let len = self.size.saturating_sub(offset).min(bs);
         // len <= blksize <= u16::MAX.
+        debug_assert!(
+            (1..=self.total_blocks).contains(&abs),
+            "block {abs} outside 1..={}",
+            self.total_blocks
+        );
         (offset, usize::from(u16::try_from(len).unwrap_or(u16::MAX)))
     }
 
@@ -129,8 +134,13 @@ impl Sender {
     }
 
     fn next_window(&mut self, now: Instant) -> Transmit {
+        debug_assert!(
+            self.acked < self.total_blocks,
+            "no window after the last block"
+        );
         let first = self.acked + 1;
         let last = (self.acked + u64::from(self.window)).min(self.total_blocks);
+        debug_assert!(first <= last, "a window holds at least one block");
         self.sent_to = last;
         self.deadline = now + self.timeout;
         Transmit::Blocks { first, last }
@@ -153,6 +163,13 @@ impl Sender {
         }
         self.acked = abs;
         self.retries = 0;
+        debug_assert!(
+            self.acked <= self.sent_to && self.sent_to <= self.total_blocks,
+            "acked {} <= sent {} <= total {}",
+            self.acked,
+            self.sent_to,
+            self.total_blocks
+        );
         if abs == self.total_blocks {
             return AckOutcome::Done;
         }
