@@ -207,7 +207,11 @@ fn boot(opts: &Opts) -> anyhow::Result<()> {
         let r = agent::run(agent_cfg, std::future::pending::<()>()).await;
         let _ = done_tx.send(r);
     });
-    wait_for_socket(&socket, &done_rx, args.attach_wait.unwrap_or(ATTACH_PATIENCE))?;
+    wait_for_socket(
+        &socket,
+        &done_rx,
+        args.attach_wait.unwrap_or(ATTACH_PATIENCE),
+    )?;
     let disk = agent::kernel::attach(&socket, "", &args.device)?;
     std::fs::write(
         opts.run_dir.join("ready"),
@@ -418,8 +422,7 @@ fn relogin(
     patience: Duration,
 ) -> agent::remote::Relogin {
     agent::grant::relogin(first, move || {
-        login_patiently(&apis, &mac, &key, ca.as_deref(), patience)
-            .map_err(|e| format!("{e:#}"))
+        login_patiently(&apis, &mac, &key, ca.as_deref(), patience).map_err(|e| format!("{e:#}"))
     })
 }
 

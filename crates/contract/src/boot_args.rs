@@ -238,7 +238,8 @@ mod tests {
         assert_eq!(a.prefetch, None);
         assert_eq!(a.unknown, ["future"]);
         assert_eq!(a.login_wait, None);
-        a.apply_cmdline("ferry.login_wait=5 ferry.attach_wait=30").unwrap();
+        a.apply_cmdline("ferry.login_wait=5 ferry.attach_wait=30")
+            .unwrap();
         assert_eq!(a.login_wait, Some(std::time::Duration::from_secs(5)));
         assert_eq!(a.attach_wait, Some(std::time::Duration::from_secs(30)));
         a.apply_cmdline("ferry.prefetch=0").unwrap();
@@ -264,9 +265,21 @@ mod tests {
             ("ferry.key=relative", "key", "must be an absolute path"),
             ("ferry.api=,", "api", "empty list"),
             ("ferry.prefetch=maybe", "prefetch", "must be 0 or 1"),
-            ("ferry.login_wait=soon", "login_wait", "not a number of seconds"),
-            ("ferry.login_wait=0", "login_wait", "must be 1 to 3600 seconds"),
-            ("ferry.attach_wait=3601", "attach_wait", "must be 1 to 3600 seconds"),
+            (
+                "ferry.login_wait=soon",
+                "login_wait",
+                "not a number of seconds",
+            ),
+            (
+                "ferry.login_wait=0",
+                "login_wait",
+                "must be 1 to 3600 seconds",
+            ),
+            (
+                "ferry.attach_wait=3601",
+                "attach_wait",
+                "must be 1 to 3600 seconds",
+            ),
         ];
         for (line, key, reason) in cases {
             let e = BootArgs::new().apply_cmdline(line).unwrap_err();

@@ -22,7 +22,9 @@ fn listed(script: &str) -> BTreeMap<String, String> {
         .find("\nTEST_TOOLS=(")
         .expect("scripts/test.sh has a TEST_TOOLS=( … ) array");
     let body = &script[start + "\nTEST_TOOLS=(".len()..];
-    let body = &body[..body.find("\n)").expect("TEST_TOOLS is closed by a line `)`")];
+    let body = &body[..body
+        .find("\n)")
+        .expect("TEST_TOOLS is closed by a line `)`")];
     body.lines()
         .map(|l| l.split('#').next().unwrap_or(""))
         .flat_map(str::split_whitespace)
@@ -165,7 +167,15 @@ fn the_scan_finds_each_way_a_test_names_a_tool() {
     let found: Vec<String> = tools_named(source).into_iter().collect();
     assert_eq!(
         found,
-        ["alpha", "bravo", "charlie", "delta", "echo-tool", "foxtrot", "golf"]
+        [
+            "alpha",
+            "bravo",
+            "charlie",
+            "delta",
+            "echo-tool",
+            "foxtrot",
+            "golf"
+        ]
     );
 }
 
