@@ -156,7 +156,6 @@ install_apt_packages() {
 # ${FERRY_GUEST_CACHE:-~/.cache/ferry/guest} and rebuilt when the recipe changes, here as a
 # step of its own (about 3.5 minutes the first time) rather than inside the first boot test.
 build_guest_root() {
-    say "guest root for the boot tests (scripts/guest-root.sh)"
     as_root env FERRY_GUEST_CACHE="${FERRY_GUEST_CACHE:-$HOME/.cache/ferry/guest}" \
         bash scripts/guest-root.sh >/dev/null
 }
