@@ -6,7 +6,7 @@
 //! * A server heartbeats every `heartbeat_every`; one that stops is no longer counted by
 //!   rebalancing after `farm::balance::REBALANCE_ALIVE_MS` (so the empty place of a server
 //!   that died a moment after it joined moves no device) and is listed as lost, after every
-//!   live server, after `farm::login::SERVER_ALIVE_MS`.
+//!   live server, after `farm::model::SERVER_ALIVE_MS`.
 //! * A session granted through another server is looked up in the database and honoured;
 //!   when that server's API ends it, this server closes it at its next session recheck; one
 //!   this server's API ends closes at once.
@@ -24,7 +24,7 @@ use std::time::Duration;
 use common::{ADMIN, Node, Sim, ms};
 use contract::ExportName;
 use farm::balance::REBALANCE_ALIVE_MS;
-use farm::login::SERVER_ALIVE_MS;
+use farm::model::SERVER_ALIVE_MS;
 use member::{FarmHandle, FarmSessions, Timing};
 use rand::Rng as _;
 use server::exports::SessionResolver as _;
