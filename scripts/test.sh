@@ -97,6 +97,13 @@ MOTO_VERSION=5.1.18
 MOTO_VENV="${HOME}/.cache/ferry/moto-$MOTO_VERSION"
 export FERRY_MOTO="$MOTO_VENV/bin/moto_server"
 
+# A CI run builds everything once from nothing: incremental compilation's bookkeeping is then
+# only a cost (the 109 test binaries built in 476 s without it, 586 s with it; clippy 285 s
+# and 287 s). A developer's repeated runs keep it.
+if [[ "${CI:-}" == true ]]; then
+    export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+fi
+
 say() { printf '==> %s\n' "$*" >&2; }
 
 as_root() {
