@@ -19,9 +19,9 @@
 #   3. cargo fmt --check, scripts/layout-check.py (no file over 800 lines without a reason, no
 #      import cycle between the files of a crate, docs that name the tree as it is), cargo
 #      clippy -D warnings, the boot agent's static build, `cargo nextest run` for the whole
-#      workspace (.config/nextest.toml) with the fuzz targets building beside it at the
-#      lowest priority, `cargo test --doc`;
-#   4. scripts/fuzz-smoke.sh, a time-boxed run of every fuzz target (when present);
+#      workspace (.config/nextest.toml), `cargo test --doc`;
+#   4. scripts/fuzz-smoke.sh, a time-boxed run of every fuzz target, started beside the
+#      tests at the lowest CPU priority and waited for after them;
 #   5. at the end, passed or not: the step times and the 15 slowest test binaries.
 #
 # Under CI=true (as .ci/run is run) a test whose external tool is missing fails instead of
@@ -271,8 +271,8 @@ step() {
     return 0
 }
 times_report() {
-    if [[ -n "${FUZZ_BUILD_PID:-}" ]]; then
-        kill "$FUZZ_BUILD_PID" 2>/dev/null || true
+    if [[ -n "${FUZZ_PID:-}" ]]; then
+        kill -- "-$FUZZ_PID" 2>/dev/null || true
     fi
     step ""
     say "step times (wall clock, $((SECONDS - RUN_START)) s in all):"
@@ -304,14 +304,16 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo build --profile boot-agent --target x86_64-unknown-linux-musl -p boot-agent"
 cargo build --profile boot-agent --target x86_64-unknown-linux-musl -p boot-agent
 export FERRY_BOOT_AGENT="$PWD/target/x86_64-unknown-linux-musl/boot-agent/ferry-boot"
-# The fuzz targets build (sanitizers, their own target directory) beside the tests, at the
-# lowest CPU priority: it takes the cores only while the tests wait on sockets and timers.
-FUZZ_BUILD_PID=""
+# The fuzz smoke run (its build with sanitizers in its own target directory, then every
+# target for FUZZ_SECONDS) runs beside the tests at the lowest CPU priority: it takes the
+# cores only while the tests wait on sockets, timers and the last QEMU machines.
+FUZZ_PID=""
+FUZZ_LOG="fuzz/target/fuzz-smoke.log"
 if [[ "${FERRY_SKIP_FUZZ:-0}" != 1 && -f scripts/fuzz-smoke.sh ]]; then
     mkdir -p fuzz/target
-    (cd fuzz && RUSTC_BOOTSTRAP=1 exec nice -n 19 cargo fuzz build) \
-        >fuzz/target/fuzz-build.log 2>&1 &
-    FUZZ_BUILD_PID=$!
+    # A session of its own (setsid), so that a failed run stops the whole group.
+    setsid nice -n 19 bash scripts/fuzz-smoke.sh >"$FUZZ_LOG" 2>&1 &
+    FUZZ_PID=$!
 fi
 step "cargo nextest run --workspace --profile ci${CI:+ (CI=$CI: missing tools fail)}"
 rm -f target/nextest/ci/junit.xml
@@ -322,12 +324,15 @@ cargo test --workspace --doc
 
 if [[ "${FERRY_SKIP_FUZZ:-0}" == 1 ]]; then
     say "fuzz smoke run skipped (FERRY_SKIP_FUZZ=1)"
-elif [[ -f scripts/fuzz-smoke.sh ]]; then
-    step "scripts/fuzz-smoke.sh"
-    # Its build ran beside the tests; what it left undone (or its error) fuzz-smoke.sh
-    # builds again and reports.
-    wait "$FUZZ_BUILD_PID" || true
-    FUZZ_BUILD_PID=""
-    bash scripts/fuzz-smoke.sh
+elif [[ -n "$FUZZ_PID" ]]; then
+    step "scripts/fuzz-smoke.sh (started beside the tests; waiting for its end)"
+    fuzz_status=0
+    wait "$FUZZ_PID" || fuzz_status=$?
+    FUZZ_PID=""
+    grep -v '^\s*\(Compiling\|Finished\|Running\)' "$FUZZ_LOG" | tail -n 40 >&2
+    if [[ $fuzz_status -ne 0 ]]; then
+        echo "test.sh: the fuzz smoke run failed (exit $fuzz_status; full log: $FUZZ_LOG)" >&2
+        exit "$fuzz_status"
+    fi
 fi
 say "all tests passed"

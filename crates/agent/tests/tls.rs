@@ -89,10 +89,7 @@ impl Nbdkit {
     /// `tls_dir` `Some`: `--tls=require --tls-verify-peer` with its certificates; `None`:
     /// no TLS at all.
     fn start(tls_dir: Option<&Path>) -> Nbdkit {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        let port = interop::free_port();
         let mut cmd = Command::new("nbdkit");
         cmd.args(["-f", "--exit-with-parent", "-i", "127.0.0.1"])
             .arg(format!("--port={port}"));

@@ -7,17 +7,16 @@
 //! developer's machine and fails it under `CI=true`.
 
 use std::io::{Read, Write};
-use std::net::{TcpStream, UdpSocket};
+use std::net::TcpStream;
 
 mod common;
 
 use common::{Proc, WAIT, ferry, free_port, path_str, tool};
 use interop::{pattern, require};
 
-/// A UDP port free now.
+/// A UDP port free now (and reserved for this test process).
 fn free_udp_port() -> u16 {
-    let s = UdpSocket::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    s.local_addr().expect("local addr").port()
+    free_port()
 }
 
 fn metrics(port: u16) -> String {

@@ -618,13 +618,7 @@ fn missing_file_error_shows_the_cause() {
     );
 }
 
-/// A free loopback port (bound and released; a small race with other processes).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
+use interop::free_port;
 
 /// The README's run command on a fresh directory: a farm, a server with the console, a
 /// target attached by device login; `--check` stops once the console and the target

@@ -9,7 +9,7 @@
 #[path = "../../farm/tests/common/mod.rs"]
 mod common;
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -25,13 +25,7 @@ fn ferry() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ferry"))
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use interop::free_port;
 
 /// A `ferry farm serve` child on a free port; stopped with SIGTERM on drop.
 struct Farm {

@@ -4,13 +4,15 @@
 //! agent, installed into the image by `ferry target install-initramfs`) keeping their
 //! writes in RAM with overflow to a small local disk.
 //!
-//! One farm and one golden image serve every step (building the image takes minutes), so
-//! the steps run in one test, in order, each naming itself when it fails:
+//! Two tests, each with a farm and a golden image of its own, run beside each other; within
+//! each the steps run in order, each naming itself when it fails. The first test:
 //! 1. a production device boots version 1 to multi-user and writes a file (and 64 MiB, past
 //!    its 16 MiB of RAM, into the overflow disk);
 //! 2. after a power cycle the file is gone;
 //! 3. a new version is made, changed and promoted: the next boot runs it (this and the
 //!    boots after it start the test OS's small init, `guest::QUICK_INIT`, not systemd);
+//!
+//! The second (its boots all start the small init):
 //! 4. with two servers, the one serving is killed mid-boot and the boot completes;
 //! 5. four machines boot at once;
 //! 6. bad paths end in a message on the console, not a hang: an unknown MAC, a wrong farm
@@ -347,64 +349,27 @@ fn a_machine_boots_a_plain_export_through_the_boot_agent() {
     server.stop();
 }
 
-#[test]
-fn a_bare_machine_boots_a_farm_version_diskless() {
-    if !runnable("a_bare_machine_boots_a_farm_version_diskless") {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
+/// A farm with server s1, the golden image captured as vDisk `debian` (RAM with overflow,
+/// its console on the serial port) in collection 1, and the image's raw disk.
+fn golden_farm(dir: &Path) -> (Farm, guest::GuestImage) {
     let mut farm = Farm::init(&dir.join("farm"));
     farm.start_server("s1");
     let image = golden_image(dir, &farm);
-    let golden = farm.store().join("debian.vhdx");
-    capture(&image.disk, &golden);
-
-    // The farm: store, vDisk, collection, a production device (diskless).
+    capture(&image.disk, &farm.store().join("debian.vhdx"));
     if json(&farm, &["site", "list"])["total"] == 0 {
         json(&farm, &["site", "add", "hq"]);
     }
     json(&farm, &["store", "add", "main", "--path", "main"]);
-    // A copy for the bad paths, whose boot overrides change per step.
-    std::fs::copy(&golden, farm.store().join("bad.vhdx")).unwrap();
-    json(
-        &farm,
-        &[
-            "farm",
-            "vdisk",
-            "add",
-            "debian",
-            "--store",
-            "1",
-            "--cache-mode",
-            "ram_overflow",
-            "--ram-bytes",
-            CACHE_RAM_BYTES,
-        ],
-    );
-    json(
-        &farm,
-        &[
-            "farm",
-            "vdisk",
-            "add",
-            "bad",
-            "--store",
-            "1",
-            "--ram-bytes",
-            CACHE_RAM_BYTES,
-        ],
-    );
-    // The test OS has no /etc/kernel/cmdline: its console is the serial port.
-    let console = [
-        "farm",
-        "vdisk",
-        "set",
-        "debian",
-        "--boot-cmdline",
-        "console=ttyS0",
+    let vdisk = ["farm", "vdisk", "add", "debian", "--store", "1"];
+    let cache = [
+        "--cache-mode",
+        "ram_overflow",
+        "--ram-bytes",
+        CACHE_RAM_BYTES,
     ];
-    json(&farm, &console);
+    json(&farm, &[&vdisk[..], &cache[..]].concat());
+    // The test OS has no /etc/kernel/cmdline: its console is the serial port.
+    set_cmdline(&farm, "debian", "console=ttyS0");
     let lab = [
         "collection",
         "add",
@@ -415,25 +380,44 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
         "debian",
     ];
     json(&farm, &lab);
-    let add = |farm: &Farm, mac: &str, name: &str, vdisk: &str| {
-        let a = [
-            "device",
-            "add",
-            mac,
-            "--name",
-            name,
-            "--collection",
-            "1",
-            "--vdisk",
-            vdisk,
-            "--type",
-            "production",
-            "--diskless",
-        ];
-        json(farm, &a);
-    };
+    (farm, image)
+}
+
+fn set_cmdline(farm: &Farm, vdisk: &str, cmdline: &str) {
+    json(
+        farm,
+        &["farm", "vdisk", "set", vdisk, "--boot-cmdline", cmdline],
+    );
+}
+
+/// A diskless production device of collection 1.
+fn add_device(farm: &Farm, mac: &str, name: &str, vdisk: &str) {
+    let kind = ["--type", "production", "--diskless"];
+    let a = [
+        "device",
+        "add",
+        mac,
+        "--name",
+        name,
+        "--collection",
+        "1",
+        "--vdisk",
+        vdisk,
+    ];
+    json(farm, &[&a[..], &kind[..]].concat());
+}
+
+/// Steps 1 to 3 of the module's list: systemd boots, the boot set, a promoted version.
+#[test]
+fn a_bare_machine_boots_a_farm_version_diskless() {
+    if !runnable("a_bare_machine_boots_a_farm_version_diskless") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (farm, image) = golden_farm(dir);
     let mac1 = "52:54:00:f0:00:01";
-    add(&farm, mac1, "pc1", "debian");
+    add_device(&farm, mac1, "pc1", "debian");
 
     // 1. First boot: multi-user, a file written, 64 MiB past the RAM into the overflow.
     let mut vm = machine(dir, &farm, mac1, "first");
@@ -489,17 +473,7 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     // From here on the boots' subject is the boot path, not systemd (the first two boots
     // reached multi-user): the test OS's small init runs the test script and prints the
     // marker once the root is mounted, saving each TCG boot systemd's start.
-    json(
-        &farm,
-        &[
-            "farm",
-            "vdisk",
-            "set",
-            "debian",
-            "--boot-cmdline",
-            &format!("console=ttyS0 init={}", guest::QUICK_INIT_PATH),
-        ],
-    );
+    set_cmdline(&farm, "debian", &quick_cmdline());
 
     // 3. A new version, changed (its /etc/ferry-version says v2) and promoted to
     //    production: the next boot of the production device runs it.
@@ -518,12 +492,39 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     let mut vm = machine(dir, &farm, mac1, "promoted");
     booted(&mut vm, "after the promotion", "v2");
     vm.kill();
+}
+
+/// The small init of the test OS on the serial console.
+fn quick_cmdline() -> String {
+    format!("console=ttyS0 init={}", guest::QUICK_INIT_PATH)
+}
+
+/// Steps 4 to 6 of the module's list, on a farm of their own (so that they run beside
+/// steps 1 to 3): a server killed mid-boot, four machines at once, the bad paths.
+#[test]
+fn a_farm_boot_survives_a_killed_server_and_refuses_with_a_message() {
+    if !runnable("a_farm_boot_survives_a_killed_server_and_refuses_with_a_message") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (mut farm, _image) = golden_farm(dir);
+    set_cmdline(&farm, "debian", &quick_cmdline());
+    let macs = [
+        "52:54:00:f0:00:01",
+        "52:54:00:f0:00:02",
+        "52:54:00:f0:00:03",
+        "52:54:00:f0:00:04",
+    ];
+    for (i, mac) in macs.iter().enumerate() {
+        add_device(&farm, mac, &format!("pc{}", i + 1), "debian");
+    }
 
     // 4. Two servers; the one the machine streams from is killed once its root is
     //    attached, before the kernel mounts it: the boot (init, the test script, `ferry`
     //    read from the root) completes from the other.
     farm.start_server("s2");
-    let mut vm = machine(dir, &farm, mac1, "failover");
+    let mut vm = machine(dir, &farm, macs[0], "failover");
     if let Err(e) = vm.wait_for("ferry-boot: /dev/nbd0 is", BOOT_WAIT) {
         panic!("failover: the agent never attached: {e}");
     }
@@ -533,26 +534,17 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
         "failover: killed {killed} (NBD port {serving}) after {:?}",
         vm.elapsed()
     );
-    booted(&mut vm, "failover", "v2");
+    booted(&mut vm, "failover", "v1");
     vm.kill();
 
     // 5. Four machines at once.
-    let macs = [
-        mac1,
-        "52:54:00:f0:00:02",
-        "52:54:00:f0:00:03",
-        "52:54:00:f0:00:04",
-    ];
-    for (i, mac) in macs.iter().enumerate().skip(1) {
-        add(&farm, mac, &format!("pc{}", i + 1), "debian");
-    }
     let mut vms: Vec<_> = macs
         .iter()
         .enumerate()
         .map(|(i, mac)| machine(dir, &farm, mac, &format!("four-{i}")))
         .collect();
     for (i, vm) in vms.iter_mut().enumerate() {
-        booted(vm, &format!("four at once, machine {i}"), "v2");
+        booted(vm, &format!("four at once, machine {i}"), "v1");
     }
     drop(vms);
 
@@ -561,16 +553,21 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     let mut vm = machine(dir, &farm, "52:54:00:f0:00:99", "unknown");
     expect_message(&mut vm, "unknown MAC", "Ferry: this machine cannot boot");
     stops(&mut vm, "unknown MAC");
-    // A wrong farm key in the image (valid, of no farm).
+    // A vDisk of its own, whose boot overrides change per step.
+    std::fs::copy(
+        farm.store().join("debian.vhdx"),
+        farm.store().join("bad.vhdx"),
+    )
+    .unwrap();
+    let vdisk = ["farm", "vdisk", "add", "bad", "--store", "1"];
+    json(
+        &farm,
+        &[&vdisk[..], &["--ram-bytes", CACHE_RAM_BYTES][..]].concat(),
+    );
     let bad_mac = "52:54:00:f0:00:05";
-    add(&farm, bad_mac, "bad1", "bad");
-    let set = |args: &str| {
-        json(
-            &farm,
-            &["farm", "vdisk", "set", "bad", "--boot-cmdline", args],
-        );
-    };
-    set("console=ttyS0 ferry.key=/etc/ferry/wrong.key");
+    add_device(&farm, bad_mac, "bad1", "bad");
+    // A wrong farm key in the image (valid, of no farm).
+    set_cmdline(&farm, "bad", "console=ttyS0 ferry.key=/etc/ferry/wrong.key");
     let mut vm = machine(dir, &farm, bad_mac, "wrong-key");
     expect_message(
         &mut vm,
@@ -581,7 +578,8 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     vm.kill();
     // The farm's API unreachable.
     // A short login wait (ferry.login_wait=, 60 s by default) ends the attempt sooner.
-    set("console=ttyS0 ferry.api=https://10.0.2.2:9 ferry.login_wait=5");
+    let unreachable = "console=ttyS0 ferry.api=https://10.0.2.2:9 ferry.login_wait=5";
+    set_cmdline(&farm, "bad", unreachable);
     let mut vm = machine(dir, &farm, bad_mac, "unreachable");
     expect_message(&mut vm, "unreachable", "(server unreachable)");
     vm.kill();

@@ -7,6 +7,9 @@
 
 #![warn(missing_docs)]
 
+pub mod ports;
+pub use ports::free_port;
+
 use std::fs::File;
 use std::io::Write as _;
 use std::os::unix::fs::FileExt;

@@ -6,7 +6,6 @@
 #![allow(dead_code)]
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -34,11 +33,7 @@ pub fn path_str(p: &Path) -> &str {
     p.to_str().expect("temp paths are UTF-8")
 }
 
-/// A port free now: bind 127.0.0.1:0 and let it go.
-pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
-}
+pub use interop::free_port;
 
 /// A peer tool with no stdin.
 pub fn tool(name: &str) -> Command {
