@@ -79,9 +79,17 @@ mod tests {
         let mut sorted = ports.clone();
         sorted.sort_unstable();
         sorted.dedup();
-        assert_eq!(sorted.len(), ports.len(), "a port handed out twice: {ports:?}");
+        assert_eq!(
+            sorted.len(),
+            ports.len(),
+            "a port handed out twice: {ports:?}"
+        );
         for p in ports {
-            assert!((FIRST..end()).contains(&p), "{p} outside {FIRST}..{}", end());
+            assert!(
+                (FIRST..end()).contains(&p),
+                "{p} outside {FIRST}..{}",
+                end()
+            );
             TcpListener::bind(("127.0.0.1", p)).expect("bindable");
         }
     }
