@@ -36,6 +36,12 @@ fn lock_dir() -> PathBuf {
     dir
 }
 
+/// An exclusive lock on `file`'s open file description, if no one holds one (flock(2);
+/// `File::try_lock` is newer than the project's MSRV).
+fn try_lock(file: &File) -> bool {
+    rustix::fs::flock(file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
+}
+
 /// A loopback port free for both TCP and UDP now, that no other test process of this
 /// machine gets until this one exits.
 pub fn free_port() -> u16 {
@@ -55,7 +61,7 @@ pub fn free_port() -> u16 {
         else {
             continue;
         };
-        if file.try_lock().is_err() {
+        if !try_lock(&file) {
             continue;
         }
         let free = TcpListener::bind(("127.0.0.1", port)).is_ok()
@@ -102,6 +108,6 @@ mod tests {
             .write(true)
             .open(lock_dir().join(p.to_string()))
             .unwrap();
-        assert!(other.try_lock().is_err(), "port {p} was not locked");
+        assert!(!try_lock(&other), "port {p} was not locked");
     }
 }
