@@ -8,12 +8,13 @@
 //! each the steps run in order, each naming itself when it fails. The first test:
 //! 1. a production device boots version 1 to multi-user and writes a file (and 64 MiB, past
 //!    its 16 MiB of RAM, into the overflow disk);
-//! 2. after a power cycle the file is gone;
-//! 3. a new version is made, changed and promoted: the next boot runs it (this and the
-//!    boots after it start the test OS's small init, `guest::QUICK_INIT`, not systemd);
+//! 2. after a power cycle the file is gone, and the boot agent read the version's boot set
+//!    ahead of the kernel (this and the boots after it start the test OS's small init,
+//!    `guest::QUICK_INIT`, not systemd);
+//! 3. a new version is made, changed and promoted: the next boot runs it;
+//! 4. with two servers, the one serving is killed mid-boot and the boot completes.
 //!
 //! The second (its boots all start the small init):
-//! 4. with two servers, the one serving is killed mid-boot and the boot completes;
 //! 5. four machines boot at once;
 //! 6. bad paths end in a message on the console, not a hang: an unknown MAC, a wrong farm
 //!    key (another farm), a server unreachable, a deleted version.
@@ -407,7 +408,8 @@ fn add_device(farm: &Farm, mac: &str, name: &str, vdisk: &str) {
     json(farm, &[&a[..], &kind[..]].concat());
 }
 
-/// Steps 1 to 3 of the module's list: systemd boots, the boot set, a promoted version.
+/// Steps 1 to 4 of the module's list: a systemd boot, the boot set, a promoted version, a
+/// server killed mid-boot.
 #[test]
 fn a_bare_machine_boots_a_farm_version_diskless() {
     if !runnable("a_bare_machine_boots_a_farm_version_diskless") {
@@ -415,7 +417,7 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let (farm, image) = golden_farm(dir);
+    let (mut farm, image) = golden_farm(dir);
     let mac1 = "52:54:00:f0:00:01";
     add_device(&farm, mac1, "pc1", "debian");
 
@@ -439,6 +441,11 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
         "64 MiB past 16 MiB of RAM reached the overflow disk: {status}"
     );
     vm.kill();
+
+    // From here on the boots' subject is the boot path, not systemd (the first boot
+    // reached multi-user): the test OS's small init runs the test script and prints the
+    // marker once the root is mounted, saving each TCG boot systemd's start.
+    set_cmdline(&farm, "debian", &quick_cmdline());
 
     // 2. Power cycle: the file is gone. The first boot's reads are the version's boot
     //    set in the farm, and the boot agent reads it ahead of this boot's kernel.
@@ -470,11 +477,6 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     println!("second boot: prefetch {prefetch}, cache {cache}");
     vm.kill();
 
-    // From here on the boots' subject is the boot path, not systemd (the first two boots
-    // reached multi-user): the test OS's small init runs the test script and prints the
-    // marker once the root is mounted, saving each TCG boot systemd's start.
-    set_cmdline(&farm, "debian", &quick_cmdline());
-
     // 3. A new version, changed (its /etc/ferry-version says v2) and promoted to
     //    production: the next boot of the production device runs it.
     let v = json(&farm, &["version", "new", "--vdisk", "debian"]);
@@ -492,6 +494,23 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     let mut vm = machine(dir, &farm, mac1, "promoted");
     booted(&mut vm, "after the promotion", "v2");
     vm.kill();
+
+    // 4. Two servers; the one the machine streams from is killed once its root is
+    //    attached, before the kernel mounts it: the boot (init, the test script, `ferry`
+    //    read from the root) completes from the other.
+    farm.start_server("s2");
+    let mut vm = machine(dir, &farm, mac1, "failover");
+    if let Err(e) = vm.wait_for("ferry-boot: /dev/nbd0 is", BOOT_WAIT) {
+        panic!("failover: the agent never attached: {e}");
+    }
+    let serving = serving_port(&vm.log());
+    let killed = farm.kill_nbd(serving);
+    println!(
+        "failover: killed {killed} (NBD port {serving}) after {:?}",
+        vm.elapsed()
+    );
+    booted(&mut vm, "failover", "v2");
+    vm.kill();
 }
 
 /// The small init of the test OS on the serial console.
@@ -499,16 +518,16 @@ fn quick_cmdline() -> String {
     format!("console=ttyS0 init={}", guest::QUICK_INIT_PATH)
 }
 
-/// Steps 4 to 6 of the module's list, on a farm of their own (so that they run beside
-/// steps 1 to 3): a server killed mid-boot, four machines at once, the bad paths.
+/// Steps 5 and 6 of the module's list, on a farm of their own (so that they run beside
+/// steps 1 to 4): four machines at once, the bad paths.
 #[test]
-fn a_farm_boot_survives_a_killed_server_and_refuses_with_a_message() {
-    if !runnable("a_farm_boot_survives_a_killed_server_and_refuses_with_a_message") {
+fn four_machines_boot_at_once_and_bad_paths_end_in_a_message() {
+    if !runnable("four_machines_boot_at_once_and_bad_paths_end_in_a_message") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let (mut farm, _image) = golden_farm(dir);
+    let (farm, _image) = golden_farm(dir);
     set_cmdline(&farm, "debian", &quick_cmdline());
     let macs = [
         "52:54:00:f0:00:01",
@@ -519,23 +538,6 @@ fn a_farm_boot_survives_a_killed_server_and_refuses_with_a_message() {
     for (i, mac) in macs.iter().enumerate() {
         add_device(&farm, mac, &format!("pc{}", i + 1), "debian");
     }
-
-    // 4. Two servers; the one the machine streams from is killed once its root is
-    //    attached, before the kernel mounts it: the boot (init, the test script, `ferry`
-    //    read from the root) completes from the other.
-    farm.start_server("s2");
-    let mut vm = machine(dir, &farm, macs[0], "failover");
-    if let Err(e) = vm.wait_for("ferry-boot: /dev/nbd0 is", BOOT_WAIT) {
-        panic!("failover: the agent never attached: {e}");
-    }
-    let serving = serving_port(&vm.log());
-    let killed = farm.kill_nbd(serving);
-    println!(
-        "failover: killed {killed} (NBD port {serving}) after {:?}",
-        vm.elapsed()
-    );
-    booted(&mut vm, "failover", "v1");
-    vm.kill();
 
     // 5. Four machines at once.
     let mut vms: Vec<_> = macs
