@@ -37,6 +37,6 @@ mod transfer;
 pub use counters::{Counters, RateLimit, Rejected, Snapshot};
 pub use options::{Bounds, Negotiated, Options, OptionsError, negotiate};
 pub use packet::{ErrorCode, Mode, Packet, PacketError, Request};
-pub use sender::{AckOutcome, RetriesExhausted, Sender, Transmit};
+pub use sender::{AckOutcome, GiveUp, Params as SenderParams, Sender, Transmit};
 pub use server::{Config, Server};
 pub use source::{DirSource, FileSource, OpenError, ReadAt, TftpFile};
