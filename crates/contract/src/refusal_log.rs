@@ -157,15 +157,15 @@ impl<K: Ord + Clone> RefusalLog<K> {
             self.started = Some(now);
         }
         self.totals.refused += 1;
-        let count = if self.clients.len() < self.limits.clients_max
-            || self.clients.contains_key(&client)
-        {
-            self.clients.entry(client).or_default()
-        } else {
-            &mut self.others
-        };
+        let count =
+            if self.clients.len() < self.limits.clients_max || self.clients.contains_key(&client) {
+                self.clients.entry(client).or_default()
+            } else {
+                &mut self.others
+            };
         count.refused += 1;
-        let log = count.logged < self.limits.lines_per_client && self.logged < self.limits.lines_total;
+        let log =
+            count.logged < self.limits.lines_per_client && self.logged < self.limits.lines_total;
         if log {
             count.logged += 1;
             self.logged += 1;

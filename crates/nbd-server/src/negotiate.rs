@@ -289,7 +289,13 @@ async fn option(
         }
         ClientOption::List => list(code, ctx, peer, out).await,
         ClientOption::StartTls if peer.tls => {
-            refuse_option(code, NBD_REP_ERR_INVALID, "TLS is already in use", peer, out);
+            refuse_option(
+                code,
+                NBD_REP_ERR_INVALID,
+                "TLS is already in use",
+                peer,
+                out,
+            );
         }
         ClientOption::StartTls if ctx.config.tls.is_none() => {
             refuse_option(code, NBD_REP_ERR_UNSUP, "TLS is not configured", peer, out);

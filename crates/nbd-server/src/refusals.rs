@@ -16,8 +16,8 @@ use std::net::IpAddr;
 use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Instant;
 
-use contract::refusal_log::{Limits, RefusalLog, Summary};
 pub use contract::refusal_log::Totals as RefusalTotals;
+use contract::refusal_log::{Limits, RefusalLog, Summary};
 
 use crate::source::Peer;
 
@@ -43,10 +43,19 @@ fn summarize(s: &Summary<Option<IpAddr>>) {
     match s.client {
         Some(Some(client)) => tracing::warn!(%client, refused = s.refused,
             suppressed = s.suppressed, ?interval, "NBD refusals of this client not logged"),
-        Some(None) => tracing::warn!(client = "unix socket", refused = s.refused,
-            suppressed = s.suppressed, ?interval, "NBD refusals of this client not logged"),
-        None => tracing::warn!(refused = s.refused, suppressed = s.suppressed, ?interval,
-            "NBD refusals of other clients not logged"),
+        Some(None) => tracing::warn!(
+            client = "unix socket",
+            refused = s.refused,
+            suppressed = s.suppressed,
+            ?interval,
+            "NBD refusals of this client not logged"
+        ),
+        None => tracing::warn!(
+            refused = s.refused,
+            suppressed = s.suppressed,
+            ?interval,
+            "NBD refusals of other clients not logged"
+        ),
     }
 }
 

@@ -151,7 +151,10 @@ fn a_flood_of_bad_export_names_logs_a_bounded_number_of_short_lines() {
     let logged = bytes.0.load(Ordering::SeqCst) - bytes_before;
     eprintln!("{REFUSED_OPTIONS} refused options in {elapsed:?}: {logged} bytes of log");
     // Per interval the client's lines and the summaries; per connection a line or two.
-    let intervals = elapsed.as_secs_f64().div_euclid(INTERVAL_DEFAULT.as_secs_f64()) as u64 + 2;
+    let intervals = elapsed
+        .as_secs_f64()
+        .div_euclid(INTERVAL_DEFAULT.as_secs_f64()) as u64
+        + 2;
     let per_interval = u64::from(LINES_PER_CLIENT_DEFAULT) + SUMMARY_CLIENTS_MAX as u64 + 1;
     let bound = (intervals * per_interval + 2 * CONNECTIONS as u64) * LINE_BYTES_MAX;
     assert!(logged <= bound, "{logged} bytes of log (bound {bound})");

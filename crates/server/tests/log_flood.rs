@@ -125,7 +125,10 @@ fn twenty_thousand_refused_options_from_one_client_write_a_bounded_log() {
     let logged = bytes.0.load(Ordering::SeqCst);
     eprintln!("{OPTIONS} refused options in {elapsed:?}: {logged} bytes of log");
     // Per interval: the client's lines, the summaries; per connection a line or two.
-    let intervals = elapsed.as_secs_f64().div_euclid(INTERVAL_DEFAULT.as_secs_f64()) as u64 + 2;
+    let intervals = elapsed
+        .as_secs_f64()
+        .div_euclid(INTERVAL_DEFAULT.as_secs_f64()) as u64
+        + 2;
     let per_interval = u64::from(LINES_PER_CLIENT_DEFAULT) + SUMMARY_CLIENTS_MAX as u64 + 1;
     let lines = intervals * per_interval + 2 * CONNECTIONS as u64;
     assert!(

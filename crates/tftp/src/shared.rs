@@ -170,10 +170,16 @@ impl Shared {
         let interval = self.config.refusal_logs.interval;
         for s in summaries {
             match s.client {
-                Some(client) => tracing::warn!(%client, refused = s.refused, suppressed = s.suppressed,
-                    ?interval, "tftp refusals of this client not logged"),
-                None => tracing::warn!(refused = s.refused, suppressed = s.suppressed,
-                    ?interval, "tftp refusals of other clients not logged"),
+                Some(client) => {
+                    tracing::warn!(%client, refused = s.refused, suppressed = s.suppressed,
+                    ?interval, "tftp refusals of this client not logged")
+                }
+                None => tracing::warn!(
+                    refused = s.refused,
+                    suppressed = s.suppressed,
+                    ?interval,
+                    "tftp refusals of other clients not logged"
+                ),
             }
         }
     }

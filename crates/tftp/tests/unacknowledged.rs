@@ -85,7 +85,15 @@ fn fetch_with_tftp_hpa(server: &TestServer, dir: &std::path::Path) {
     }
     let dest = dir.join("got.bin");
     let out = Command::new("tftp")
-        .args(["-m", "binary", "127.0.0.1", &server.port(), "-c", "get", FILE])
+        .args([
+            "-m",
+            "binary",
+            "127.0.0.1",
+            &server.port(),
+            "-c",
+            "get",
+            FILE,
+        ])
         .arg(&dest)
         .stdin(Stdio::null())
         .output()
@@ -128,7 +136,10 @@ fn never_acknowledged_requests_with_timeout_255_from_20_addresses_leave_slots_fo
     // Every flood transfer ends at the first-ACK deadline, not after 255 s x retries.
     let freed = Instant::now();
     let s = server.wait_for("every slot is free", |s| s.transfers_active == 0);
-    eprintln!("flood slots freed {:?} after the device's fetches", freed.elapsed());
+    eprintln!(
+        "flood slots freed {:?} after the device's fetches",
+        freed.elapsed()
+    );
     assert_eq!(
         rejected(&s, "unacknowledged")
             + rejected(&s, "unexpected")
@@ -161,7 +172,10 @@ fn one_never_acknowledged_request_draws_one_packet() {
     );
     // Block 1 (4 + 512 bytes), once.
     assert_eq!(got.len(), 1, "{got:?}");
-    assert!(bytes <= AMPLIFICATION_MAX * PLAIN_REQUEST_LEN, "{bytes} bytes");
+    assert!(
+        bytes <= AMPLIFICATION_MAX * PLAIN_REQUEST_LEN,
+        "{bytes} bytes"
+    );
     assert!(matches!(
         Packet::parse(&got[0].0),
         Ok(Packet::Data { block: 1, .. })
@@ -194,11 +208,17 @@ fn repeated_requests_from_one_port_draw_at_most_two_packets() {
     );
     // Never more than one block per request sent: at most 50 times what the address sent.
     let sent = REPEATS as usize * PLAIN_REQUEST_LEN;
-    assert!(bytes <= AMPLIFICATION_MAX * sent, "{bytes} bytes for {sent}");
+    assert!(
+        bytes <= AMPLIFICATION_MAX * sent,
+        "{bytes} bytes for {sent}"
+    );
     // All from one transfer, all block 1.
     for (b, from) in &got {
         assert_eq!(*from, got[0].1);
-        assert!(matches!(Packet::parse(b), Ok(Packet::Data { block: 1, .. })));
+        assert!(matches!(
+            Packet::parse(b),
+            Ok(Packet::Data { block: 1, .. })
+        ));
     }
 }
 
@@ -236,7 +256,10 @@ fn a_second_request_from_an_unproven_address_gets_nothing_until_it_acknowledges(
     let req = rrq(FILE, Options::default());
     first.send(&req, server.addr);
     let (b, tid) = first.recv();
-    assert!(matches!(Packet::parse(&b), Ok(Packet::Data { block: 1, .. })));
+    assert!(matches!(
+        Packet::parse(&b),
+        Ok(Packet::Data { block: 1, .. })
+    ));
     // The address has a transfer whose first block is unacknowledged: no second one, and
     // no reply that a forged source could aim.
     second.send(&req, server.addr);
@@ -248,6 +271,9 @@ fn a_second_request_from_an_unproven_address_gets_nothing_until_it_acknowledges(
     first.send_packet(&Packet::Ack { block: 1 }, tid);
     let (b, from) = first.recv();
     assert_eq!(from, tid);
-    assert!(matches!(Packet::parse(&b), Ok(Packet::Data { block: 2, .. })));
+    assert!(matches!(
+        Packet::parse(&b),
+        Ok(Packet::Data { block: 2, .. })
+    ));
     assert!(fetch(&second, server.addr) == pattern(FILE_LEN, 3));
 }
