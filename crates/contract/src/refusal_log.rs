@@ -191,7 +191,7 @@ impl<K: Ord + Clone> RefusalLog<K> {
             .filter(|(_, c)| c.suppressed > 0)
             .collect();
         // Stable: equal counts keep the map's order.
-        lost.sort_by(|a, b| b.1.suppressed.cmp(&a.1.suppressed));
+        lost.sort_by_key(|(_, c)| std::cmp::Reverse(c.suppressed));
         let rest = lost.split_off(lost.len().min(SUMMARY_CLIENTS_MAX));
         let mut out: Vec<Summary<K>> = lost
             .into_iter()
