@@ -2,7 +2,8 @@
 //! text or JSON and must be spelled the same way on both sides.
 //!
 //! What it is not: no I/O, no sockets, no clock, no async. Every type here parses from and
-//! prints to text (or JSON through serde), so each side of a contract calls the same code.
+//! prints to text (or JSON through serde), so each side of a contract calls the same code;
+//! the one policy here, [`refusal_log`], takes the time as an argument.
 //!
 //! # Layout
 //!
@@ -18,6 +19,7 @@
 //! boot_args.rs    BootArgs: the boot agent's `ferry.*` kernel arguments and boot.conf
 //! bucket_url.rs   BucketUrl: s3://BUCKET[/PREFIX] of a bucket store
 //! boot_set.rs     BootSetRequest: a device asks for its version's boot set
+//! refusal_log.rs  RefusalLog: per-client budget of refusal log lines, summaries per interval
 //! ```
 //!
 //! Who uses what:
@@ -32,6 +34,7 @@
 //!   pki      Identity (the SAN URI of every certificate it issues or reads back)
 //!   boot-agent BootArgs (what the farm's boot script and install-initramfs told it)
 //!   farm, bucket BucketUrl (the store's bucket, checked when stored and when connected)
+//!   nbd-server, tftp RefusalLog (what a client's refusals may write to the log)
 //!   all      ErrorChain
 //! ```
 //!
@@ -52,6 +55,7 @@ pub mod identity;
 pub mod login;
 pub mod mac;
 pub mod name;
+pub mod refusal_log;
 
 pub use access::AccessMode;
 pub use bucket_url::{BucketUrl, BucketUrlError};

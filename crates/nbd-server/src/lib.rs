@@ -31,6 +31,7 @@
 //! conn.rs          what a connection is handed: ConnCtx (shared), Shutdown (or revocation),
 //!                  Export
 //! limits.rs        connections per address, rate-limited logs, clipped client strings
+//! refusals.rs      refused options: counted, logged per client (contract::refusal_log)
 //! trim.rs          closed connections' freed memory back to the system (glibc malloc_trim)
 //! errno.rs         disk::Error ─► NBD_E* (the one place errors are mapped)
 //! source.rs        ExportSource, who asks (Peer) and what it hands out (ExportHandle,
@@ -49,7 +50,8 @@
 //! size, connections (overall and per address), how long a connection may idle
 //! (`idle_timeout`, for anonymous remote clients) and how long a started request may take to
 //! arrive (`request_timeout`), and log lines about refusals and protocol errors (a budget per
-//! second, client strings clipped to [`CLIENT_STRING_LOG_MAX`] bytes). A client that stops
+//! second, refused options a budget per client per interval with a summary of the rest,
+//! client strings clipped to [`CLIENT_STRING_LOG_MAX`] bytes). A client that stops
 //! reading replies blocks only its own writer, which stops its own reader once its in-flight
 //! budget is used up.
 //!
@@ -71,6 +73,7 @@ mod limits;
 mod listener;
 mod metrics;
 mod negotiate;
+mod refusals;
 mod source;
 mod tls;
 mod transmission;
@@ -86,4 +89,5 @@ pub use errno::to_nbd_errno;
 pub use limits::{CLIENT_STRING_LOG_MAX, Clipped, LOG_LINES_PER_WINDOW, LOG_WINDOW, clip};
 pub use listener::{Listener, run};
 pub use metrics::{NbdMetrics, NoMetrics};
+pub use refusals::{RefusalTotals, totals as refusal_totals};
 pub use source::{ExportHandle, ExportInfo, ExportSource, OpenError, Peer};

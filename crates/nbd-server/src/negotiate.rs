@@ -6,6 +6,11 @@
 //! checked against [`nbd_proto::MAX_OPTION_LEN`] before its payload is allocated, and the
 //! number of options is capped by [`MAX_OPTIONS_PER_HANDSHAKE`].
 //!
+//! Refusals: every option refused (unknown, malformed, an export that cannot be opened or
+//! listed, anything but STARTTLS while TLS is required) is counted and logged through
+//! [`crate::refusals`], a few lines per client per interval and a summary of the rest, so a
+//! client repeating bad options cannot flood the log.
+//!
 //! TLS: `NBD_OPT_STARTTLS` ends this function with [`Outcome::StartTls`]; the listener runs
 //! the TLS handshake and calls [`negotiate`] again over the TLS stream with the client's
 //! flags (no second greeting), every other piece of state forgotten. In
@@ -28,7 +33,8 @@ use crate::config::{
     MAX_OPTIONS_PER_HANDSHAKE, MAX_PAYLOAD, MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE, TlsMode,
 };
 use crate::conn::ConnCtx;
-use crate::limits::{LogKind, clip};
+use crate::limits::clip;
+use crate::refusals;
 use crate::source::{ExportHandle, ExportInfo, ExportSource, OpenError, Peer};
 
 /// The context id this server gives `base:allocation` in `NBD_OPT_SET_META_CONTEXT`.
@@ -185,7 +191,7 @@ where
         let opt = match ClientOption::parse(h, &payload) {
             Ok(o) => o,
             Err(e) => {
-                error_reply(h.option, e.reply_type(), &e.to_string(), &mut out);
+                refuse_option(h.option, e.reply_type(), &e.to_string(), peer, &mut out);
                 send(w, &mut out).await?;
                 continue;
             }
@@ -201,6 +207,15 @@ where
         "too many options",
         format!("more than {MAX_OPTIONS_PER_HANDSHAKE} options"),
     ))
+}
+
+/// Answers a refused option with an error reply of type `code`, and counts the refusal
+/// (its debug line rate-limited per client).
+fn refuse_option(option: u32, code: u32, message: &str, peer: &Peer, out: &mut Vec<u8>) {
+    if refusals::logged(peer) {
+        tracing::debug!(%peer, option, reply = code, message = %clip(message), "option refused");
+    }
+    error_reply(option, code, message, out);
 }
 
 fn error_reply(option: u32, code: u32, message: &str, out: &mut Vec<u8>) {
@@ -246,7 +261,7 @@ async fn option(
             }
             _ => {
                 let msg = "this server requires TLS: send NBD_OPT_STARTTLS first";
-                error_reply(code, NBD_REP_ERR_TLS_REQD, msg, out);
+                refuse_option(code, NBD_REP_ERR_TLS_REQD, msg, peer, out);
                 return Ok(Step::Continue);
             }
         }
@@ -274,10 +289,16 @@ async fn option(
         }
         ClientOption::List => list(code, ctx, peer, out).await,
         ClientOption::StartTls if peer.tls => {
-            error_reply(code, NBD_REP_ERR_INVALID, "TLS is already in use", out);
+            refuse_option(
+                code,
+                NBD_REP_ERR_INVALID,
+                "TLS is already in use",
+                peer,
+                out,
+            );
         }
         ClientOption::StartTls if ctx.config.tls.is_none() => {
-            error_reply(code, NBD_REP_ERR_UNSUP, "TLS is not configured", out);
+            refuse_option(code, NBD_REP_ERR_UNSUP, "TLS is not configured", peer, out);
         }
         ClientOption::StartTls => {
             OptionReply::Ack.encode(code, out);
@@ -301,7 +322,8 @@ async fn option(
         ClientOption::ListMetaContext(q) => meta_context(code, &q, false, st, out),
         ClientOption::SetMetaContext(q) => meta_context(code, &q, true, st, out),
         ClientOption::Unknown(o) => {
-            error_reply(code, NBD_REP_ERR_UNSUP, &format!("unknown option {o}"), out);
+            let msg = format!("unknown option {o}");
+            refuse_option(code, NBD_REP_ERR_UNSUP, &msg, peer, out);
         }
     }
     Ok(Step::Continue)
@@ -357,10 +379,11 @@ fn refusal(e: &OpenError) -> u32 {
     }
 }
 
-/// Answers a refused option with `e` and logs it (rate-limited, the name clipped).
-fn refuse(code: u32, name: &str, e: &OpenError, ctx: &ConnCtx, peer: &Peer, out: &mut Vec<u8>) {
-    if ctx.logs.allow(LogKind::Refused) {
-        tracing::debug!(%peer, export = %clip(name), error = %clip(&e.to_string()),
+/// Answers a refused export with `e` and counts it; its line (the name clipped) is
+/// rate-limited per client.
+fn refuse(code: u32, name: &str, e: &OpenError, peer: &Peer, out: &mut Vec<u8>) {
+    if refusals::logged(peer) {
+        tracing::info!(%peer, export = %clip(name), error = %clip(&e.to_string()),
             "export refused");
     }
     error_reply(code, refusal(e), &e.to_string(), out);
@@ -387,7 +410,7 @@ async fn list(code: u32, ctx: &ConnCtx, peer: &Peer, out: &mut Vec<u8>) {
             }
             OptionReply::Ack.encode(code, out);
         }
-        Err(e) => refuse(code, "", &e, ctx, peer, out),
+        Err(e) => refuse(code, "", &e, peer, out),
     }
 }
 
@@ -403,7 +426,7 @@ async fn info(
     let handle = match open(&ctx.registry, &req.name, peer).await {
         Ok(h) => h,
         Err(e) => {
-            refuse(code, &req.name, &e, ctx, peer, out);
+            refuse(code, &req.name, &e, peer, out);
             return None;
         }
     };

@@ -509,6 +509,17 @@ fn register_registry(reg: &mut Registry, r: &RegistryStats) {
         "Export opens, by outcome",
         Labeled::new("outcome", outcomes.map(|(o, n)| (o, ConstCounter::new(n)))),
     );
+    let refusals = nbd_server::refusal_totals();
+    reg.register(
+        "ferry_nbd_option_refusals",
+        "NBD options refused (unknown, malformed, export refused, TLS first)",
+        ConstCounter::new(refusals.refused),
+    );
+    reg.register(
+        "ferry_nbd_refusal_logs_suppressed",
+        "Log lines about refused NBD options left out by the per-client log limit",
+        ConstCounter::new(refusals.suppressed),
+    );
     reg.register(
         "ferry_write_cache_files",
         "Write-cache files open now",

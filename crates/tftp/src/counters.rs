@@ -26,16 +26,20 @@ pub enum Rejected {
     TooLarge,
     /// Over the limit of transfers overall or per client address.
     Limit,
+    /// Over the limit of transfers whose first packet is not acknowledged yet, per client
+    /// address or overall: dropped without a reply, so a forged source draws nothing.
+    Unacknowledged,
     /// A packet from another address or port than the transfer's client (ERROR 5).
     WrongTid,
     /// DATA, ACK, OACK or ERROR at the listening port, or a second request from a client
-    /// address and port that already has a transfer.
+    /// address and port that already has a transfer (which then sends its first packet
+    /// again if that is not acknowledged yet, see [`crate::sender`]).
     Unexpected,
 }
 
 impl Rejected {
     /// Every reason, in exposition order.
-    pub const ALL: [Rejected; 11] = [
+    pub const ALL: [Rejected; 12] = [
         Rejected::Short,
         Rejected::UnknownOpcode,
         Rejected::BadRequest,
@@ -45,6 +49,7 @@ impl Rejected {
         Rejected::NotFound,
         Rejected::TooLarge,
         Rejected::Limit,
+        Rejected::Unacknowledged,
         Rejected::WrongTid,
         Rejected::Unexpected,
     ];
@@ -61,6 +66,7 @@ impl Rejected {
             Rejected::NotFound => "not_found",
             Rejected::TooLarge => "too_large",
             Rejected::Limit => "limit",
+            Rejected::Unacknowledged => "unacknowledged",
             Rejected::WrongTid => "wrong_tid",
             Rejected::Unexpected => "unexpected",
         }
@@ -84,6 +90,8 @@ pub struct Counters {
     pub transfers_completed: AtomicU64,
     /// Transfers ended early (timeout, client error, read error).
     pub transfers_failed: AtomicU64,
+    /// Of those, transfers whose first packet was not acknowledged in time.
+    pub first_ack_timeouts: AtomicU64,
     /// Transfers running now.
     pub transfers_active: AtomicU64,
     /// File bytes sent in DATA packets, retransmissions included.
@@ -94,6 +102,9 @@ pub struct Counters {
     pub errors_sent: AtomicU64,
     /// ERROR replies not sent because of the reply rate limit.
     pub errors_suppressed: AtomicU64,
+    /// Log lines about refusals left out by the per-client log limit (each client's count
+    /// is in a summary line per interval).
+    pub logs_suppressed: AtomicU64,
     rejected: [AtomicU64; Rejected::ALL.len()],
 }
 
@@ -110,6 +121,8 @@ pub struct Snapshot {
     pub transfers_completed: u64,
     /// See [`Counters::transfers_failed`].
     pub transfers_failed: u64,
+    /// See [`Counters::first_ack_timeouts`].
+    pub first_ack_timeouts: u64,
     /// See [`Counters::transfers_active`].
     pub transfers_active: u64,
     /// See [`Counters::bytes_sent`].
@@ -120,6 +133,8 @@ pub struct Snapshot {
     pub errors_sent: u64,
     /// See [`Counters::errors_suppressed`].
     pub errors_suppressed: u64,
+    /// See [`Counters::logs_suppressed`].
+    pub logs_suppressed: u64,
     /// Rejected datagrams per reason, in [`Rejected::ALL`] order.
     pub rejected: [u64; Rejected::ALL.len()],
 }
@@ -157,11 +172,13 @@ impl Counters {
             transfers_started: l(&self.transfers_started),
             transfers_completed: l(&self.transfers_completed),
             transfers_failed: l(&self.transfers_failed),
+            first_ack_timeouts: l(&self.first_ack_timeouts),
             transfers_active: l(&self.transfers_active),
             bytes_sent: l(&self.bytes_sent),
             retransmits: l(&self.retransmits),
             errors_sent: l(&self.errors_sent),
             errors_suppressed: l(&self.errors_suppressed),
+            logs_suppressed: l(&self.logs_suppressed),
             rejected: std::array::from_fn(|i| l(&self.rejected[i])),
         }
     }

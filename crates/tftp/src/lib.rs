@@ -10,11 +10,14 @@
 //! ```text
 //! packet    PURE. Parse and encode RRQ, WRQ, DATA, ACK, ERROR, OACK; named limits.
 //! options   PURE. The option list, known options and their ranges, negotiate().
-//! sender    PURE. One transfer's window / retransmission / rollover state machine (takes now).
+//! sender    PURE. One transfer's window / retransmission / rollover state machine (takes now),
+//!           with the first packet's rules (sent alone, never on a timer, a short deadline).
 //! config    Config: the server's settings and limits, their defaults.
 //! counters  Atomic counters and their snapshot; the token bucket for logs and replies.
 //! source    FileSource trait, TftpFile, DirSource (openat2 RESOLVE_BENEATH, regular files).
-//! shared    What the listener and transfers share: slots (limits), reply and log buckets.
+//! shared    What the listener and transfers share: slots (limits, unacknowledged ones
+//!           apart), reply and log buckets, the per-client refusal log
+//!           (contract::refusal_log).
 //! server    The listening socket: judge each datagram, take a slot, spawn transfers.
 //! transfer  One transfer on its own socket: open, negotiate, drive the sender.
 //! ```
@@ -37,6 +40,6 @@ mod transfer;
 pub use counters::{Counters, RateLimit, Rejected, Snapshot};
 pub use options::{Bounds, Negotiated, Options, OptionsError, negotiate};
 pub use packet::{ErrorCode, Mode, Packet, PacketError, Request};
-pub use sender::{AckOutcome, RetriesExhausted, Sender, Transmit};
+pub use sender::{AckOutcome, GiveUp, Params as SenderParams, Sender, Transmit};
 pub use server::{Config, Server};
 pub use source::{DirSource, FileSource, OpenError, ReadAt, TftpFile};

@@ -10,8 +10,24 @@
 //!
 //! A file of `size` bytes has `size / blksize + 1` blocks: the last one is shorter than
 //! `blksize`, empty when `size` is a multiple of it (RFC 1350 §6).
+//!
+//! # The first packet
+//!
+//! Until the client acknowledges the first packet (ACK 0 of the OACK, or ACK 1 of block 1
+//! without options) its address is unproven: a UDP source can be forged, and everything sent
+//! to it may hit a victim. So before that first ACK the sender
+//! - sends the first packet alone: the OACK, or block 1 (never a window, RFC 7440's included);
+//! - never retransmits it on a timer, only when the client repeats its request
+//!   ([`Sender::on_repeated_request`], RFC 1350 §4: the requester retransmits on timeout), and
+//!   at most [`FIRST_PACKET_SENDS_MAX`] times in all;
+//! - gives up at `first_ack_timeout` after the start, whatever `timeout` the client asked
+//!   for ([`GiveUp::FirstAckTimeout`]).
+//!
+//! After it, windows, retransmissions and the client's `timeout` apply as usual.
 
 use std::time::{Duration, Instant};
+
+pub use crate::config::FIRST_PACKET_SENDS_MAX;
 
 /// What to put on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,12 +55,37 @@ pub enum AckOutcome {
     Done,
 }
 
-/// The transfer gave up.
+/// Why the transfer gave up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("no acknowledgement after {retries} retransmissions")]
-pub struct RetriesExhausted {
-    /// Retransmissions made.
-    pub retries: u32,
+pub enum GiveUp {
+    /// The first packet (OACK or block 1) was not acknowledged within `first_ack_timeout`.
+    #[error("first packet not acknowledged in time")]
+    FirstAckTimeout,
+    /// No progress after `max_retries` retransmissions in a row.
+    #[error("no acknowledgement after {retries} retransmissions")]
+    RetriesExhausted {
+        /// Retransmissions made.
+        retries: u32,
+    },
+}
+
+/// The settings of one transfer's [`Sender`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// File size in bytes.
+    pub size: u64,
+    /// Block size (at least 1 is used).
+    pub blksize: u16,
+    /// Blocks per acknowledgement once the first packet is acknowledged (at least 1).
+    pub window: u16,
+    /// Whether the transfer starts with an OACK.
+    pub oack: bool,
+    /// Retransmission timeout once the first packet is acknowledged.
+    pub timeout: Duration,
+    /// Time from the start to the first acknowledgement.
+    pub first_ack_timeout: Duration,
+    /// Retransmissions in a row without progress before giving up.
+    pub max_retries: u32,
 }
 
 /// The sender of one transfer.
@@ -57,6 +98,10 @@ pub struct Sender {
     acked: u64,
     sent_to: u64,
     oack_pending: bool,
+    /// No ACK of the first packet yet (see the module documentation).
+    first_pending: bool,
+    /// Times the first packet was sent.
+    first_sends: u32,
     timeout: Duration,
     retries: u32,
     max_retries: u32,
@@ -70,38 +115,37 @@ pub fn wire_block(abs: u64) -> u16 {
 }
 
 impl Sender {
-    /// A sender for `size` bytes in blocks of `blksize` (at least 1), `window` blocks per
-    /// ACK (at least 1), retransmitting after `timeout` at most `max_retries` times in a
-    /// row. Returns the first transmission: the OACK when `oack`, else the first window.
-    pub fn new(
-        size: u64,
-        blksize: u16,
-        window: u16,
-        oack: bool,
-        timeout: Duration,
-        max_retries: u32,
-        now: Instant,
-    ) -> (Sender, Transmit) {
-        let blksize = blksize.max(1);
+    /// A sender for `p`, starting at `now`. Returns the first transmission: the OACK when
+    /// `p.oack`, else block 1.
+    pub fn new(p: Params, now: Instant) -> (Sender, Transmit) {
+        let blksize = p.blksize.max(1);
         let mut s = Sender {
-            size,
+            size: p.size,
             blksize,
-            window: window.max(1),
-            total_blocks: size / u64::from(blksize) + 1,
+            window: p.window.max(1),
+            total_blocks: p.size / u64::from(blksize) + 1,
             acked: 0,
             sent_to: 0,
-            oack_pending: oack,
-            timeout,
+            oack_pending: p.oack,
+            first_pending: true,
+            first_sends: 1,
+            timeout: p.timeout,
             retries: 0,
-            max_retries,
-            deadline: now + timeout,
+            max_retries: p.max_retries,
+            deadline: now + p.first_ack_timeout,
         };
-        let first = if oack {
+        let first = if p.oack {
             Transmit::Oack
         } else {
-            s.next_window(now)
+            s.sent_to = 1;
+            Transmit::Blocks { first: 1, last: 1 }
         };
         (s, first)
+    }
+
+    /// Whether the client has acknowledged the first packet (its address is proven).
+    pub fn first_acked(&self) -> bool {
+        !self.first_pending
     }
 
     /// Blocks in the file.
@@ -153,6 +197,7 @@ impl Sender {
                 return AckOutcome::Ignored;
             }
             self.oack_pending = false;
+            self.first_pending = false;
             self.retries = 0;
             return AckOutcome::Send(self.next_window(now));
         }
@@ -162,6 +207,7 @@ impl Sender {
             return AckOutcome::Ignored;
         }
         self.acked = abs;
+        self.first_pending = false;
         self.retries = 0;
         debug_assert!(
             self.acked <= self.sent_to && self.sent_to <= self.total_blocks,
@@ -178,25 +224,41 @@ impl Sender {
         AckOutcome::Send(self.next_window(now))
     }
 
+    /// The client sent its request again (it did not get the first packet): the first
+    /// packet once more, while it is unacknowledged and sent fewer than
+    /// [`FIRST_PACKET_SENDS_MAX`] times; `None` otherwise. The first-ACK deadline stays.
+    pub fn on_repeated_request(&mut self) -> Option<Transmit> {
+        if !self.first_pending || self.first_sends >= FIRST_PACKET_SENDS_MAX {
+            return None;
+        }
+        self.first_sends += 1;
+        Some(if self.oack_pending {
+            Transmit::Oack
+        } else {
+            Transmit::Blocks { first: 1, last: 1 }
+        })
+    }
+
     /// The deadline passed with no progress: what to retransmit.
     ///
     /// # Errors
-    /// [`RetriesExhausted`] after `max_retries` retransmissions in a row.
-    pub fn on_timeout(&mut self, now: Instant) -> Result<Transmit, RetriesExhausted> {
+    /// [`GiveUp::FirstAckTimeout`] before the first ACK (nothing is retransmitted on a
+    /// timer then); [`GiveUp::RetriesExhausted`] after `max_retries` retransmissions in a
+    /// row.
+    pub fn on_timeout(&mut self, now: Instant) -> Result<Transmit, GiveUp> {
+        if self.first_pending {
+            return Err(GiveUp::FirstAckTimeout);
+        }
         if self.retries >= self.max_retries {
-            return Err(RetriesExhausted {
+            return Err(GiveUp::RetriesExhausted {
                 retries: self.retries,
             });
         }
         self.retries += 1;
         self.deadline = now + self.timeout;
-        Ok(if self.oack_pending {
-            Transmit::Oack
-        } else {
-            Transmit::Blocks {
-                first: self.acked + 1,
-                last: self.sent_to,
-            }
+        Ok(Transmit::Blocks {
+            first: self.acked + 1,
+            last: self.sent_to,
         })
     }
 }
@@ -206,11 +268,25 @@ mod tests {
     use super::*;
 
     const T: Duration = Duration::from_secs(1);
+    /// A first-ACK deadline different from `T`, to tell them apart.
+    const FIRST: Duration = Duration::from_secs(3);
+
+    fn params(size: u64, blksize: u16, window: u16, oack: bool, max_retries: u32) -> Params {
+        Params {
+            size,
+            blksize,
+            window,
+            oack,
+            timeout: T,
+            first_ack_timeout: FIRST,
+            max_retries,
+        }
+    }
 
     /// Runs a lossless transfer; returns the blocks sent in order.
     fn run(size: u64, bs: u16, window: u16, oack: bool) -> Vec<u64> {
         let now = Instant::now();
-        let (mut s, mut tx) = Sender::new(size, bs, window, oack, T, 3, now);
+        let (mut s, mut tx) = Sender::new(params(size, bs, window, oack, 3), now);
         let mut sent = Vec::new();
         loop {
             let ack = match tx {
@@ -234,7 +310,7 @@ mod tests {
         assert_eq!(run(512, 512, 1, true), [1, 2]);
         assert_eq!(run(513, 512, 4, false), [1, 2]);
         assert_eq!(run(10 * 512, 512, 4, true), (1..=11).collect::<Vec<_>>());
-        let (s, _) = Sender::new(1000, 512, 1, false, T, 1, Instant::now());
+        let (s, _) = Sender::new(params(1000, 512, 1, false, 1), Instant::now());
         assert_eq!(s.block_range(1), (0, 512));
         assert_eq!(s.block_range(2), (512, 488));
         assert_eq!(s.total_blocks(), 2);
@@ -254,8 +330,12 @@ mod tests {
     #[test]
     fn a_partial_ack_restarts_the_window_after_it() {
         let now = Instant::now();
-        let (mut s, tx) = Sender::new(100 * 512, 512, 8, false, T, 3, now);
-        assert_eq!(tx, Transmit::Blocks { first: 1, last: 8 });
+        let (mut s, tx) = Sender::new(params(100 * 512, 512, 8, true, 3), now);
+        assert_eq!(tx, Transmit::Oack);
+        assert_eq!(
+            s.on_ack(0, now),
+            AckOutcome::Send(Transmit::Blocks { first: 1, last: 8 })
+        );
         // The client got 1..=5 only.
         assert_eq!(
             s.on_ack(5, now),
@@ -271,24 +351,67 @@ mod tests {
     #[test]
     fn timeouts_retransmit_then_give_up() {
         let now = Instant::now();
-        let (mut s, tx) = Sender::new(5000, 512, 4, true, T, 2, now);
+        let (mut s, tx) = Sender::new(params(5000, 512, 4, true, 2), now);
         assert_eq!(tx, Transmit::Oack);
-        assert_eq!(s.deadline(), now + T);
-        assert_eq!(s.on_ack(1, now), AckOutcome::Ignored);
-        assert_eq!(s.on_timeout(now + T), Ok(Transmit::Oack));
-        assert_eq!(s.deadline(), now + 2 * T);
         assert_eq!(
             s.on_ack(0, now),
             AckOutcome::Send(Transmit::Blocks { first: 1, last: 4 })
         );
+        assert_eq!(s.deadline(), now + T);
+        assert_eq!(
+            s.on_timeout(now + T),
+            Ok(Transmit::Blocks { first: 1, last: 4 })
+        );
+        assert_eq!(s.deadline(), now + 2 * T);
         assert_eq!(
             s.on_timeout(now),
             Ok(Transmit::Blocks { first: 1, last: 4 })
         );
         assert_eq!(
             s.on_timeout(now),
-            Ok(Transmit::Blocks { first: 1, last: 4 })
+            Err(GiveUp::RetriesExhausted { retries: 2 })
         );
-        assert_eq!(s.on_timeout(now), Err(RetriesExhausted { retries: 2 }));
+    }
+
+    #[test]
+    fn an_unacknowledged_oack_is_not_resent_on_a_timer_and_gives_up_at_the_first_deadline() {
+        let now = Instant::now();
+        let (mut s, tx) = Sender::new(params(5000, 512, 4, true, 5), now);
+        assert_eq!(tx, Transmit::Oack);
+        assert_eq!(s.deadline(), now + FIRST);
+        // An ACK of a block is not the OACK's.
+        assert_eq!(s.on_ack(1, now), AckOutcome::Ignored);
+        assert!(!s.first_acked());
+        assert_eq!(s.on_timeout(now + FIRST), Err(GiveUp::FirstAckTimeout));
+    }
+
+    #[test]
+    fn without_options_block_one_goes_alone_and_is_resent_only_on_a_repeated_request() {
+        let now = Instant::now();
+        // A window of 8 asked for, but nothing proves the address yet.
+        let (mut s, tx) = Sender::new(params(100 * 512, 512, 8, false, 5), now);
+        assert_eq!(tx, Transmit::Blocks { first: 1, last: 1 });
+        assert_eq!(
+            s.on_repeated_request(),
+            Some(Transmit::Blocks { first: 1, last: 1 })
+        );
+        // FIRST_PACKET_SENDS_MAX (2) reached.
+        assert_eq!(s.on_repeated_request(), None);
+        assert_eq!(s.deadline(), now + FIRST);
+        assert_eq!(
+            s.on_ack(1, now),
+            AckOutcome::Send(Transmit::Blocks { first: 2, last: 9 })
+        );
+        assert!(s.first_acked());
+        assert_eq!(s.on_repeated_request(), None);
+        assert_eq!(s.deadline(), now + T);
+    }
+
+    #[test]
+    fn a_repeated_request_resends_the_oack() {
+        let now = Instant::now();
+        let (mut s, _) = Sender::new(params(5000, 512, 4, true, 5), now);
+        assert_eq!(s.on_repeated_request(), Some(Transmit::Oack));
+        assert_eq!(s.on_repeated_request(), None);
     }
 }

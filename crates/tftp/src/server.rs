@@ -12,11 +12,22 @@
 //! The listening loop never waits on a file or a client: opening and reading happen in the
 //! transfer tasks, on the blocking pool. Limits: [`Config::max_transfers`] overall and
 //! [`Config::max_transfers_per_client`] per client IP address (a flood of requests from one
-//! address takes at most that many slots), a second request from a client address and port
-//! that already has a transfer is dropped (a retransmitted RRQ), and every transfer ends
-//! after [`Config::max_retries`] unanswered retransmissions or [`Config::transfer_timeout`].
-//! ERROR replies from the listening socket and per-request logs go through token buckets,
-//! so hostile traffic can neither amplify nor flood the log.
+//! address takes at most that many slots). A transfer whose first packet is not acknowledged
+//! yet holds an *unacknowledged* slot: [`Config::max_unacknowledged_per_client`] per address
+//! and [`Config::max_unacknowledged`] overall, and it ends at
+//! [`Config::first_ack_timeout`] whatever `timeout` the client asked for; requests over these
+//! limits are dropped without a reply, and before its first acknowledgement a transfer sends
+//! its first packet at most [`FIRST_PACKET_SENDS_MAX`] times (see [`crate::sender`]). So
+//! never-acknowledged requests (sources may be forged) can neither hold the slots nor draw
+//! more than a packet or two per address. A second request from a client address and port
+//! that already has a transfer starts nothing: it makes an unacknowledged transfer send its
+//! first packet again. Every transfer ends after [`Config::max_retries`] unanswered
+//! retransmissions or [`Config::transfer_timeout`].
+//!
+//! Logs: refusals are logged through a per-client [`RefusalLog`] (a few lines per client
+//! per interval, a summary line naming each client whose lines were left out), other
+//! per-request lines through a token bucket, and ERROR replies from the listening socket
+//! through another, so hostile traffic can neither amplify nor flood the log.
 
 use std::future::Future;
 use std::io;
@@ -27,10 +38,12 @@ use std::time::Duration;
 use tokio::net::UdpSocket;
 use tokio::task::JoinSet;
 
-pub use crate::config::{Config, LOGGED_STRING_MAX};
+use contract::refusal_log::RefusalLog;
+
+pub use crate::config::{Config, FIRST_PACKET_SENDS_MAX, LOGGED_STRING_MAX};
 use crate::counters::{Counters, RateLimit, Rejected};
 use crate::packet::{ErrorCode, MAX_REQUEST_LEN, Mode, Packet, PacketError, clip};
-use crate::shared::{Shared, Slot, Slots};
+use crate::shared::{Shared, Slot, Slots, Take};
 use crate::source::FileSource;
 
 /// A bound TFTP server.
@@ -117,6 +130,7 @@ impl Server {
         Ok(Server {
             socket: Arc::new(socket),
             shared: Arc::new(Shared {
+                refusals: Mutex::new(RefusalLog::new(config.refusal_logs)),
                 config,
                 counters: Arc::new(Counters::default()),
                 source,
@@ -148,11 +162,20 @@ impl Server {
             .map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
         let mut tasks = JoinSet::new();
         let mut buf = vec![0u8; MAX_REQUEST_LEN + 1];
+        let mut summaries = tokio::time::interval(
+            self.shared
+                .config
+                .refusal_logs
+                .interval
+                .max(Duration::from_millis(1)),
+        );
+        summaries.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
                 () = async { (&mut shutdown).await; } => break,
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                _ = summaries.tick() => self.shared.flush_refusals(),
                 r = self.socket.recv_from(&mut buf) => match r {
                     Ok((n, peer)) => self.datagram(&buf[..n], peer, local_ip, &mut tasks).await,
                     Err(e) => {
@@ -186,8 +209,8 @@ impl Server {
             Verdict::Serve(req) => req,
             Verdict::Refuse(why, reply) => {
                 sh.counters.reject(why);
-                if let Some(suppressed) = sh.log_allowed() {
-                    tracing::debug!(%peer, reason = why.as_str(), suppressed, "tftp packet refused");
+                if sh.refusal_logged(peer) {
+                    tracing::debug!(%peer, reason = why.as_str(), "tftp packet refused");
                 }
                 if let Some((code, msg)) = reply {
                     sh.reply_error(&self.socket, peer, code, &msg).await;
@@ -199,17 +222,26 @@ impl Server {
             let mut s = sh.slots.lock().unwrap_or_else(PoisonError::into_inner);
             s.try_take(peer, &sh.config)
         };
-        if let Err(why) = taken {
-            sh.counters.reject(why);
-            if why == Rejected::Limit {
-                if let Some(suppressed) = sh.log_allowed() {
-                    tracing::warn!(%peer, suppressed, "tftp request over the transfer limits");
-                }
-                sh.reply_error(&self.socket, peer, ErrorCode::NotDefined, "server busy")
-                    .await;
+        let repeat = match taken {
+            Take::Taken(repeat) => repeat,
+            Take::Repeated => {
+                sh.counters.reject(Rejected::Unexpected);
+                return;
             }
-            return;
-        }
+            Take::Refused(why) => {
+                sh.counters.reject(why);
+                if sh.refusal_logged(peer) {
+                    tracing::warn!(%peer, reason = why.as_str(), "tftp request over the transfer limits");
+                }
+                // No reply to a request over the unacknowledged limits: its source has
+                // proven nothing, and a reply would go to whoever it names.
+                if why == Rejected::Limit {
+                    sh.reply_error(&self.socket, peer, ErrorCode::NotDefined, "server busy")
+                        .await;
+                }
+                return;
+            }
+        };
         let slot = Slot {
             shared: Arc::clone(sh),
             peer,
@@ -220,7 +252,7 @@ impl Server {
         tasks.spawn(crate::transfer::run(
             Arc::clone(sh),
             slot,
-            peer,
+            repeat,
             local_ip,
             req,
         ));

@@ -1,22 +1,28 @@
 //! One read transfer: its own UDP socket (a new transfer ID), the file opened through the
 //! [`FileSource`](crate::FileSource) on the blocking pool, option negotiation, then the
-//! [`Sender`] state machine driven by ACKs and timeouts. Datagrams from any other address or
-//! port get ERROR 5 and do not disturb the transfer (RFC 1350 §4).
+//! [`Sender`] state machine driven by ACKs, timeouts and repeated requests (the listener
+//! signals those). Datagrams from any other address or port get ERROR 5 and do not disturb
+//! the transfer (RFC 1350 §4). When the first packet is acknowledged the transfer tells the
+//! slot table, which then stops counting it as unacknowledged.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::net::UdpSocket;
+use tokio::sync::Notify;
 use tokio::time::sleep_until;
 
 use crate::config::LOGGED_STRING_MAX;
 use crate::counters::{Counters, Rejected};
 use crate::options::negotiate;
 use crate::packet::{ErrorCode, MAX_PACKET_LEN, Packet, Request, clip, encode_data_header};
-use crate::sender::{AckOutcome, Sender, Transmit, wire_block};
+use crate::sender::{AckOutcome, GiveUp, Params, Sender, Transmit, wire_block};
 use crate::shared::{Shared, Slot};
 use crate::source::TftpFile;
+
+/// The reason of a transfer that ended because its first packet was not acknowledged.
+const FIRST_ACK_TIMEOUT: &str = "first packet not acknowledged";
 
 /// How a transfer ended, for the counters and the log.
 enum End {
@@ -24,14 +30,16 @@ enum End {
     Failed(&'static str),
 }
 
-/// Runs one transfer to its end; `slot` is freed when it returns (or is aborted).
+/// Runs one transfer to its end; `slot` is freed when it returns (or is aborted). `repeat`
+/// is signalled when the client sends its request again.
 pub(crate) async fn run(
     sh: Arc<Shared>,
     slot: Slot,
-    peer: SocketAddr,
+    repeat: Arc<Notify>,
     local_ip: IpAddr,
     req: Request,
 ) {
+    let peer = slot.peer;
     let socket = match UdpSocket::bind(SocketAddr::new(local_ip, 0)).await {
         Ok(s) => s,
         Err(e) => {
@@ -53,6 +61,7 @@ pub(crate) async fn run(
         socket: &socket,
         peer,
         file,
+        repeat,
         highest_sent: 0,
         oack_sent: false,
         packet: Vec::with_capacity(MAX_PACKET_LEN),
@@ -73,6 +82,9 @@ pub(crate) async fn run(
         }
         End::Failed(why) => {
             Counters::inc(&sh.counters.transfers_failed);
+            if why == FIRST_ACK_TIMEOUT {
+                Counters::inc(&sh.counters.first_ack_timeouts);
+            }
             if let Some(suppressed) = sh.log_allowed() {
                 tracing::info!(%peer, file = %file_name, reason = why, suppressed, "tftp transfer failed");
             }
@@ -113,9 +125,9 @@ async fn open(
         ),
     };
     sh.counters.reject(why);
-    if let Some(suppressed) = sh.log_allowed() {
+    if sh.refusal_logged(peer) {
         tracing::info!(%peer, file = %clip(&req.filename, LOGGED_STRING_MAX), reason = why.as_str(),
-            error = %msg, suppressed, "tftp request refused");
+            error = %msg, "tftp request refused");
     }
     sh.reply_error(socket, peer, code, &msg).await;
     None
@@ -126,6 +138,8 @@ struct Transfer<'a> {
     socket: &'a UdpSocket,
     peer: SocketAddr,
     file: TftpFile,
+    /// Signalled by the listener when the client repeats its request.
+    repeat: Arc<Notify>,
     /// The highest block sent so far (a lower one sent again is a retransmission).
     highest_sent: u64,
     /// The OACK went out once (a second time is a retransmission).
@@ -141,30 +155,39 @@ impl Transfer<'_> {
             .timeout
             .map_or(self.sh.config.timeout, |s| Duration::from_secs(s.into()));
         let now = Instant::now();
-        let (mut sender, first) = Sender::new(
-            self.file.size(),
-            n.blksize,
-            n.windowsize,
-            !n.oack.is_empty(),
+        let params = Params {
+            size: self.file.size(),
+            blksize: n.blksize,
+            window: n.windowsize,
+            oack: !n.oack.is_empty(),
             timeout,
-            self.sh.config.max_retries,
-            now,
-        );
+            first_ack_timeout: self.sh.config.first_ack_timeout,
+            max_retries: self.sh.config.max_retries,
+        };
+        let (mut sender, first) = Sender::new(params, now);
         let give_up = tokio::time::Instant::from_std(now + self.sh.config.transfer_timeout);
         if let Err(why) = self.transmit(&sender, first, &n.oack).await {
             return End::Failed(why);
         }
         let mut buf = vec![0u8; MAX_PACKET_LEN + 1];
+        let repeat = Arc::clone(&self.repeat);
         loop {
             let deadline = tokio::time::Instant::from_std(sender.deadline());
+            let first_pending = !sender.first_acked();
             let next = tokio::select! {
                 r = self.socket.recv_from(&mut buf) => match r {
                     Ok((len, from)) => self.datagram(&mut sender, &buf[..len], from).await,
                     Err(_) => continue,
                 },
+                () = repeat.notified(), if first_pending => {
+                    sender.on_repeated_request().map_or(Step::Wait, Step::Send)
+                }
                 () = sleep_until(deadline) => match sender.on_timeout(Instant::now()) {
                     Ok(t) => Step::Send(t),
-                    Err(_) => Step::End(End::Failed("client stopped acknowledging")),
+                    Err(GiveUp::FirstAckTimeout) => Step::End(End::Failed(FIRST_ACK_TIMEOUT)),
+                    Err(GiveUp::RetriesExhausted { .. }) => {
+                        Step::End(End::Failed("client stopped acknowledging"))
+                    }
                 },
                 () = sleep_until(give_up) => {
                     self.sh
@@ -173,6 +196,10 @@ impl Transfer<'_> {
                     Step::End(End::Failed("transfer timeout"))
                 }
             };
+            if first_pending && sender.first_acked() {
+                let mut slots = self.sh.slots.lock().unwrap_or_else(PoisonError::into_inner);
+                slots.acknowledged(self.peer);
+            }
             match next {
                 Step::Wait => {}
                 Step::End(e) => return e,
@@ -188,8 +215,8 @@ impl Transfer<'_> {
     async fn datagram(&mut self, sender: &mut Sender, buf: &[u8], from: SocketAddr) -> Step {
         if from != self.peer {
             self.sh.counters.reject(Rejected::WrongTid);
-            if let Some(suppressed) = self.sh.log_allowed() {
-                tracing::debug!(peer = %self.peer, %from, suppressed, "tftp packet from a wrong transfer ID");
+            if self.sh.refusal_logged(from) {
+                tracing::debug!(peer = %self.peer, %from, "tftp packet from a wrong transfer ID");
             }
             if !buf.starts_with(&crate::packet::OPCODE_ERROR.to_be_bytes()) {
                 self.sh

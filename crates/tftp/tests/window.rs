@@ -1,6 +1,7 @@
 //! Windowed transfers (RFC 7440) and transfer IDs (RFC 1350 §4) with a raw UDP client built
 //! from the crate's codec: the OACK's values, a lost block restarting the window after the
-//! last block received, retransmission of an unacknowledged window after the timeout, block
+//! last block received, retransmission of an unacknowledged window after the timeout (and of
+//! the OACK when the client repeats its request), a silent client given up, block
 //! number rollover with windows, and packets from a wrong transfer ID answered with ERROR 5
 //! without disturbing the transfer.
 
@@ -136,7 +137,9 @@ fn an_unacknowledged_window_is_sent_again_after_the_timeout() {
         ..Options::default()
     };
     let (tid, o) = start(&c, server.addr, "r.bin", opts);
-    // The OACK is not acknowledged: it comes again.
+    // The OACK "lost": the client repeats its request and the OACK comes again (the server
+    // resends a first packet only when asked, see `unacknowledged.rs`).
+    c.send(&rrq("r.bin", opts), server.addr);
     let (b, from) = c.recv();
     assert_eq!(from, tid);
     assert!(matches!(Packet::parse(&b), Ok(Packet::Oack(_))));
@@ -173,6 +176,8 @@ fn a_silent_client_is_given_up_after_the_retries() {
             ..Options::default()
         },
     );
+    // The OACK is acknowledged, then the client goes silent: block 1 goes out three times.
+    ack(&c, 0, tid);
     let s = server.wait_for("the transfer fails", |s| s.transfers_failed == 1);
     assert_eq!(s.transfers_completed, 0);
     assert_eq!(s.retransmits, 2);
