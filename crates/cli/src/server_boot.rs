@@ -77,7 +77,7 @@ impl Running {
 /// Appends the TFTP counters to a Prometheus text exposition (format 0.0.4).
 pub fn render_metrics(c: &Counters, out: &mut String) {
     let s = c.snapshot();
-    let counters: [(&str, &str, u64); 9] = [
+    let counters: [(&str, &str, u64); 11] = [
         (
             "datagrams",
             "Datagrams received on the TFTP port",
@@ -100,6 +100,11 @@ pub fn render_metrics(c: &Counters, out: &mut String) {
             s.transfers_failed,
         ),
         (
+            "first_ack_timeouts",
+            "TFTP transfers ended because their first packet was never acknowledged",
+            s.first_ack_timeouts,
+        ),
+        (
             "bytes_sent",
             "File bytes sent in TFTP DATA packets, retransmissions included",
             s.bytes_sent,
@@ -110,6 +115,11 @@ pub fn render_metrics(c: &Counters, out: &mut String) {
             "errors_suppressed",
             "TFTP ERROR replies left out by the rate limit",
             s.errors_suppressed,
+        ),
+        (
+            "logs_suppressed",
+            "TFTP refusal log lines left out by the per-client log limit",
+            s.logs_suppressed,
         ),
     ];
     for (name, help, v) in counters {
@@ -181,6 +191,8 @@ mod tests {
         assert!(out.contains("ferry_tftp_requests_total 0\n"));
         assert!(out.contains("ferry_tftp_rejected_total{reason=\"limit\"} 0\n"));
         assert!(out.contains("ferry_tftp_transfers_active 0\n"));
-        assert_eq!(out.matches("# TYPE").count(), 11);
+        assert!(out.contains("ferry_tftp_first_ack_timeouts_total 0\n"));
+        assert!(out.contains("ferry_tftp_logs_suppressed_total 0\n"));
+        assert_eq!(out.matches("# TYPE").count(), 13);
     }
 }
