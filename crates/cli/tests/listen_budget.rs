@@ -77,7 +77,9 @@ fn flood(to: SocketAddr, n: usize, per_address: usize, first: &'static [u8]) -> 
                     .ok()?
                     .ok()?;
                 let _ = tokio::io::AsyncWriteExt::write_all(&mut c, first).await;
-                c.into_std().ok()
+                let s = c.into_std().ok()?;
+                s.set_nonblocking(false).ok()?;
+                Some(s)
             });
         }
         let mut held = Vec::new();
