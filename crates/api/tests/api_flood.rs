@@ -13,7 +13,8 @@ use pki::Authority;
 
 /// A bound that turns a hang into a failure; passing never depends on it.
 const PATIENCE: Duration = Duration::from_secs(20);
-/// Silent connections: over three rounds of the old listener's 64 handshakes of 10 s.
+/// Silent connections: over three rounds of the old listener's 64 handshakes of 10 s, and
+/// fewer than the API's connection cap (`budget::files::API_CONNECTIONS_MAX`).
 const SILENT: usize = 200;
 /// The addresses they come from (127.0.0.10 and up), each under the API's per-address cap.
 const SILENT_ADDRESSES: usize = 8;
@@ -69,11 +70,15 @@ async fn silent_connections_do_not_hold_up_a_request_over_https() {
         .build()
         .unwrap();
     for _ in 0..5 {
-        let resp = client
-            .get(format!("https://{at}/api/v1/openapi.json"))
-            .send()
-            .await
-            .expect("an answer while silent connections are open");
+        let resp = tokio::time::timeout(
+            PATIENCE,
+            client
+                .get(format!("https://{at}/api/v1/openapi.json"))
+                .send(),
+        )
+        .await
+        .expect("an answer while silent connections are open")
+        .expect("an answer while silent connections are open");
         assert_eq!(resp.status(), 200);
     }
     drop(held);
