@@ -256,7 +256,12 @@ impl Drop for Ticket {
 }
 
 /// One `/metrics` family: name, type, help, and its value in a gate's counters.
-type Family = (&'static str, &'static str, &'static str, fn(&GateStats) -> u64);
+type Family = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&GateStats) -> u64,
+);
 
 /// Appends the counters of `gates` to a Prometheus text page, one series per listener.
 pub fn render_metrics(gates: &[&Gate], out: &mut String) {
