@@ -11,7 +11,7 @@
 //!             login
 //! vdisks.rs   vDisks and the version lifecycle
 //! boot_sets.rs a version's boot set: summary, clear; a device fetches its own (session)
-//! tls.rs      HTTPS: TlsListener (TLS handshakes in front of axum); plain HTTP on loopback only
+//! tls.rs      plain HTTP on loopback only (HTTPS and every listener bound: the budget crate)
 //! boot.rs     the network boot routes (plain HTTP, no credentials, boot data only):
 //!             boot::router, boot::serve, BootState, BootCounters
 //! boot_script.rs  the iPXE scripts (pure): chain, per device, refusal
@@ -23,7 +23,7 @@
 //!
 //! [`router`] returns a plain `axum::Router`, so `ferry server` can mount it beside its own
 //! routes; [`serve_tls`] runs it alone over HTTPS, [`serve`] in plain HTTP on a loopback
-//! address only.
+//! address only, and [`serve_in`] either behind a given [`Listen`] (gate and timeouts).
 
 #![warn(missing_docs)]
 
@@ -187,6 +187,45 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(BODY_BYTES_MAX))
 }
 
+/// How one HTTP listener is bounded: its gate (connections, per address) and its
+/// timeouts (TLS handshake, request head, stalled reads and writes).
+#[derive(Debug, Clone)]
+pub struct Listen {
+    /// The listener's gate.
+    pub gate: Arc<budget::Gate>,
+    /// Its timeouts.
+    pub limits: budget::http::HttpLimits,
+}
+
+impl Listen {
+    /// The API's defaults: [`budget::files::API_CONNECTIONS_MAX`] connections,
+    /// [`budget::API_PER_ADDRESS_MAX`] per address (loopback included), default timeouts.
+    pub fn api_default() -> Listen {
+        Listen::api(
+            budget::files::API_CONNECTIONS_MAX,
+            budget::API_PER_ADDRESS_MAX,
+            budget::http::HttpLimits::default(),
+        )
+    }
+
+    /// The API's listener with these caps and timeouts.
+    pub fn api(
+        connections_max: usize,
+        per_address_max: usize,
+        limits: budget::http::HttpLimits,
+    ) -> Listen {
+        Listen {
+            gate: budget::Gate::new(budget::GateConfig {
+                name: "api",
+                connections_max,
+                per_address_max,
+                loopback_exempt: false,
+            }),
+            limits,
+        }
+    }
+}
+
 /// Serves [`router`] in plain HTTP on `listener` until `shutdown` completes. Only on a
 /// loopback address (see [`tls::check_plain_listen`]); use [`serve_tls`] for any other.
 ///
@@ -198,14 +237,11 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    tls::check_plain_listen(listener.local_addr()?)?;
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_in(listener, state, None, Listen::api_default(), shutdown).await
 }
 
-/// Serves [`router`] over HTTPS with `tls` (see [`tls::TlsListener`]) until `shutdown`
-/// completes; connections still open then finish their requests first.
+/// Serves [`router`] over HTTPS with `tls` until `shutdown` completes; connections still
+/// open then finish their requests first.
 ///
 /// # Errors
 /// I/O errors of the listener.
@@ -215,10 +251,7 @@ pub async fn serve_tls(
     tls: Arc<rustls::ServerConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tls::TlsListener::new(listener, tls)?;
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_in(listener, state, Some(tls), Listen::api_default(), shutdown).await
 }
 
 /// [`serve_tls`] with `tls`, else [`serve`] (plain HTTP, loopback only).
@@ -231,8 +264,27 @@ pub async fn serve_with(
     tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    match tls {
-        Some(tls) => serve_tls(listener, state, tls, shutdown).await,
-        None => serve(listener, state, shutdown).await,
+    serve_in(listener, state, tls, Listen::api_default(), shutdown).await
+}
+
+/// Serves [`router`] on `listener` behind `listen`'s gate and timeouts
+/// ([`budget::http::serve`]): over HTTPS with `tls`, else in plain HTTP on a loopback
+/// address only.
+///
+/// # Errors
+/// The listener's address cannot be read; `PermissionDenied` ([`tls::PlainHttpRefused`])
+/// for plain HTTP off loopback.
+pub async fn serve_in(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    listen: Listen,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if tls.is_none() {
+        tls::check_plain_listen(listener.local_addr()?)?;
     }
+    let app = router(state);
+    budget::http::serve(listener, app, listen.gate, listen.limits, tls, shutdown).await;
+    Ok(())
 }

@@ -74,6 +74,9 @@ enum FarmCommand {
         /// How to reach the buckets of bucket stores (the lifecycle publishes to them).
         #[command(flatten)]
         s3: crate::vdisk_bucket::S3Args,
+        /// The API's per-address cap and timeouts (hidden flags).
+        #[command(flatten)]
+        limits: crate::server_listen::ListenArgs,
     },
     /// vDisks of the farm (the image files are managed by `ferry version`).
     #[command(
@@ -124,7 +127,12 @@ endpoint=client \\\n    driver=nbd,host=pvs1,port=10809,export=golden,tls-creds=
 pub fn run(a: FarmArgs, global: Global) -> anyhow::Result<ExitCode> {
     match a.command {
         FarmCommand::Init { data, name, json } => init(&data, &name, json),
-        FarmCommand::Serve { data, listen, s3 } => serve(&data, listen, &s3, global),
+        FarmCommand::Serve {
+            data,
+            listen,
+            s3,
+            limits,
+        } => serve(&data, listen, &s3, &limits, global),
         FarmCommand::Cert(c) => cert(c),
         FarmCommand::Vdisk(v) => vdisk(v),
         FarmCommand::Server(s) => server(s),
@@ -222,8 +230,12 @@ fn serve(
     data: &DataArgs,
     listen: SocketAddr,
     s3: &crate::vdisk_bucket::S3Args,
+    limits: &crate::server_listen::ListenArgs,
     global: Global,
 ) -> anyhow::Result<ExitCode> {
+    let mut section = server::config::LimitsSection::default();
+    limits.apply(&mut section);
+    let budget = crate::server_listen::farm_api(&section.resolve()?);
     runtime()?.block_on(async {
         let farm = farm::Farm::open(&data.config())
             .await
@@ -257,7 +269,8 @@ fn serve(
                 _ = term.recv() => {}
             }
         };
-        api::serve(listener, state, stop)
+        api::tls::check_plain_listen(addr)?;
+        api::serve_in(listener, state, None, budget, stop)
             .await
             .context("serve farm API")?;
         Ok(ExitCode::SUCCESS)

@@ -51,6 +51,7 @@ mod server_boot_http;
 mod server_bucket;
 mod server_drain;
 mod server_farm;
+mod server_listen;
 mod server_tls;
 mod size;
 mod target;

@@ -125,6 +125,9 @@ pub struct Args {
     /// Boxed: eight durations would make `ferry server`'s arguments the one large variant.
     #[command(flatten)]
     pub member: Box<crate::server_farm::TimingArgs>,
+    /// `[limits]` as hidden flags (boxed, as `member`).
+    #[command(flatten)]
+    pub listen: Box<crate::server_listen::ListenArgs>,
 }
 
 impl Args {
@@ -155,6 +158,7 @@ impl Args {
         if self.tls_required {
             c.tls.required = Some(true);
         }
+        self.listen.apply(&mut c.limits);
         Ok(c)
     }
 }
@@ -221,7 +225,14 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let mut resolved = config.resolve()?;
-    raise_open_files(resolved.nbd.max_connections);
+    let budgets = crate::server_listen::plan(
+        &mut resolved,
+        crate::server_listen::Listeners {
+            api: farm.is_some(),
+            boot: farm.is_some() && a.boot_listen.is_some(),
+            tftp: tftp.is_some(),
+        },
+    );
     let farm_tls = match &farm {
         Some(f) => Some(runtime.block_on(crate::server_farm::tls_material(f))?),
         None => None,
@@ -307,6 +318,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         (api, member),
         tftp,
         boot,
+        budgets,
     ));
     runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     // The last boots' recordings are merged and saved before the process goes.
@@ -338,12 +350,15 @@ async fn serve(
     (farm, member): (Option<FarmApi>, Option<member::Runtime>),
     tftp: Option<crate::server_boot::Tftp>,
     boot: Option<(Arc<farm::Farm>, i64, crate::server_boot_http::BootHttp)>,
+    budgets: crate::server_listen::Budgets,
 ) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     watch_signals(stop_tx)?;
     let nbd = Listener::bind(r.nbd.clone())
         .await
         .context("bind NBD listener")?;
+    // Every listener's gate, for /metrics.
+    let mut gates = vec![nbd.gate()];
     // The farm-member runtime (heartbeat, session recheck, drain, rebalancing, promotion
     // prefetch) on the system clock, until the server stops.
     let member_task =
@@ -354,8 +369,10 @@ async fn serve(
             let state = crate::server_boot_http::state(farm, server_id, b, &l)?;
             let counters = state.counters();
             let stop = stopped(stop_rx.clone());
+            let listen = budgets.boot.clone();
+            gates.push(Arc::clone(&listen.gate));
             let task = tokio::spawn(async move {
-                let r = crate::server_boot_http::serve(state, l, stop).await;
+                let r = crate::server_boot_http::serve(state, l, listen, stop).await;
                 if let Err(e) = r {
                     tracing::error!(error = %ErrorChain(e.as_ref()), "boot service stopped");
                 }
@@ -378,8 +395,10 @@ async fn serve(
                 "serving the farm API and console"
             );
             let stop = stopped(stop_rx.clone());
+            let listen = budgets.api.clone();
+            gates.push(Arc::clone(&listen.gate));
             Some(tokio::spawn(async move {
-                if let Err(e) = crate::server_farm::serve_api(&handle, l, tls, stop).await {
+                if let Err(e) = crate::server_farm::serve_api(&handle, l, tls, listen, stop).await {
                     tracing::error!(error = %ErrorChain(e.as_ref()), "farm API stopped");
                 }
             }))
@@ -399,6 +418,9 @@ async fn serve(
         None => None,
     };
     log_startup(&r, &registry, &nbd, metrics_listener.as_ref()).await;
+    if metrics_listener.is_some() {
+        gates.push(Arc::clone(&budgets.metrics));
+    }
     let metrics_task = metrics_listener.map(|l| {
         let (reg, m) = (registry.clone(), Arc::clone(&metrics));
         let tftp_counters = tftp.as_ref().map(|t| Arc::clone(&t.counters));
@@ -414,11 +436,14 @@ async fn serve(
             if let Some(t) = &tier_stats {
                 crate::server_bucket::render_metrics(t, &mut text);
             }
+            let gates: Vec<&budget::Gate> = gates.iter().map(AsRef::as_ref).collect();
+            budget::render_metrics(&gates, &mut text);
             text
         });
-        tokio::spawn(server::http::serve_metrics(
+        tokio::spawn(server::http::serve_metrics_in(
             l,
             render,
+            Arc::clone(&budgets.metrics),
             stopped(stop_rx.clone()),
         ))
     });
@@ -502,45 +527,5 @@ async fn log_startup(
     }
     if let Some(addr) = metrics.and_then(|l| l.local_addr().ok()) {
         tracing::info!(%addr, "metrics at http://{addr}/metrics");
-    }
-}
-
-/// Files a server keeps open besides its NBD connections (store images, caches, the
-/// database, the API and metrics listeners and their clients).
-const FILES_BESIDES_CONNECTIONS: u64 = 512;
-
-/// Raises the soft limit of open files so that `max_connections` connections fit (a
-/// 1,024-file default would refuse accepts long before a PVS-sized 4,095 devices); warns,
-/// naming both numbers, when the hard limit is lower.
-fn raise_open_files(max_connections: usize) {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    let needed = u64::try_from(max_connections)
-        .unwrap_or(u64::MAX)
-        .saturating_add(FILES_BESIDES_CONNECTIONS);
-    let lim = getrlimit(Resource::Nofile);
-    let hard = lim.maximum.unwrap_or(u64::MAX);
-    let soft = lim.current.unwrap_or(u64::MAX);
-    if soft >= needed {
-        return;
-    }
-    let want = needed.min(hard);
-    if let Err(e) = setrlimit(
-        Resource::Nofile,
-        Rlimit {
-            current: Some(want),
-            maximum: lim.maximum,
-        },
-    ) {
-        tracing::warn!(error = %e, soft, needed, "could not raise the open-file limit");
-    } else if want < needed {
-        tracing::warn!(
-            hard,
-            needed,
-            max_connections,
-            "the open-file hard limit is below what nbd.max_connections needs: raise it \
-             (ulimit -Hn, LimitNOFILE= in a systemd unit) or lower max_connections"
-        );
-    } else {
-        tracing::debug!(from = soft, to = want, "open-file limit raised");
     }
 }

@@ -125,18 +125,21 @@ pub fn state(
     ))
 }
 
-/// Serves the boot routes of `state` on `listener` until `stop` completes.
+/// Serves the boot routes of `state` on `listener` behind `listen`'s gate (connections
+/// per listener and per address) and timeouts (request head, stalled reads and writes)
+/// until `stop` completes.
 ///
 /// # Errors
-/// I/O errors of the listener.
+/// None today (accept errors are counted and retried); kept for the caller's shape.
 pub async fn serve(
     state: BootState,
     listener: tokio::net::TcpListener,
+    listen: api::Listen,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    api::boot::serve(listener, state, stop)
-        .await
-        .context("serve boot routes")
+    let app = api::boot::router(state);
+    budget::http::serve(listener, app, listen.gate, listen.limits, None, stop).await;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -74,7 +74,7 @@ impl TimingArgs {
 }
 
 /// A positive duration with its unit: `250ms`, `2s`, `1m`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (n, unit) = s.split_at(split);
@@ -258,13 +258,14 @@ pub async fn serve_api(
     handle: &FarmHandle,
     listener: tokio::net::TcpListener,
     tls: Option<Arc<rustls::ServerConfig>>,
+    listen: api::Listen,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let state = api::AppState {
         farm: Arc::clone(&handle.farm),
         server_id: Some(handle.server_id),
     };
-    api::serve_with(listener, state, tls, stop)
+    api::serve_in(listener, state, tls, listen, stop)
         .await
         .context("serve farm API")
 }

@@ -33,10 +33,6 @@ pub enum TlsMode {
     Required,
 }
 
-/// How long a connection accepted while `max_connections` are open waits for one to end
-/// before it is closed.
-pub const FULL_WAIT: Duration = Duration::from_secs(1);
-
 /// Configuration of the NBD listeners.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -44,9 +40,10 @@ pub struct ServerConfig {
     pub nbd_listen: Option<std::net::SocketAddr>,
     /// Unix socket path to listen on; `None` disables it.
     pub nbd_socket: Option<std::path::PathBuf>,
-    /// Most connections served at once. A client accepted while all are taken waits at most
-    /// [`FULL_WAIT`](crate::FULL_WAIT) for one to end, then is closed: the accept loop never
-    /// blocks on it.
+    /// Most connections served at once. A client accepted while all are taken is closed at
+    /// once (it neither waits nor holds an open file): the accept loop never blocks on it.
+    /// `ferry server` sets it from its share of the process's open files
+    /// (`budget::files::plan`).
     pub max_connections: usize,
     /// Most connections served at once from one IP address that is not local (see
     /// [`Peer::is_local`](crate::Peer::is_local)); further ones are closed at once.

@@ -11,8 +11,8 @@
 //!
 //! ```text
 //! lib.rs           declares the modules, re-exports the public items
-//! listener.rs      Listener, run: TCP + unix accept loops, connection caps (global Semaphore
-//!   │              waited on for at most FULL_WAIT, per address), shutdown broadcast, the
+//! listener.rs      Listener, run: TCP + unix accept loops, connection caps (a budget::Gate:
+//!   │              listener and per-address caps, closed at once), shutdown broadcast, the
 //!   │              handshake with its STARTTLS upgrade (plaintext halves reunited, TLS
 //!   │              stream split again)
 //!   ├─ transmission.rs one connection's request loop: reader ─► request tasks (disk calls on
@@ -82,8 +82,8 @@ mod valid;
 mod writer;
 
 pub use config::{
-    FULL_WAIT, MAX_BLOCK_STATUS_EXTENTS, MAX_BLOCK_STATUS_QUERY, MAX_OPTIONS_PER_HANDSHAKE,
-    MAX_PAYLOAD, MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE, ServerConfig, TlsMode,
+    MAX_BLOCK_STATUS_EXTENTS, MAX_BLOCK_STATUS_QUERY, MAX_OPTIONS_PER_HANDSHAKE, MAX_PAYLOAD,
+    MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE, ServerConfig, TlsMode,
 };
 pub use errno::to_nbd_errno;
 pub use limits::{CLIENT_STRING_LOG_MAX, Clipped, LOG_LINES_PER_WINDOW, LOG_WINDOW, clip};

@@ -1,11 +1,9 @@
-//! Limits that protect the server from its clients rather than from one request: connections
-//! per address ([`AddrCounts`]), log lines per second per kind ([`LogLimiter`]), and the length
-//! of a client's string in a log line ([`clip`]).
+//! Limits that protect the server from its clients rather than from one request: log lines
+//! per second per kind ([`LogLimiter`]) and the length of a client's string in a log line
+//! ([`clip`]). Connections per listener and per address are the `budget` crate's `Gate`.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::net::IpAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The most bytes of a client-sent string (an export name) a log line shows.
@@ -48,18 +46,15 @@ pub(crate) enum LogKind {
     Refused,
     /// A client broke the protocol or timed out.
     Protocol,
-    /// A connection closed by a connection cap.
-    Capacity,
 }
 
 impl LogKind {
-    const ALL: usize = 3;
+    const ALL: usize = 2;
 
     fn index(self) -> usize {
         match self {
             LogKind::Refused => 0,
             LogKind::Protocol => 1,
-            LogKind::Capacity => 2,
         }
     }
 
@@ -67,7 +62,6 @@ impl LogKind {
         match self {
             LogKind::Refused => "refused",
             LogKind::Protocol => "protocol",
-            LogKind::Capacity => "capacity",
         }
     }
 }
@@ -124,50 +118,6 @@ impl LogLimiter {
     }
 }
 
-/// Open connections per IP address (only those subject to the per-address cap).
-#[derive(Debug, Default)]
-pub(crate) struct AddrCounts {
-    counts: Arc<Mutex<HashMap<IpAddr, usize>>>,
-}
-
-impl AddrCounts {
-    /// Takes one of `ip`'s `cap` connections; `None` when all are taken.
-    pub(crate) fn try_take(&self, ip: IpAddr, cap: usize) -> Option<AddrSlot> {
-        let mut m = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let n = m.entry(ip).or_insert(0);
-        if *n >= cap {
-            if *n == 0 {
-                m.remove(&ip);
-            }
-            return None;
-        }
-        *n += 1;
-        Some(AddrSlot {
-            ip,
-            counts: Arc::clone(&self.counts),
-        })
-    }
-}
-
-/// One connection's share of its address's cap, given back on drop.
-#[derive(Debug)]
-pub(crate) struct AddrSlot {
-    ip: IpAddr,
-    counts: Arc<Mutex<HashMap<IpAddr, usize>>>,
-}
-
-impl Drop for AddrSlot {
-    fn drop(&mut self) {
-        let mut m = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(n) = m.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.ip);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,18 +144,5 @@ mod tests {
         let (ok, suppressed) = l.allow_at(LogKind::Refused, t0 + LOG_WINDOW);
         assert!(ok);
         assert_eq!(suppressed, 100 - u64::from(LOG_LINES_PER_WINDOW));
-    }
-
-    #[test]
-    fn address_cap_counts_and_gives_back() {
-        let c = AddrCounts::default();
-        let ip: IpAddr = "192.0.2.1".parse().unwrap();
-        let a = c.try_take(ip, 2).unwrap();
-        let _b = c.try_take(ip, 2).unwrap();
-        assert!(c.try_take(ip, 2).is_none());
-        assert!(c.try_take("192.0.2.2".parse().unwrap(), 2).is_some());
-        drop(a);
-        assert!(c.try_take(ip, 2).is_some());
-        assert!(c.try_take(ip, 0).is_none());
     }
 }

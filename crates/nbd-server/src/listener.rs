@@ -3,24 +3,25 @@
 //! (`Listener`/`Handler`, a `Semaphore` of connections, a `broadcast` to say "shut down",
 //! and a drop-to-complete `mpsc` to learn that every connection has finished).
 //!
-//! The accept loop never waits for room: a connection past an address's cap is closed at
-//! once, and one that finds every connection taken waits at most [`FULL_WAIT`] on its own
-//! task, then is closed. So clients that connect and sit cannot stop the server accepting.
+//! The accept loop never waits for room: a connection past an address's cap, or past the
+//! listener's `max_connections`, is closed at once by the listener's [`Gate`] (the budget
+//! crate's, shared with every other listener of the process). So clients that connect and
+//! sit can neither stop the server accepting nor take more open files than its share.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
+use budget::{Gate, GateConfig, Ticket};
 use tokio::io::{BufReader, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio_rustls::server::TlsStream;
 
-use crate::config::{FULL_WAIT, ServerConfig, TlsMode};
+use crate::config::{ServerConfig, TlsMode};
 use crate::conn::{ConnCtx, Shutdown};
-use crate::limits::{AddrCounts, LogKind, LogLimiter};
+use crate::limits::{LogKind, LogLimiter};
 use crate::metrics::NbdMetrics;
 use crate::negotiate::{NegotiateError, Negotiated, Outcome, negotiate};
 use crate::source::{ExportSource, Peer};
@@ -30,8 +31,6 @@ use crate::trim::{Closed, trim_after_closes};
 
 /// Bytes of a connection's read buffer.
 const READ_BUFFER_BYTES: usize = 64 << 10;
-/// Pause after a failed `accept` (out of file descriptors, ...), so the loop does not spin.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// The TCP listener's accept queue. A boot storm connects every device at once (PVS lets 500
 /// boot at once by default, and a server carries up to 4,095): with a short queue, connects
 /// past it are dropped and retried by the client's SYN backoff (seconds each). The kernel
@@ -73,6 +72,8 @@ pub struct Listener {
     tcp: Option<TcpListener>,
     unix: Option<(UnixListener, PathBuf)>,
     config: ServerConfig,
+    /// `max_connections`, `max_connections_per_address` (loopback exempt when trusted).
+    gate: Arc<Gate>,
 }
 
 impl Listener {
@@ -105,7 +106,23 @@ impl Listener {
                 "no NBD listener configured (nbd_listen or nbd_socket)",
             ));
         }
-        Ok(Listener { tcp, unix, config })
+        let gate = Gate::new(GateConfig {
+            name: "nbd",
+            connections_max: config.max_connections,
+            per_address_max: config.max_connections_per_address,
+            loopback_exempt: config.trust_loopback,
+        });
+        Ok(Listener {
+            tcp,
+            unix,
+            config,
+            gate,
+        })
+    }
+
+    /// The listeners' gate (its counters go on `/metrics`).
+    pub fn gate(&self) -> Arc<Gate> {
+        Arc::clone(&self.gate)
     }
 
     /// The bound TCP address (useful after binding port 0).
@@ -121,7 +138,12 @@ impl Listener {
         metrics: Arc<dyn NbdMetrics>,
         shutdown: impl Future,
     ) {
-        let Listener { tcp, unix, config } = self;
+        let Listener {
+            tcp,
+            unix,
+            config,
+            gate,
+        } = self;
         let (notify_shutdown, _) = broadcast::channel::<()>(1);
         let (complete_tx, mut complete_rx) = mpsc::channel::<()>(1);
         let ctx = Arc::new(ConnCtx {
@@ -135,8 +157,7 @@ impl Listener {
         let accept = Accept {
             tcp,
             unix: unix.map(|(l, _)| l),
-            limit: Arc::new(Semaphore::new(ctx.config.max_connections.max(1))),
-            addrs: AddrCounts::default(),
+            gate,
             ctx,
             notify_shutdown: notify_shutdown.clone(),
             complete_tx,
@@ -175,10 +196,8 @@ fn remove_stale_socket(path: &std::path::Path) -> std::io::Result<()> {
 struct Accept {
     tcp: Option<TcpListener>,
     unix: Option<UnixListener>,
-    /// One permit per open connection (`max_connections`).
-    limit: Arc<Semaphore>,
-    /// Open connections per address that is not local (`max_connections_per_address`).
-    addrs: AddrCounts,
+    /// Open connections, per listener and per address that is not local.
+    gate: Arc<Gate>,
     ctx: Arc<ConnCtx>,
     /// Dropped (by `serve`) to tell connections to shut down.
     notify_shutdown: broadcast::Sender<()>,
@@ -193,77 +212,51 @@ impl Accept {
         let trust = self.ctx.config.trust_loopback;
         loop {
             tokio::select! {
-                r = accept_tcp(self.tcp.as_ref()) => match r {
-                    Ok((s, addr)) => {
-                        let _ = s.set_nodelay(true);
-                        self.spawn(s, Peer::new(Some(addr), trust));
-                    }
-                    Err(e) => backoff(e).await,
-                },
+                (s, addr, ticket) = accept_tcp(self.tcp.as_ref(), &self.gate) => {
+                    let _ = s.set_nodelay(true);
+                    self.spawn(s, Peer::new(Some(addr), trust), ticket);
+                }
                 r = accept_unix(self.unix.as_ref()) => match r {
-                    Ok(s) => self.spawn(s, Peer::new(None, trust)),
-                    Err(e) => backoff(e).await,
+                    Ok(s) => {
+                        if let Ok(ticket) = self.gate.try_admit(None) {
+                            self.spawn(s, Peer::new(None, trust), ticket);
+                        }
+                    }
+                    Err(e) => {
+                        self.gate.note_accept_error(&e);
+                        tokio::time::sleep(budget::accept::ACCEPT_BACKOFF).await;
+                    }
                 },
             }
         }
     }
 
-    /// Closes a connection over its address's cap at once; otherwise serves it on its own
-    /// task, which first waits (at most [`FULL_WAIT`]) for a connection permit.
-    fn spawn<S: Socket>(&self, sock: S, peer: Peer) {
+    /// Serves an admitted connection on its own task; its ticket is given back when it
+    /// ends.
+    fn spawn<S: Socket>(&self, sock: S, peer: Peer, ticket: Ticket) {
         let ctx = Arc::clone(&self.ctx);
-        let addr_slot = match peer.addr {
-            Some(a) if !peer.is_local() => {
-                let cap = ctx.config.max_connections_per_address;
-                let Some(slot) = self.addrs.try_take(a.ip(), cap) else {
-                    if ctx.logs.allow(LogKind::Capacity) {
-                        tracing::info!(%peer, cap, "closing connection: too many from this address");
-                    }
-                    return;
-                };
-                Some(slot)
-            }
-            _ => None,
-        };
-        let limit = Arc::clone(&self.limit);
-        let mut shutdown = Shutdown::new(self.notify_shutdown.subscribe());
+        let shutdown = Shutdown::new(self.notify_shutdown.subscribe());
         let complete = self.complete_tx.clone();
         let closed = Arc::clone(&self.closed);
         tokio::spawn(async move {
-            let permit = tokio::select! {
-                () = shutdown.recv() => return,
-                p = tokio::time::timeout(FULL_WAIT, limit.acquire_owned()) => match p {
-                    Ok(Ok(p)) => p,
-                    _ => {
-                        if ctx.logs.allow(LogKind::Capacity) {
-                            tracing::warn!(%peer, max = ctx.config.max_connections,
-                                "closing connection: the server is full");
-                        }
-                        return;
-                    }
-                },
-            };
             ctx.metrics.connection_opened();
             handle(sock, &ctx, shutdown, peer).await;
+            // The place is free before the close is counted: whoever sees the count may
+            // connect again at once.
+            drop(ticket);
             ctx.metrics.connection_closed();
-            drop(permit);
-            drop(addr_slot);
             closed.note();
             drop(complete);
         });
     }
 }
 
-async fn backoff(e: std::io::Error) {
-    tracing::warn!(error = %e, "accept failed");
-    tokio::time::sleep(ACCEPT_BACKOFF).await;
-}
-
 async fn accept_tcp(
     l: Option<&TcpListener>,
-) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
+    gate: &Arc<Gate>,
+) -> (tokio::net::TcpStream, SocketAddr, Ticket) {
     match l {
-        Some(l) => l.accept().await,
+        Some(l) => budget::accept(l, gate).await,
         None => std::future::pending().await,
     }
 }

@@ -27,6 +27,17 @@
 //! [access]
 //! plain_reads = "local"          # who reads without a certificate: none, local, any
 //! plain_writes = "local"         # standalone default local; a farm server's is none
+//!
+//! [limits]
+//! trust_loopback = true          # false: loopback clients count as remote (tests)
+//! nbd_per_address = 64           # connections per client address, per listener
+//! api_per_address = 32
+//! boot_per_address = 16
+//! metrics_per_address = 4
+//! nbd_handshake_timeout_ms = 30000
+//! tls_handshake_timeout_ms = 10000     # the API's TLS handshake
+//! http_header_timeout_ms = 30000       # a request head; a kept-alive connection's idle
+//! http_stall_timeout_ms = 30000        # a body read or response write moving nothing
 //! ```
 //!
 //! [`FerryConfig`] is what the file says (every field optional); [`FerryConfig::resolve`]
@@ -36,6 +47,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use block_cache::{BlockCache, CacheConfig};
 use serde::Deserialize;
@@ -54,6 +66,12 @@ pub const DEFAULT_WRITE_CACHE_SUBDIR: &str = ".write-cache";
 pub const MAX_CONNECTIONS_LIMIT: usize = 65_536;
 /// The largest configuration file read, in bytes.
 pub const CONFIG_FILE_BYTES_MAX: u64 = 1 << 20;
+/// The default of `[limits] tls_handshake_timeout_ms`.
+pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default of `[limits] http_header_timeout_ms`.
+pub const DEFAULT_HTTP_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default of `[limits] http_stall_timeout_ms`.
+pub const DEFAULT_HTTP_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The configuration file, as written. Every section and key is optional.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -80,6 +98,59 @@ pub struct FerryConfig {
     /// `[access]`.
     #[serde(default)]
     pub access: AccessSection,
+    /// `[limits]`.
+    #[serde(default)]
+    pub limits: LimitsSection,
+}
+
+/// `[limits]`: what each listener lets one client hold, and how long it waits for one.
+/// Connections per listener are not set here: they are planned from the process's open
+/// files at start (`budget::files::plan`), and `[nbd] max_connections` is their ceiling.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Whether a loopback client is local (default true): exempt from the NBD per-address
+    /// cap and idle timeout, and `local` for `[access]`. False makes 127.0.0.1 count as a
+    /// remote client everywhere, which tests use to exercise the caps on loopback.
+    pub trust_loopback: Option<bool>,
+    /// NBD connections per client address (default 64).
+    pub nbd_per_address: Option<usize>,
+    /// API connections per client address (default `budget::API_PER_ADDRESS_MAX`).
+    pub api_per_address: Option<usize>,
+    /// Boot-port connections per client address (default `budget::BOOT_PER_ADDRESS_MAX`).
+    pub boot_per_address: Option<usize>,
+    /// Metrics connections per client address (default `budget::METRICS_PER_ADDRESS_MAX`).
+    pub metrics_per_address: Option<usize>,
+    /// How long an NBD client may take from connecting to transmission, STARTTLS included
+    /// (default 30000).
+    pub nbd_handshake_timeout_ms: Option<u64>,
+    /// How long an API client may take over its TLS handshake (default 10000).
+    pub tls_handshake_timeout_ms: Option<u64>,
+    /// How long an HTTP client (API, boot port) may take to send a request head, and may
+    /// keep a connection idle between requests (default 30000).
+    pub http_header_timeout_ms: Option<u64>,
+    /// How long an HTTP body read or response write may wait with no byte moving (default
+    /// 30000).
+    pub http_stall_timeout_ms: Option<u64>,
+}
+
+/// `[limits]` resolved, for the listeners beside NBD (NBD's are in [`Resolved::nbd`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenLimits {
+    /// API connections per client address.
+    pub api_per_address: usize,
+    /// Boot-port connections per client address.
+    pub boot_per_address: usize,
+    /// Metrics connections per client address.
+    pub metrics_per_address: usize,
+    /// Whether a loopback client is local.
+    pub trust_loopback: bool,
+    /// The API's TLS handshake.
+    pub tls_handshake_timeout: Duration,
+    /// An HTTP request head, and a kept-alive connection's idle time.
+    pub http_header_timeout: Duration,
+    /// An HTTP body read or response write with no byte moving.
+    pub http_stall_timeout: Duration,
 }
 
 /// `[tls]`: NBD over TLS (`NBD_OPT_STARTTLS`, X.509).
@@ -216,6 +287,8 @@ pub struct Resolved {
     pub tls_required: bool,
     /// `[access]` as written (a farm server fills the rest with its own defaults).
     pub access: AccessSection,
+    /// `[limits]` of the listeners beside NBD.
+    pub limits: ListenLimits,
 }
 
 impl Resolved {
@@ -296,10 +369,22 @@ impl FerryConfig {
                 why: "TCP is off and no nbd.socket is set: nothing would be served".into(),
             });
         }
+        let limits = self.limits.resolve()?;
         let nbd = ServerConfig {
             nbd_listen,
             nbd_socket: self.nbd.socket.clone(),
             max_connections,
+            max_connections_per_address: positive(
+                "limits.nbd_per_address",
+                self.limits.nbd_per_address,
+                defaults.max_connections_per_address,
+            )?,
+            handshake_timeout: millis(
+                "limits.nbd_handshake_timeout_ms",
+                self.limits.nbd_handshake_timeout_ms,
+                defaults.handshake_timeout,
+            )?,
+            trust_loopback: limits.trust_loopback,
             ..defaults
         };
         let cache = CacheConfig {
@@ -337,7 +422,78 @@ impl FerryConfig {
             tls_dir: self.tls.dir.clone(),
             tls_required: self.tls.required.unwrap_or(false),
             access: self.access.clone(),
+            limits,
         })
+    }
+}
+
+impl LimitsSection {
+    /// Fills in the defaults and checks every value.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidValue`].
+    pub fn resolve(&self) -> Result<ListenLimits, ConfigError> {
+        Ok(ListenLimits {
+            api_per_address: positive(
+                "limits.api_per_address",
+                self.api_per_address,
+                budget::API_PER_ADDRESS_MAX,
+            )?,
+            boot_per_address: positive(
+                "limits.boot_per_address",
+                self.boot_per_address,
+                budget::BOOT_PER_ADDRESS_MAX,
+            )?,
+            metrics_per_address: positive(
+                "limits.metrics_per_address",
+                self.metrics_per_address,
+                budget::METRICS_PER_ADDRESS_MAX,
+            )?,
+            trust_loopback: self.trust_loopback.unwrap_or(true),
+            tls_handshake_timeout: millis(
+                "limits.tls_handshake_timeout_ms",
+                self.tls_handshake_timeout_ms,
+                DEFAULT_TLS_HANDSHAKE_TIMEOUT,
+            )?,
+            http_header_timeout: millis(
+                "limits.http_header_timeout_ms",
+                self.http_header_timeout_ms,
+                DEFAULT_HTTP_HEADER_TIMEOUT,
+            )?,
+            http_stall_timeout: millis(
+                "limits.http_stall_timeout_ms",
+                self.http_stall_timeout_ms,
+                DEFAULT_HTTP_STALL_TIMEOUT,
+            )?,
+        })
+    }
+}
+
+/// A count that must be at least 1.
+fn positive(key: &'static str, value: Option<usize>, default: usize) -> Result<usize, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(0) => Err(ConfigError::InvalidValue {
+            key,
+            why: "0 would refuse every connection; give at least 1".into(),
+        }),
+        Some(n) => Ok(n),
+    }
+}
+
+/// A timeout in milliseconds, at least 1.
+fn millis(
+    key: &'static str,
+    value: Option<u64>,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(0) => Err(ConfigError::InvalidValue {
+            key,
+            why: "a timeout of 0 ms would close every connection; give at least 1".into(),
+        }),
+        Some(ms) => Ok(Duration::from_millis(ms)),
     }
 }
 
@@ -449,6 +605,22 @@ mod tests {
             .resolve()
             .unwrap_err();
         assert!(e.to_string().contains("block_bytes"), "{e}");
+    }
+
+    #[test]
+    fn limits_are_read_and_zero_is_refused() {
+        let text = "[store]\ndir = \"/s\"\n[limits]\ntrust_loopback = false\n\
+                    nbd_per_address = 3\nboot_per_address = 2\nhttp_header_timeout_ms = 250\n";
+        let r = parse(text).unwrap().resolve().unwrap();
+        assert!(!r.nbd.trust_loopback && !r.limits.trust_loopback);
+        assert_eq!(r.nbd.max_connections_per_address, 3);
+        assert_eq!(r.limits.boot_per_address, 2);
+        assert_eq!(r.limits.http_header_timeout, Duration::from_millis(250));
+        let e = parse("[store]\ndir = \"/s\"\n[limits]\napi_per_address = 0\n")
+            .unwrap()
+            .resolve()
+            .unwrap_err();
+        assert!(e.to_string().contains("limits.api_per_address"), "{e}");
     }
 
     #[test]

@@ -19,7 +19,6 @@ use axum::response::{IntoResponse, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 
 /// The longest request head read (request line and headers); hyper's smallest read buffer.
 pub const REQUEST_HEAD_BYTES_MAX: usize = 8 << 10;
@@ -27,8 +26,8 @@ pub const REQUEST_HEAD_BYTES_MAX: usize = 8 << 10;
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long writing a response may take.
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Most metrics clients served at once; further ones wait in the accept queue.
-pub const CONNECTIONS_MAX: usize = 16;
+/// Most metrics clients served at once; further ones are closed at once.
+pub const CONNECTIONS_MAX: usize = budget::files::METRICS_CONNECTIONS_MAX;
 /// The Prometheus text exposition content type (format version 0.0.4).
 pub const METRICS_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
@@ -57,35 +56,49 @@ pub fn route(method: &Method, path: &str) -> Route {
 /// Renders the metrics text; called on the blocking pool for each scrape.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// Serves `GET /metrics` on `listener` until `shutdown` completes. Requests in progress are
-/// abandoned at shutdown (a scrape is idempotent).
+/// The metrics endpoint's default gate: [`CONNECTIONS_MAX`] connections,
+/// [`budget::METRICS_PER_ADDRESS_MAX`] from one address, loopback included.
+pub fn default_gate() -> Arc<budget::Gate> {
+    budget::Gate::new(budget::GateConfig {
+        name: "metrics",
+        connections_max: CONNECTIONS_MAX,
+        per_address_max: budget::METRICS_PER_ADDRESS_MAX,
+        loopback_exempt: false,
+    })
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown` completes, behind
+/// [`default_gate`]. Requests in progress are abandoned at shutdown (a scrape is
+/// idempotent).
 pub async fn serve_metrics(listener: TcpListener, render: Render, shutdown: impl Future) {
+    serve_metrics_in(listener, render, default_gate(), shutdown).await;
+}
+
+/// [`serve_metrics`] behind `gate`.
+pub async fn serve_metrics_in(
+    listener: TcpListener,
+    render: Render,
+    gate: Arc<budget::Gate>,
+    shutdown: impl Future,
+) {
     let app = Router::new().fallback(answer).with_state(render);
-    let limit = Arc::new(Semaphore::new(CONNECTIONS_MAX));
     let accept = async {
         loop {
-            let Ok(permit) = Arc::clone(&limit).acquire_owned().await else {
-                return;
-            };
-            match listener.accept().await {
-                Ok((stream, peer)) => {
-                    let app = app.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = serve_connection(stream, app).await {
-                            tracing::debug!(%peer, error = %e, "metrics client failed");
-                        }
-                        drop(permit);
-                    });
+            let (stream, peer, ticket) = budget::accept(&listener, &gate).await;
+            let app = app.clone();
+            tokio::spawn(async move {
+                if let Err(e) = serve_connection(stream, app).await {
+                    if e.kind() == std::io::ErrorKind::TimedOut {
+                        ticket.gate().note_timeout();
+                    }
+                    tracing::debug!(%peer, error = %e, "metrics client failed");
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
+                drop(ticket);
+            });
         }
     };
     tokio::select! {
-        () = accept => {}
+        _ = accept => {}
         _ = shutdown => tracing::debug!("metrics endpoint shutting down"),
     }
 }
