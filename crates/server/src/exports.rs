@@ -49,7 +49,7 @@ use disk::vhdx::VhdxImage;
 use nbd_server::{ExportHandle, ExportInfo, ExportSource, OpenError, Peer};
 
 use crate::access::{AccessPolicy, Caller, Refusal, SessionExport};
-use crate::boot_sets::BootSets;
+use crate::boot_sets::{BootSets, RecordAs};
 use crate::diff_cache::{
     self, DiffCache, DiffCacheError, DiffCacheTarget, FileLock, Retention, WriteCounters,
     WritesCounted,
@@ -379,7 +379,7 @@ impl ExportSource for Registry {
             tracing::info!(export = %nbd_server::clip(name), error = %nbd_server::clip(&e.to_string()),
                 "export open refused");
         }
-        r
+        r.map_err(for_client)
     }
 }
 
@@ -391,6 +391,46 @@ fn caller_of(peer: &Peer) -> Caller {
         tls: peer.tls,
         identity: peer.client_cert.as_deref().and_then(pki::identity_of),
     }
+}
+
+/// `e` as the client is told it: the server's own paths reduced to their file names (the
+/// whole text is in the server's log).
+fn for_client(e: OpenError) -> OpenError {
+    match e {
+        OpenError::Busy(m) => OpenError::Busy(without_paths(&m)),
+        OpenError::NotFound(m) => OpenError::NotFound(without_paths(&m)),
+        OpenError::Other(m) => OpenError::Other(without_paths(&m)),
+        OpenError::TlsRequired(m) => OpenError::TlsRequired(without_paths(&m)),
+        OpenError::Forbidden(m) => OpenError::Forbidden(without_paths(&m)),
+    }
+}
+
+/// `text` with every absolute path (a word starting with `/`, after any opening quote or
+/// bracket) reduced to its last component: `open /srv/ferry/store/golden.vhdx: ...` becomes
+/// `open golden.vhdx: ...`.
+pub fn without_paths(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for (i, word) in text.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        let lead = word.len() - word.trim_start_matches(['"', '\'', '(', '[', '`']).len();
+        let (open, rest) = word.split_at(lead);
+        out.push_str(open);
+        match rest.strip_prefix('/') {
+            Some(path) => {
+                // Keep what closes the word (`"`, `:`, `)`, `,`) after the file name.
+                let end = path
+                    .find(['"', '\'', ')', ']', '`', ':', ','])
+                    .unwrap_or(path.len());
+                let (p, tail) = path.split_at(end);
+                out.push_str(p.trim_end_matches('/').rsplit('/').next().unwrap_or_default());
+                out.push_str(tail);
+            }
+            None => out.push_str(rest),
+        }
+    }
+    out
 }
 
 fn refused(r: Refusal) -> OpenError {
@@ -481,7 +521,12 @@ impl Inner {
         let policy = *lock(&self.access);
         let ExportName::Session(key) = &parsed else {
             policy.check(caller, &parsed, None).map_err(refused)?;
-            return self.open_export(parsed);
+            let who = if policy.record_as(caller, None) {
+                RecordAs::Trusted
+            } else {
+                RecordAs::Nobody
+            };
+            return self.open_export(parsed, who);
         };
         let resolver = lock(&self.sessions).clone();
         let session = resolver.and_then(|r| r.resolve(key));
@@ -494,8 +539,13 @@ impl Inner {
         if matches!(session.export, ExportName::Session(_)) {
             return Err(OpenError::Other("a session resolved to a session".into()));
         }
+        let who = if policy.record_as(caller, Some(&session)) {
+            RecordAs::Session(name)
+        } else {
+            RecordAs::Nobody
+        };
         let tracked = self.open_sessions.track(name);
-        let mut handle = self.open_export(session.export)?;
+        let mut handle = self.open_export(session.export, who)?;
         handle.revoked = Some(tracked.token());
         let release = handle.release.take();
         handle.release = Some(Box::new(move || {
@@ -507,7 +557,11 @@ impl Inner {
         Ok(handle)
     }
 
-    fn open_export(self: &Arc<Self>, name: ExportName) -> Result<ExportHandle, OpenError> {
+    fn open_export(
+        self: &Arc<Self>,
+        name: ExportName,
+        who: RecordAs<'_>,
+    ) -> Result<ExportHandle, OpenError> {
         let (vdisk, version, diff, mode) = match name {
             ExportName::Session(_) => {
                 return Err(OpenError::Other(
@@ -547,7 +601,7 @@ impl Inner {
         let mut lease = self.begin_use(&res.path, mode, false)?;
         lease.lock = Some(FileLock::shared(&res.path).map_err(diff_err)?);
         let cached = self.cached_chain(&res.path)?;
-        let cached = (self.boot_sets).watch(&res.vdisk, res.version, &res.path, cached);
+        let cached = (self.boot_sets).watch(&res.vdisk, res.version, &res.path, cached, who);
         let Some((device, retention)) = diff else {
             return Ok(ExportHandle {
                 device: cached,
