@@ -13,14 +13,11 @@
 //!
 //! # Design notes
 //!
-//! * **Only a device's own session records** (issue 30). A set is shared state that every
-//!   later boot of the version reads ahead and that is fixed once [`BOOTS_RECORDED_MAX`]
-//!   boots are in it, so recording is a write: a connection records only when it is a
-//!   session export opened with its device's certificate ([`RecordAs::Session`]), at most
-//!   once per session and version, or a caller trusted to write
-//!   ([`RecordAs::Trusted`]: an administrator, a local client of a standalone server).
-//!   An anonymous reader is watched for the prefetch and never recorded, and a merge that
-//!   would cover more than [`BOOT_SHARE_MAX_PERCENT`] of the disk is dropped.
+//! * **Only a device's own session records** (issue 30): a set is read ahead by every later
+//!   boot and fixed at [`BOOTS_RECORDED_MAX`] boots, so recording is a write ([`RecordAs`]:
+//!   a session opened with its device's certificate, once per session and version, or a
+//!   caller trusted to write). An anonymous reader is never recorded, and a merge covering
+//!   more than [`BOOT_SHARE_MAX_PERCENT`] of the disk is dropped.
 //! * **A boot is a connection.** Each device boots over its own connection, so a
 //!   connection's reads in its first [`BOOT_WINDOW`] (and at most
 //!   [`BOOT_RECORD_BYTES_MAX`]) are one boot's. A connection that read less than
@@ -61,6 +58,7 @@ use block_cache::CachedDevice;
 use bootset::{BootSet, EXTENTS_MAX, Identity, NAME_BYTES_MAX, OffsetIndex, PAGE_BYTES};
 use disk::BlockDevice;
 
+pub use crate::boot_watch::RecordAs;
 use crate::boot_watch::{BootObserver, BootWatch, Recording};
 
 /// Boots of a version recorded and merged into its set.
@@ -103,19 +101,6 @@ pub trait BootSetMirror: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// A message when it could not be kept.
     fn save(&self, vdisk: &str, version: u32, encoded: &[u8]) -> Result<(), String>;
-}
-
-/// Who a connection's reads are recorded for, as the access rule decides it
-/// (`crate::access::AccessPolicy::record_as`; see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecordAs<'a> {
-    /// Nobody: an anonymous reader, never recorded.
-    Nobody,
-    /// A caller trusted to write (an administrator, a local client of a standalone server).
-    Trusted,
-    /// The device of the session export named here, opened with its own certificate: at
-    /// most one recording per session and version.
-    Session(&'a str),
 }
 
 /// A snapshot of the boot-set counters, for metrics.
