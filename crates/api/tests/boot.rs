@@ -273,19 +273,13 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
         "initrd --name initrd /boot/files/52-54-00-12-34-56/{id}/0/initrd"
     )));
     assert!(script.contains("echo Ferry: device vm1 (52:54:00:12:34:56) boots vDisk golden"));
-    let (s, len, kernel) = b
-        .get(Method::GET, &format!("{FILES}/{id}/0/kernel"))
-        .await;
+    let (s, len, kernel) = b.get(Method::GET, &format!("{FILES}/{id}/0/kernel")).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(kernel, fake("kernel", 3 << 20));
     assert_eq!(len, Some(3 << 20));
-    let (s, len, body) = b
-        .get(Method::HEAD, &format!("{FILES}/{id}/0/initrd"))
-        .await;
+    let (s, len, body) = b.get(Method::HEAD, &format!("{FILES}/{id}/0/initrd")).await;
     assert_eq!((s, len, body.len()), (StatusCode::OK, Some(5 << 20), 0));
-    let (_, _, initrd) = b
-        .get(Method::GET, &format!("{FILES}/{id}/0/initrd"))
-        .await;
+    let (_, _, initrd) = b.get(Method::GET, &format!("{FILES}/{id}/0/initrd")).await;
     assert_eq!(initrd, fake("initrd", 5 << 20));
     // Cached: owner-only, filled once per file.
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
@@ -297,8 +291,7 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
     }
     let c = b.state.counters();
     assert_eq!(c.fills.load(Ordering::Relaxed), 2);
-    b.get(Method::GET, &format!("{FILES}/{id}/0/kernel"))
-        .await;
+    b.get(Method::GET, &format!("{FILES}/{id}/0/kernel")).await;
     assert_eq!(c.fills.load(Ordering::Relaxed), 2);
     assert_eq!(c.scripts.load(Ordering::Relaxed), 1);
     // The script, the kernel and the initramfs (two fills) shared one search of the
@@ -313,9 +306,7 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
         .unwrap();
     let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
     f.set_modified(later).unwrap();
-    let (_, _, again) = b
-        .get(Method::GET, &format!("{FILES}/{id}/0/kernel"))
-        .await;
+    let (_, _, again) = b.get(Method::GET, &format!("{FILES}/{id}/0/kernel")).await;
     assert_eq!(again, kernel);
     assert_eq!(c.fills.load(Ordering::Relaxed), 3);
     assert_eq!(
@@ -426,7 +417,10 @@ async fn a_maintenance_version_s_files_go_to_the_maintenance_device_only(t: Test
     let maint = "52:54:00:00:00:0d";
     b.device(maint, farm::model::DeviceType::Maintenance).await;
     let production = b.text("/boot/ipxe/52-54-00-12-34-56").await;
-    assert!(production.contains(&format!("{FILES}/{id}/0/kernel")), "{production}");
+    assert!(
+        production.contains(&format!("{FILES}/{id}/0/kernel")),
+        "{production}"
+    );
     for uri in [
         format!("{FILES}/{id}/{n}/kernel"),
         format!("{FILES}/{id}/{n}/initrd"),
@@ -469,7 +463,12 @@ async fn links_out_of_boot_are_never_served(t: TestFarm) {
     };
     b.t.farm.update_vdisk(id, &p, ADMIN).await.unwrap();
     let (s, _, body) = b.get(Method::GET, &format!("{FILES}/{id}/0/kernel")).await;
-    assert_eq!(s, StatusCode::NOT_FOUND, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        s,
+        StatusCode::NOT_FOUND,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
     assert!(String::from_utf8_lossy(&body).contains("leads out of /boot"));
     assert!(!body.windows(SHADOW.len()).any(|w| w == SHADOW));
 }

@@ -146,7 +146,15 @@ mod tests {
     fn only_paths_inside_boot_are_boot_files_on_a_root_filesystem() {
         assert!(in_boot_dir("/boot/vmlinuz-6.1.0-13-amd64", true));
         assert!(in_boot_dir("/boot/efi/x/linux", true));
-        for bad in ["/etc/shadow", "/vmlinuz", "/boot", "/bootx/v", "/boot/../etc/shadow", "boot/v", "/boot//v"] {
+        for bad in [
+            "/etc/shadow",
+            "/vmlinuz",
+            "/boot",
+            "/bootx/v",
+            "/boot/../etc/shadow",
+            "boot/v",
+            "/boot//v",
+        ] {
             assert!(!in_boot_dir(bad, true), "{bad}");
         }
         // A /boot partition is /boot: any clean path in it.

@@ -210,7 +210,10 @@ fn links_out_of_boot_are_neither_found_nor_read() {
         &[
             ("boot/vmlinuz-6.1.0-1-amd64", kernel.clone()),
             ("boot/initrd.img-6.1.0-1-amd64", initrd.clone()),
-            ("etc/shadow", b"root:$6$secret:19000:0:99999:7:::\n".to_vec()),
+            (
+                "etc/shadow",
+                b"root:$6$secret:19000:0:99999:7:::\n".to_vec(),
+            ),
             ("etc/ferry/farm.key", b"the farm key".to_vec()),
         ],
         &[
@@ -227,7 +230,10 @@ fn links_out_of_boot_are_neither_found_nor_read() {
 
     let found = find(&dev).unwrap();
 
-    assert_eq!(found.kernel.path, "/boot/vmlinuz-6.1.0-1-amd64", "{found:?}");
+    assert_eq!(
+        found.kernel.path, "/boot/vmlinuz-6.1.0-1-amd64",
+        "{found:?}"
+    );
     check_bytes(&dev, &found, &kernel, &initrd);
     for path in [
         "/etc/shadow",
@@ -241,7 +247,10 @@ fn links_out_of_boot_are_neither_found_nor_read() {
             ..found.kernel.clone()
         };
         let e = read(&dev, &named, BOOT_FILE_BYTES_MAX).unwrap_err();
-        assert!(matches!(e, BootFilesError::OutsideBoot { .. }), "{path}: {e}");
+        assert!(
+            matches!(e, BootFilesError::OutsideBoot { .. }),
+            "{path}: {e}"
+        );
     }
 }
 

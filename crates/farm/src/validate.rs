@@ -94,10 +94,12 @@ pub fn boot_cmdline(value: &str) -> Result<()> {
 /// # Errors
 /// [`crate::Kind::InvalidInput`].
 pub fn boot_path(field: &str, value: &str) -> Result<()> {
-    let under_boot = value
-        .strip_prefix("/boot/")
-        .is_some_and(|rest| rest.split('/').all(|c| !c.is_empty() && c != "." && c != ".."));
-    let bad = value.len() > BOOT_TEXT_BYTES_MAX || !under_boot || value.chars().any(char::is_control);
+    let under_boot = value.strip_prefix("/boot/").is_some_and(|rest| {
+        rest.split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
+    });
+    let bad =
+        value.len() > BOOT_TEXT_BYTES_MAX || !under_boot || value.chars().any(char::is_control);
     if bad {
         return Err(FarmError::invalid(format!(
             "{field} must name a file under /boot in the version's filesystem (at most \

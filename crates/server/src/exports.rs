@@ -60,8 +60,8 @@ use crate::store::{Resolved, Store, StoreError};
 mod list;
 mod refusal;
 
-pub use refusal::without_paths;
 use refusal::for_client;
+pub use refusal::without_paths;
 
 /// The most exports `list` returns.
 pub const EXPORTS_LIST_MAX: usize = 10_000;

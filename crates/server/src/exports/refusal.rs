@@ -35,7 +35,12 @@ pub fn without_paths(text: &str) -> String {
                     .find(['"', '\'', ')', ']', '`', ':', ','])
                     .unwrap_or(path.len());
                 let (p, tail) = path.split_at(end);
-                out.push_str(p.trim_end_matches('/').rsplit('/').next().unwrap_or_default());
+                out.push_str(
+                    p.trim_end_matches('/')
+                        .rsplit('/')
+                        .next()
+                        .unwrap_or_default(),
+                );
                 out.push_str(tail);
             }
             None => out.push_str(rest),
@@ -56,6 +61,9 @@ mod tests {
             without_paths(text),
             "open evil.vhdx: parent \"secret.vhdx\" outside the store (store), nothing else"
         );
-        assert_eq!(without_paths("no vdisk named \"x\""), "no vdisk named \"x\"");
+        assert_eq!(
+            without_paths("no vdisk named \"x\""),
+            "no vdisk named \"x\""
+        );
     }
 }
