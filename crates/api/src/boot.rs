@@ -4,14 +4,27 @@
 //!   iPXE ── GET /boot/ipxe ─────────────► chain /boot/ipxe/${netX/mac:hexhyp}
 //!        ── GET /boot/ipxe/{mac} ───────► Farm::boot_plan ─► kernel/initrd/boot script,
 //!                                         or a refusal script (reason, sleep, poweroff)
-//!        ── GET /boot/files/{vdisk}/{version}/kernel|initrd
-//!                                    ───► DATA/boot-cache/ (filled once per version file
-//!                                         state, through the version's chain) ─► bytes
+//!        ── GET /boot/files/{mac}/{vdisk}/{version}/kernel|initrd
+//!                                    ───► Farm::boot_plan(mac) names that version?
+//!                                         no ─► 404
+//!                                         yes ─► DATA/boot-cache/ (filled once per version
+//!                                         file state, through the version's chain) ─► bytes
 //! ```
 //!
 //! It exposes boot data only (what any PXE server serves: scripts, kernels, initramfs
 //! images) and nothing of the API: no route under `/api`, no secret, no file but a
 //! version's boot files. The device logs in over the API's HTTPS afterwards, with its key.
+//!
+//! **What is served to whom.** A machine gets the kernel and initramfs of the version its
+//! login would be granted, and nothing else: the file URLs its script names carry its MAC,
+//! and a file is served only when the farm's boot decision for that MAC
+//! ([`farm::Farm::boot_plan`], login's own rules) names that vDisk and version, so a
+//! maintenance version goes to the maintenance device only, and an unknown MAC gets at
+//! most the auto-add collection's production version. The files are the ones the version's
+//! boot configuration names (found in `/boot`, or the vDisk's `boot_kernel`/`boot_initrd`,
+//! which must lie under `/boot`), read in the version's own filesystem with symlinks
+//! resolved inside it, and refused when they lead out of `/boot` (`bootfiles::read`). A MAC
+//! that is not one is shown bounded ([`boot_script::mac_shown`]).
 //!
 //! The boot files come from a [`BootSource`] (the `bootfiles` crate, bound by the server),
 //! called on the blocking pool. A version's boot files are searched for once per version
@@ -139,7 +152,7 @@ pub fn router(state: BootState) -> Router {
     Router::new()
         .route("/boot/ipxe", get(chain))
         .route("/boot/ipxe/{mac}", get(device))
-        .route("/boot/files/{vdisk_id}/{version}/{name}", get(file))
+        .route("/boot/files/{mac}/{vdisk_id}/{version}/{name}", get(file))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(state.clone(), bounded))
         .with_state(state)
@@ -214,6 +227,7 @@ impl BootState {
                 .is_ok()
         {
             let unlogged = self.refusals_unlogged.swap(0, Ordering::Relaxed);
+            let mac = boot_script::mac_shown(mac);
             tracing::warn!(mac, reason, unlogged, "boot refused");
         } else {
             self.refusals_unlogged.fetch_add(1, Ordering::Relaxed);
@@ -256,10 +270,11 @@ async fn device(State(s): State<BootState>, UrlPath(mac): UrlPath<String>) -> Re
     let plan = match s.farm.boot_plan(&mac, s.server_id).await {
         Ok(p) => p,
         Err(e) if e.kind() == farm::Kind::InvalidInput => {
-            return s.refuse(&mac, &format!("{mac:?} is not a MAC address"));
+            let shown = boot_script::mac_shown(&mac);
+            return s.refuse(&mac, &format!("{shown} is not a MAC address"));
         }
         Err(e) => {
-            tracing::error!(mac, error = %e, "boot plan failed");
+            tracing::error!(mac = boot_script::mac_shown(&mac), error = %e, "boot plan failed");
             return s.refuse(
                 &mac,
                 "the farm could not decide (server error: see its log)",
@@ -316,14 +331,19 @@ fn script_response(script: String) -> Response {
 
 async fn file(
     State(s): State<BootState>,
-    UrlPath((vdisk_id, version, name)): UrlPath<(i64, i64, String)>,
+    UrlPath((mac, vdisk_id, version, name)): UrlPath<(String, i64, i64, String)>,
 ) -> Response {
     let kind = match name.as_str() {
         "kernel" => BootFileKind::Kernel,
         "initrd" => BootFileKind::Initrd,
         _ => return not_found(State(s)).await,
     };
-    match serve_file(&s, vdisk_id, version, kind).await {
+    let what = format!("no {} for that machine", kind.as_str());
+    let served = match s.granted(&mac, vdisk_id, version).await {
+        Some(t) => serve_file(&s, &t, kind, &what).await,
+        None => Err(what),
+    };
+    match served {
         Ok(r) => r,
         Err(why) => {
             s.counters.not_found.fetch_add(1, Ordering::Relaxed);
@@ -332,27 +352,36 @@ async fn file(
     }
 }
 
+impl BootState {
+    /// What `mac` boots, when the farm's boot decision for it names version `number` of
+    /// vDisk `vdisk_id` (the version its login would be granted); `None` otherwise, alike
+    /// for a malformed MAC, an unknown one, another version and an error.
+    async fn granted(&self, mac: &str, vdisk_id: i64, number: i64) -> Option<BootTarget> {
+        match self.farm.boot_plan(mac, self.server_id).await {
+            Ok(BootPlan::Boot(t)) if t.vdisk.id == vdisk_id && t.version.number == number => {
+                Some(*t)
+            }
+            Ok(_) => None,
+            Err(e) => {
+                if e.kind() != farm::Kind::InvalidInput {
+                    tracing::error!(mac = boot_script::mac_shown(mac), error = %e, "boot plan failed");
+                }
+                None
+            }
+        }
+    }
+}
+
+/// Serves `kind` of the version `t` boots (cached, or read through its chain now).
 async fn serve_file(
     s: &BootState,
-    vdisk_id: i64,
-    number: i64,
+    t: &BootTarget,
     kind: BootFileKind,
+    what: &str,
 ) -> Result<Response, String> {
-    let what = format!("no {} for vdisk {vdisk_id} version {number}", kind.as_str());
-    let vdisk = s.farm.vdisk(vdisk_id).await.map_err(|_| what.clone())?;
-    let version = s
-        .farm
-        .version(vdisk_id, number)
-        .await
-        .map_err(|_| what.clone())?;
-    let path = s
-        .farm
-        .store_dir(vdisk.store_id, s.server_id)
-        .await
-        .map_err(|_| what.clone())?
-        .join(&version.file_name);
-    let overrides = overrides_of(&vdisk);
-    let key = boot_cache::key_of(&path, vdisk_id, number, &overrides)
+    let (vdisk_id, number, path) = (t.vdisk.id, t.version.number, &t.path);
+    let overrides = overrides_of(&t.vdisk);
+    let key = boot_cache::key_of(path, vdisk_id, number, &overrides)
         .await
         .map_err(|_| format!("{what}: the version's file is missing"))?;
     let dir = s.config.cache_dir.clone();
@@ -360,7 +389,7 @@ async fn serve_file(
     if !tokio::fs::try_exists(&cached).await.unwrap_or(false) {
         // Found before taking a fill permit: a search takes one of its own.
         let located = s
-            .located(&key, &path)
+            .located(&key, path)
             .await
             .map_err(|e| format!("{what}: {e}"))?;
         let _fill = s.fills.acquire().await.map_err(|e| e.to_string())?;

@@ -17,6 +17,9 @@ pub const REFUSAL_REPEAT: usize = 5;
 pub const REFUSAL_SLEEP_SECS: u32 = 30;
 /// The longest reason printed, in characters.
 pub const REASON_CHARS_MAX: usize = 400;
+/// The most characters of a MAC as a machine sent it that a refusal (or a log line) shows:
+/// a MAC is 17; more is a client's noise, not a reason.
+pub const MAC_SHOWN_CHARS_MAX: usize = 24;
 /// The longest kernel command line the script passes (Linux x86's `COMMAND_LINE_SIZE`).
 pub const CMDLINE_BYTES_MAX: usize = 2048;
 /// The network arguments of every boot, expanded by iPXE from the lease it booted with
@@ -72,6 +75,27 @@ pub fn echo_safe(s: &str) -> String {
             }
         })
         .collect()
+}
+
+/// The MAC `mac` as the client sent it, to show in a refusal or a log line: at most
+/// [`MAC_SHOWN_CHARS_MAX`] [`echo_safe`] characters, then `...` if it was longer.
+pub fn mac_shown(mac: &str) -> String {
+    let mut shown = echo_safe(&mac.chars().take(MAC_SHOWN_CHARS_MAX).collect::<String>());
+    if mac.chars().nth(MAC_SHOWN_CHARS_MAX).is_some() {
+        shown.push_str("...");
+    }
+    shown
+}
+
+/// Where the per-device script loads a version's boot files from:
+/// `/boot/files/MAC/VDISK-ID/VERSION`, then `/kernel` or `/initrd`. The URL carries the
+/// device's MAC (`aa-bb-cc-dd-ee-ff`), so that the boot service serves a file only to the
+/// MAC whose boot plan names that version (see `boot.rs`).
+pub fn files_url(mac: &str, vdisk_id: i64, version: i64) -> String {
+    format!(
+        "/boot/files/{}/{vdisk_id}/{version}",
+        arg_value(mac).replace(':', "-")
+    )
 }
 
 /// `s` as a kernel argument value: [`boot_arg_char`]s other than `%` as they are, every
@@ -202,7 +226,7 @@ pub fn kernel_args(s: &DeviceScript<'_>) -> Result<String, ScriptError> {
 /// As [`kernel_args`].
 pub fn device_script(s: &DeviceScript<'_>) -> Result<String, ScriptError> {
     let args = kernel_args(s)?;
-    let files = format!("/boot/files/{}/{}", s.vdisk_id, s.version);
+    let files = files_url(s.mac, s.vdisk_id, s.version);
     let mut out = String::from("#!ipxe\n");
     let _ = writeln!(
         out,
@@ -279,13 +303,15 @@ mod tests {
     fn device_script_loads_kernel_and_initrd_with_the_arguments() {
         let urls = ["https://10.0.2.2:8443".to_string()];
         let s = device_script(&script(&urls)).unwrap();
-        let want = "kernel /boot/files/3/2/kernel initrd=initrd boot=ferry \
+        let want = "kernel /boot/files/52-54-00-12-34-56/3/2/kernel initrd=initrd boot=ferry \
                     ip=${netX/ip}::${netX/gateway}:${netX/netmask}:::off:${netX/dns} \
                     BOOTIF=01-${netX/mac:hexhyp} ferry.api=https://10.0.2.2:8443 ferry.mac=52:54:00:12:34:56 \
                     ferry.vdisk=golden ferry.version=2 root=/dev/nbd0p1 panic=30 ro quiet \
                     console=ttyS0,115200 || goto failed\n";
         assert!(s.contains(want), "{s}");
-        assert!(s.contains("initrd --name initrd /boot/files/3/2/initrd || goto failed\n"));
+        assert!(s.contains(
+            "initrd --name initrd /boot/files/52-54-00-12-34-56/3/2/initrd || goto failed\n"
+        ));
         assert!(s.starts_with("#!ipxe\necho Ferry: device pc1 (52:54:00:12:34:56)"));
         assert!(!s.contains("UUID=abc") && !s.contains("BOOT_IMAGE"));
     }
@@ -311,6 +337,14 @@ mod tests {
             REFUSAL_REPEAT + 1
         );
         assert!(r.ends_with("sleep 30\npoweroff || exit 1\n"));
+    }
+
+    #[test]
+    fn a_long_mac_is_shown_bounded_and_sanitized() {
+        let long = format!("{}\n${{x}}", "a".repeat(10_000));
+        let shown = mac_shown(&long);
+        assert_eq!(shown, format!("{}...", "a".repeat(MAC_SHOWN_CHARS_MAX)));
+        assert_eq!(mac_shown("52-54-00-12-34-5$"), "52-54-00-12-34-5_");
     }
 
     #[test]

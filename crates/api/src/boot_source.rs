@@ -1,8 +1,10 @@
 //! Where the boot service gets a version's boot files: the [`BootSource`] trait and its
 //! implementation over the `bootfiles` crate, [`BootfilesSource`]: a version's chain opened
 //! read-only, its kernel, initramfs, command line and root found in its own filesystem. An
-//! override path (the vDisk's `boot_kernel`/`boot_initrd`) names a file in the filesystem
-//! the search found the kernel in.
+//! override path (the vDisk's `boot_kernel`/`boot_initrd`) names a file under `/boot` as
+//! the booted system sees it: on the root filesystem when the kernel was found there, else
+//! at the root of the `/boot` partition the kernel was found on. Nothing outside `/boot` is
+//! read, whatever the override or the image's symlinks say (`bootfiles::read`).
 //!
 //! The search is split from the reads: [`BootSource::locate`] opens the chain and searches
 //! once, and the [`Located`] it returns answers what the version offers and reads its files
@@ -95,21 +97,35 @@ struct Found {
     files: bootfiles::BootFiles,
 }
 
+/// Opens the chain of `image`. The error names the file, not its directory: it is shown to
+/// the machine that asked (the server's paths are its own), and logged by the caller.
 fn open_chain(image: &Path) -> Result<Arc<dyn BlockDevice>, String> {
+    let name = image.file_name().unwrap_or_default().to_string_lossy();
     disk::open::open(image, disk::open::OpenOptions::default())
         .map(|c| c.top())
-        .map_err(|e| format!("open {}: {}", image.display(), contract::ErrorChain(&e)))
+        .map_err(|e| format!("open {name}: {}", contract::ErrorChain(&e)))
 }
 
-/// `path` in the volume of `like` (an override names a file in the filesystem the search
-/// found the kernel in).
-fn at_path(like: &bootfiles::BootFile, path: &str) -> bootfiles::BootFile {
-    bootfiles::BootFile {
-        partition: like.partition,
-        path: path.to_string(),
+/// The file the override `path` names (see the module docs), or why it names none.
+fn at_path(files: &bootfiles::BootFiles, path: &str) -> Result<bootfiles::BootFile, String> {
+    let Some(rest) = path.strip_prefix("/boot/") else {
+        return Err(format!("{path} is not under /boot: not served"));
+    };
+    let kernel = &files.kernel;
+    let on_root = files
+        .root
+        .as_ref()
+        .is_some_and(|r| r.partition == kernel.partition);
+    Ok(bootfiles::BootFile {
+        partition: kernel.partition,
+        path: if on_root {
+            path.to_string()
+        } else {
+            format!("/{rest}")
+        },
         size: 0,
         version: None,
-    }
+    })
 }
 
 impl BootSource for BootfilesSource {
@@ -143,11 +159,11 @@ impl Located for Found {
         let f = &self.files;
         let file = match kind {
             BootFileKind::Kernel => match &overrides.kernel {
-                Some(p) => at_path(&f.kernel, p),
+                Some(p) => at_path(f, p)?,
                 None => f.kernel.clone(),
             },
             BootFileKind::Initrd => match (&overrides.initrd, &f.initrd) {
-                (Some(p), _) => at_path(&f.kernel, p),
+                (Some(p), _) => at_path(f, p)?,
                 (None, Some(i)) => i.clone(),
                 (None, None) => return Err("the version has no initramfs".into()),
             },

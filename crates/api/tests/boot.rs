@@ -30,6 +30,8 @@ const ADMIN: &str = "admin";
 const MAC: &str = "52:54:00:12:34:56";
 const API_URL: &str = "https://10.0.2.2:8443";
 const KVER: &str = "6.1.0-13-amd64";
+/// Where `MAC`'s script loads its boot files from.
+const FILES: &str = "/boot/files/52-54-00-12-34-56";
 
 fn have_mkfs() -> bool {
     let ok = Command::new("mkfs.ext4")
@@ -61,11 +63,27 @@ fn fake(name: &str, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A root filesystem on the whole disk, captured into `vhdx`.
-fn root_image(work: &Path, vhdx: &Path) {
+/// What the hostile image holds beside its real kernel: the image's own secrets, and
+/// links to them where a kernel is looked for.
+const SHADOW: &[u8] = b"root:$6$secret:19000:0:99999:7:::\n";
+const HOSTILE_LINKS: [(&str, &str); 3] = [
+    ("vmlinuz", "etc/shadow"),
+    ("initrd.img", "/etc/shadow"),
+    ("boot/vmlinuz-9.9.9-evil", "../etc/shadow"),
+];
+
+/// A root filesystem on the whole disk, captured into `vhdx`; `hostile`: with `/etc/shadow`
+/// and [`HOSTILE_LINKS`] to it.
+fn root_image(work: &Path, vhdx: &Path, hostile: bool) {
     let tree = work.join("tree");
     for d in ["etc/kernel", "sbin", "usr", "boot"] {
         std::fs::create_dir_all(tree.join(d)).unwrap();
+    }
+    if hostile {
+        std::fs::write(tree.join("etc/shadow"), SHADOW).unwrap();
+        for (link, to) in HOSTILE_LINKS {
+            std::os::unix::fs::symlink(to, tree.join(link)).unwrap();
+        }
     }
     std::fs::write(
         tree.join(format!("boot/vmlinuz-{KVER}")),
@@ -105,6 +123,7 @@ struct Boot {
     router: axum::Router,
     state: BootState,
     vdisk: i64,
+    collection: i64,
     cache: std::path::PathBuf,
     version_file: std::path::PathBuf,
 }
@@ -112,6 +131,11 @@ struct Boot {
 /// A farm with vDisk "golden" (the root image), a collection that adds no device, and the
 /// diskless device `MAC` on the vDisk; the boot router over it.
 async fn setup(t: TestFarm) -> Boot {
+    setup_image(t, false).await
+}
+
+/// [`setup`], the image [`root_image`]'s `hostile` one when asked.
+async fn setup_image(t: TestFarm, hostile: bool) -> Boot {
     let f = &t.farm;
     let site = f
         .create_site(
@@ -131,7 +155,7 @@ async fn setup(t: TestFarm) -> Boot {
     let store = f.create_store(&store, ADMIN).await.unwrap();
     let dir = f.store_dir(store.id, None).await.unwrap();
     let version_file = dir.join("golden.vhdx");
-    root_image(t.dir.path(), &version_file);
+    root_image(t.dir.path(), &version_file, hostile);
     let n = NewVDisk {
         store_id: store.id,
         name: "golden".into(),
@@ -180,6 +204,7 @@ async fn setup(t: TestFarm) -> Boot {
         state,
         t,
         vdisk,
+        collection,
         cache,
         version_file,
     }
@@ -204,6 +229,22 @@ impl Boot {
         (status, len, body.to_vec())
     }
 
+    /// Adds the diskless device `mac` of `device_type` on the vDisk, in the collection.
+    async fn device(&self, mac: &str, device_type: farm::model::DeviceType) {
+        let d = NewDevice {
+            collection_id: self.collection,
+            mac: mac.into(),
+            name: mac.replace(':', ""),
+            device_type: Some(device_type),
+            vdisk_id: Some(self.vdisk),
+            cache_mode: None,
+            ram_bytes: None,
+            pinned_version: None,
+            diskless: true,
+        };
+        self.t.farm.create_device(&d, ADMIN).await.unwrap();
+    }
+
     async fn text(&self, uri: &str) -> String {
         let (s, _, b) = self.get(Method::GET, uri).await;
         assert_eq!(s, StatusCode::OK, "{uri}");
@@ -222,27 +263,23 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
     let script = b.text("/boot/ipxe/52-54-00-12-34-56").await;
     let id = b.vdisk;
     let want = format!(
-        "kernel /boot/files/{id}/0/kernel initrd=initrd boot=ferry \
+        "kernel /boot/files/52-54-00-12-34-56/{id}/0/kernel initrd=initrd boot=ferry \
          ip=${{netX/ip}}::${{netX/gateway}}:${{netX/netmask}}:::off:${{netX/dns}} \
          BOOTIF=01-${{netX/mac:hexhyp}} ferry.api={API_URL} ferry.mac={MAC} ferry.vdisk=golden ferry.version=0 \
          root=/dev/nbd0 panic=30 ro quiet console=ttyS0,115200 || goto failed\n"
     );
     assert!(script.contains(&want), "{script}");
-    assert!(script.contains(&format!("initrd --name initrd /boot/files/{id}/0/initrd")));
+    assert!(script.contains(&format!(
+        "initrd --name initrd /boot/files/52-54-00-12-34-56/{id}/0/initrd"
+    )));
     assert!(script.contains("echo Ferry: device vm1 (52:54:00:12:34:56) boots vDisk golden"));
-    let (s, len, kernel) = b
-        .get(Method::GET, &format!("/boot/files/{id}/0/kernel"))
-        .await;
+    let (s, len, kernel) = b.get(Method::GET, &format!("{FILES}/{id}/0/kernel")).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(kernel, fake("kernel", 3 << 20));
     assert_eq!(len, Some(3 << 20));
-    let (s, len, body) = b
-        .get(Method::HEAD, &format!("/boot/files/{id}/0/initrd"))
-        .await;
+    let (s, len, body) = b.get(Method::HEAD, &format!("{FILES}/{id}/0/initrd")).await;
     assert_eq!((s, len, body.len()), (StatusCode::OK, Some(5 << 20), 0));
-    let (_, _, initrd) = b
-        .get(Method::GET, &format!("/boot/files/{id}/0/initrd"))
-        .await;
+    let (_, _, initrd) = b.get(Method::GET, &format!("{FILES}/{id}/0/initrd")).await;
     assert_eq!(initrd, fake("initrd", 5 << 20));
     // Cached: owner-only, filled once per file.
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
@@ -254,8 +291,7 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
     }
     let c = b.state.counters();
     assert_eq!(c.fills.load(Ordering::Relaxed), 2);
-    b.get(Method::GET, &format!("/boot/files/{id}/0/kernel"))
-        .await;
+    b.get(Method::GET, &format!("{FILES}/{id}/0/kernel")).await;
     assert_eq!(c.fills.load(Ordering::Relaxed), 2);
     assert_eq!(c.scripts.load(Ordering::Relaxed), 1);
     // The script, the kernel and the initramfs (two fills) shared one search of the
@@ -270,9 +306,7 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
         .unwrap();
     let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
     f.set_modified(later).unwrap();
-    let (_, _, again) = b
-        .get(Method::GET, &format!("/boot/files/{id}/0/kernel"))
-        .await;
+    let (_, _, again) = b.get(Method::GET, &format!("{FILES}/{id}/0/kernel")).await;
     assert_eq!(again, kernel);
     assert_eq!(c.fills.load(Ordering::Relaxed), 3);
     assert_eq!(
@@ -301,6 +335,15 @@ async fn refusals_are_scripts_that_say_why_and_power_off(t: TestFarm) {
         assert!(s.ends_with("sleep 30\npoweroff || exit 1\n"), "{s}");
         assert!(!s.lines().any(|l| l.starts_with("kernel")), "{s}");
     }
+    // Issue 30: a MAC of 10,000 characters is shown bounded (not five times 400 of it).
+    let long = "a".repeat(10_000);
+    let s = b.text(&format!("/boot/ipxe/{long}")).await;
+    assert!(s.contains("is not a MAC address"), "{s}");
+    assert!(
+        !s.contains(&"a".repeat(api::boot_script::MAC_SHOWN_CHARS_MAX + 1)),
+        "{s}"
+    );
+    assert!(s.len() < 1024, "{} bytes: {s}", s.len());
     // The version's file gone: refused with its name.
     std::fs::remove_file(&b.version_file).unwrap();
     let s = b.text("/boot/ipxe/52-54-00-12-34-56").await;
@@ -321,14 +364,17 @@ async fn an_outsider_gets_nothing_but_boot_files(t: TestFarm) {
         format!("/api/v1/devices?token={admin}"),
         "/".to_string(),
         "/boot/".to_string(),
-        format!("/boot/files/{id}/0/cmdline"),
-        format!("/boot/files/{id}/0/..%2F..%2Fetc%2Fpasswd"),
-        format!("/boot/files/{id}/0/../../../etc/passwd"),
-        format!("/boot/files/{id}/0/kernel/../../golden.vhdx"),
-        format!("/boot/files/{id}/7/kernel"),
-        "/boot/files/999/0/kernel".to_string(),
-        "/boot/files/1/x/kernel".to_string(),
-        "/boot/files/-1/0/kernel".to_string(),
+        format!("{FILES}/{id}/0/cmdline"),
+        format!("{FILES}/{id}/0/..%2F..%2Fetc%2Fpasswd"),
+        format!("{FILES}/{id}/0/../../../etc/passwd"),
+        format!("{FILES}/{id}/0/kernel/../../golden.vhdx"),
+        format!("{FILES}/{id}/7/kernel"),
+        format!("{FILES}/999/0/kernel"),
+        format!("{FILES}/1/x/kernel"),
+        format!("{FILES}/-1/0/kernel"),
+        format!("/boot/files/{id}/0/kernel"),
+        format!("/boot/files/52-54-00-00-00-99/{id}/0/kernel"),
+        format!("/boot/files/zz/{id}/0/kernel"),
     ] {
         let (s, _, body) = b.get(Method::GET, &uri).await;
         assert!(
@@ -356,8 +402,81 @@ async fn an_outsider_gets_nothing_but_boot_files(t: TestFarm) {
     );
 }
 
+/// Issue 30: a version's files go only to a MAC whose boot decision names that version. A
+/// maintenance version goes to the maintenance device, not to a production device, an
+/// unknown MAC, or the URL without a MAC that served any version to anyone before.
+async fn a_maintenance_version_s_files_go_to_the_maintenance_device_only(t: TestFarm) {
+    if !have_mkfs() {
+        return;
+    }
+    let b = setup(t).await;
+    let id = b.vdisk;
+    let v = b.t.farm.new_version(id, ADMIN).await.unwrap();
+    assert_eq!(v.access, farm::model::AccessMode::Maintenance);
+    let n = v.number;
+    let maint = "52:54:00:00:00:0d";
+    b.device(maint, farm::model::DeviceType::Maintenance).await;
+    let production = b.text("/boot/ipxe/52-54-00-12-34-56").await;
+    assert!(
+        production.contains(&format!("{FILES}/{id}/0/kernel")),
+        "{production}"
+    );
+    for uri in [
+        format!("{FILES}/{id}/{n}/kernel"),
+        format!("{FILES}/{id}/{n}/initrd"),
+        format!("/boot/files/{id}/{n}/kernel"),
+        format!("/boot/files/{id}/{n}/initrd"),
+        format!("/boot/files/52-54-00-00-00-99/{id}/{n}/kernel"),
+        format!("/boot/files/52-54-00-00-00-0d/{id}/0/kernel"),
+    ] {
+        let (s, _, body) = b.get(Method::GET, &uri).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{uri}");
+        assert!(body.len() < 1024, "{uri}");
+    }
+    assert_eq!(b.state.counters().fills.load(Ordering::Relaxed), 0);
+    let script = b.text("/boot/ipxe/52-54-00-00-00-0d").await;
+    let url = format!("/boot/files/52-54-00-00-00-0d/{id}/{n}/kernel");
+    assert!(script.contains(&format!("kernel {url} ")), "{script}");
+    let (s, _, kernel) = b.get(Method::GET, &url).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(kernel, fake("kernel", 3 << 20));
+}
+
+/// Issue 30: links in the image that lead out of `/boot` (`/vmlinuz` to `/etc/shadow`, a
+/// `vmlinuz-9.9.9` that sorts first) are not served: the kernel in `/boot` is; an override
+/// under `/boot` that is such a link is refused when read, not served.
+async fn links_out_of_boot_are_never_served(t: TestFarm) {
+    if !have_mkfs() {
+        return;
+    }
+    let b = setup_image(t, true).await;
+    let id = b.vdisk;
+    b.text("/boot/ipxe/52-54-00-12-34-56").await;
+    let (s, _, kernel) = b.get(Method::GET, &format!("{FILES}/{id}/0/kernel")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(kernel, fake("kernel", 3 << 20));
+    let (_, _, initrd) = b.get(Method::GET, &format!("{FILES}/{id}/0/initrd")).await;
+    assert_eq!(initrd, fake("initrd", 5 << 20));
+    let p = farm::input::VDiskPatch {
+        boot_kernel: Some(Some("/boot/vmlinuz-9.9.9-evil".into())),
+        ..Default::default()
+    };
+    b.t.farm.update_vdisk(id, &p, ADMIN).await.unwrap();
+    let (s, _, body) = b.get(Method::GET, &format!("{FILES}/{id}/0/kernel")).await;
+    assert_eq!(
+        s,
+        StatusCode::NOT_FOUND,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert!(String::from_utf8_lossy(&body).contains("leads out of /boot"));
+    assert!(!body.windows(SHADOW.len()).any(|w| w == SHADOW));
+}
+
 dual_tests!(
     a_device_gets_its_script_and_its_version_s_kernel_and_initrd,
     refusals_are_scripts_that_say_why_and_power_off,
     an_outsider_gets_nothing_but_boot_files,
+    a_maintenance_version_s_files_go_to_the_maintenance_device_only,
+    links_out_of_boot_are_never_served,
 );

@@ -1,7 +1,8 @@
 //! Issue 18's farm findings over the REST API, on SQLite and PostgreSQL: the store-root rule
 //! holds for chains, new store paths and store directories swapped for symlinks; bad images
 //! and failed merges answer 4xx naming what is wrong; a read-only token never sees a
-//! session's export name; an unknown device's login leaves nothing behind.
+//! session's export name; an unknown device's login leaves nothing behind. Issue 30: boot
+//! file overrides outside `/boot` are refused.
 
 #[path = "../../farm/tests/common/mod.rs"]
 mod common;
@@ -278,6 +279,38 @@ async fn unknown_device_login_leaves_nothing(t: TestFarm) {
     assert_eq!((a.audit_total().await, tree(a.t.dir.path())), before);
 }
 
+/// Issue 30: a vDisk's `boot_kernel`/`boot_initrd` naming anything but a file under
+/// `/boot` is refused with a reason (the boot port serves boot files to anyone on the boot
+/// network: `/etc/shadow` or the farm's key must never become one).
+async fn boot_file_overrides_outside_boot_are_refused(t: TestFarm) {
+    let a = Api::new(t);
+    let (vdisk, _) = a.fixture().await;
+    let uri = format!("/api/v1/vdisks/{vdisk}");
+    for (field, path) in [
+        ("boot_kernel", "/etc/shadow"),
+        ("boot_initrd", "/var/lib/ferry/secrets/farm.key"),
+        ("boot_kernel", "/boot/../etc/shadow"),
+        ("boot_initrd", "/vmlinuz"),
+    ] {
+        a.refused(
+            Method::PATCH,
+            &uri,
+            Some(json!({ field: path })),
+            StatusCode::BAD_REQUEST,
+            "must name a file under /boot",
+        )
+        .await;
+    }
+    let v = a
+        .ok(
+            Method::PATCH,
+            &uri,
+            Some(json!({"boot_kernel": "/boot/vmlinuz-6.1.0-13-amd64"})),
+        )
+        .await;
+    assert_eq!(v["boot_kernel"], "/boot/vmlinuz-6.1.0-13-amd64", "{v}");
+}
+
 dual_tests!(
     chains_leaving_the_store_are_refused,
     store_path_through_a_symlink_is_refused,
@@ -285,4 +318,5 @@ dual_tests!(
     bad_images_and_failed_merges_answer_4xx,
     read_only_token_sees_no_export_name,
     unknown_device_login_leaves_nothing,
+    boot_file_overrides_outside_boot_are_refused,
 );

@@ -17,8 +17,8 @@ use serde::Serialize;
 use tracing::debug;
 
 use crate::names::{
-    cmdline_from_grub_default, cmdline_from_kernel_file, compare_versions, initrd_names,
-    kernel_version,
+    cmdline_from_grub_default, cmdline_from_kernel_file, compare_versions, in_boot_dir,
+    initrd_names, kernel_version,
 };
 use crate::volume::{TableKind, Volume, has_ext_magic, open_ext, volumes};
 use crate::{BOOT_FILE_BYTES_MAX, BootFilesError};
@@ -196,8 +196,15 @@ fn root_fs(fs: &Ext4, vol: &Volume) -> RootFs {
     }
 }
 
-/// A regular file at `path` (symlinks followed), or `None` if there is none.
-fn file_at(fs: &Ext4, vol: &Volume, path: &str) -> Result<Option<BootFile>, BootFilesError> {
+/// A regular file at `path` (symlinks followed, inside the filesystem), or `None` if there
+/// is none, or if the links lead out of `/boot` ([`in_boot_dir`]: `is_root` says whether
+/// `fs` is a root filesystem).
+fn file_at(
+    fs: &Ext4,
+    vol: &Volume,
+    path: &str,
+    is_root: bool,
+) -> Result<Option<BootFile>, BootFilesError> {
     let real = match fs.canonicalize(path) {
         Ok(p) => p,
         Err(Ext4Error::NotFound | Ext4Error::NotADirectory) => return Ok(None),
@@ -206,6 +213,10 @@ fn file_at(fs: &Ext4, vol: &Volume, path: &str) -> Result<Option<BootFile>, Boot
     let Ok(real) = real.to_str().map(str::to_string) else {
         return Ok(None);
     };
+    if !in_boot_dir(&real, is_root) {
+        debug!(volume = %vol.label(), path, real, "a boot file link leads out of /boot: skipped");
+        return Ok(None);
+    }
     let meta = match fs.metadata(real.as_str()) {
         Ok(m) => m,
         Err(Ext4Error::NotFound) => return Ok(None),
@@ -242,11 +253,11 @@ fn offer(fs: &Ext4, vol: &Volume, is_root: bool) -> Result<Offer, BootFilesError
         ("/", &["/vmlinuz"])
     };
     for link in links {
-        if let Some(kernel) = file_at(fs, vol, link)? {
+        if let Some(kernel) = file_at(fs, vol, link, is_root)? {
             let initrd_link = link.replace("vmlinuz", "initrd.img");
-            let initrd = match file_at(fs, vol, &initrd_link)? {
+            let initrd = match file_at(fs, vol, &initrd_link, is_root)? {
                 Some(i) => Some(i),
-                None => initrd_for(fs, vol, &kernel)?,
+                None => initrd_for(fs, vol, &kernel, is_root)?,
             };
             out.linked = Some(Pair { kernel, initrd });
             break;
@@ -276,8 +287,8 @@ fn offer(fs: &Ext4, vol: &Volume, is_root: bool) -> Result<Offer, BootFilesError
     for v in versions {
         let path = format!("{}/vmlinuz-{v}", dir.trim_end_matches('/'));
         // Only regular files count by name (a link named vmlinuz-X is followed to its file).
-        if let Some(kernel) = file_at(fs, vol, &path)? {
-            let initrd = initrd_for(fs, vol, &kernel)?;
+        if let Some(kernel) = file_at(fs, vol, &path, is_root)? {
+            let initrd = initrd_for(fs, vol, &kernel, is_root)?;
             out.scanned.push(Pair { kernel, initrd });
         }
     }
@@ -289,13 +300,14 @@ fn initrd_for(
     fs: &Ext4,
     vol: &Volume,
     kernel: &BootFile,
+    is_root: bool,
 ) -> Result<Option<BootFile>, BootFilesError> {
     let Some(version) = kernel.version.as_deref() else {
         return Ok(None);
     };
     let dir = kernel.path.rsplit_once('/').map_or("", |(d, _)| d);
     for name in initrd_names(version) {
-        if let Some(mut f) = file_at(fs, vol, &format!("{dir}/{name}"))? {
+        if let Some(mut f) = file_at(fs, vol, &format!("{dir}/{name}"), is_root)? {
             f.version = Some(version.to_string());
             return Ok(Some(f));
         }
@@ -319,12 +331,16 @@ fn read_cmdline(fs: &Ext4) -> Option<String> {
     text("/etc/default/grub").and_then(|t| cmdline_from_grub_default(&t))
 }
 
-/// Reads the bytes of `file` (as [`find`] returned it) from the disk `dev`, refusing a file
-/// larger than `max_bytes` (at most [`BOOT_FILE_BYTES_MAX`]) before reading it.
+/// Reads the bytes of `file` (as [`find`] returned it, or a path a vDisk's boot
+/// configuration names) from the disk `dev`, refusing a file larger than `max_bytes` (at
+/// most [`BOOT_FILE_BYTES_MAX`]) before reading it, and a path whose symlinks, resolved
+/// inside the volume's filesystem, lead out of `/boot` ([`in_boot_dir`]: on a root
+/// filesystem only `/boot` is served; a separate `/boot` partition is `/boot` whole).
 ///
 /// # Errors
 /// [`BootFilesError::FileTooLarge`], [`BootFilesError::NoVolume`],
-/// [`BootFilesError::NotAFile`], filesystem and disk errors.
+/// [`BootFilesError::NotAFile`], [`BootFilesError::OutsideBoot`], filesystem and disk
+/// errors.
 pub fn read(
     dev: &Arc<dyn BlockDevice>,
     file: &BootFile,
@@ -344,9 +360,18 @@ pub fn read(
         return Err(BootFilesError::NoVolume { volume: label() });
     }
     let fs = open_ext(dev, vol)?;
-    let meta = fs
-        .metadata(file.path.as_str())
+    let outside = || BootFilesError::OutsideBoot {
+        volume: label(),
+        path: file.path.clone(),
+    };
+    let real = fs
+        .canonicalize(file.path.as_str())
         .map_err(|e| fs_err(vol, e))?;
+    let real = real.to_str().map_err(|_| outside())?.to_string();
+    if !in_boot_dir(&real, looks_like_root(&fs)) {
+        return Err(outside());
+    }
+    let meta = fs.metadata(real.as_str()).map_err(|e| fs_err(vol, e))?;
     if !meta.file_type().is_regular_file() {
         return Err(BootFilesError::NotAFile {
             volume: label(),
@@ -362,7 +387,7 @@ pub fn read(
             max,
         });
     }
-    let mut f = fs.open(file.path.as_str()).map_err(|e| fs_err(vol, e))?;
+    let mut f = fs.open(real.as_str()).map_err(|e| fs_err(vol, e))?;
     // size <= BOOT_FILE_BYTES_MAX, which fits in usize on the 64-bit hosts Ferry runs on.
     debug_assert!(size <= BOOT_FILE_BYTES_MAX, "refused above when larger");
     let mut out = vec![0u8; usize::try_from(size).unwrap_or(0)];

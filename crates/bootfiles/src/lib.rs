@@ -88,6 +88,15 @@ pub enum BootFilesError {
         /// Its path.
         path: String,
     },
+    /// A boot file's path leads out of `/boot` (its symlinks resolved inside the
+    /// filesystem): not served.
+    #[error("{path} on the {volume} leads out of /boot: not served")]
+    OutsideBoot {
+        /// Its volume.
+        volume: String,
+        /// The path asked for.
+        path: String,
+    },
     /// A file changed size while it was read.
     #[error("{path} on the {volume} gave {got} bytes, its inode says {size}")]
     ShortRead {

@@ -14,6 +14,28 @@ pub fn kernel_version(name: &str) -> Option<&str> {
         .filter(|v| !v.is_empty() && !v.ends_with(".old") && !v.ends_with(".sig"))
 }
 
+/// The directory boot files are served from on a root filesystem.
+pub const BOOT_DIR: &str = "/boot";
+
+/// True when `real`, a file's path with every symlink resolved, may be served as a boot
+/// file: inside [`BOOT_DIR`] on a root filesystem (`is_root`), anywhere on a separate
+/// `/boot` partition (whose root is `/boot`). A link that leads elsewhere (`/vmlinuz` to
+/// `/etc/shadow`, `/boot` itself to `/etc`) names nothing a machine boots.
+pub fn in_boot_dir(real: &str, is_root: bool) -> bool {
+    let clean = real.starts_with('/')
+        && real
+            .split('/')
+            .skip(1)
+            .all(|c| !c.is_empty() && c != "." && c != "..");
+    if !clean {
+        return false;
+    }
+    !is_root
+        || real
+            .strip_prefix(BOOT_DIR)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
 /// The initrd names of a kernel version, in the order to try (Debian, then dracut/Fedora).
 pub fn initrd_names(version: &str) -> [String; 3] {
     [
@@ -119,6 +141,26 @@ fn unquote(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_paths_inside_boot_are_boot_files_on_a_root_filesystem() {
+        assert!(in_boot_dir("/boot/vmlinuz-6.1.0-13-amd64", true));
+        assert!(in_boot_dir("/boot/efi/x/linux", true));
+        for bad in [
+            "/etc/shadow",
+            "/vmlinuz",
+            "/boot",
+            "/bootx/v",
+            "/boot/../etc/shadow",
+            "boot/v",
+            "/boot//v",
+        ] {
+            assert!(!in_boot_dir(bad, true), "{bad}");
+        }
+        // A /boot partition is /boot: any clean path in it.
+        assert!(in_boot_dir("/vmlinuz-6.1.0-13-amd64", false));
+        assert!(!in_boot_dir("/a/../b", false));
+    }
 
     #[test]
     fn versions_compare_numerically() {

@@ -193,6 +193,67 @@ fn whole_disk_ext4_follows_debian_links() {
     check_bytes(&dev, &found, &kernel, &initrd);
 }
 
+/// Issue 30: links in the image that lead out of `/boot` (to the image's own secrets) are
+/// never found nor read, and a path outside `/boot` is refused by `read`; the real kernel
+/// in `/boot` is found instead.
+#[test]
+fn links_out_of_boot_are_neither_found_nor_read() {
+    if !have_tools() {
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("root");
+    let kernel = fake("kernel", 300_000);
+    let initrd = fake("initrd", 100_000);
+    tree(
+        &dir,
+        &[
+            ("boot/vmlinuz-6.1.0-1-amd64", kernel.clone()),
+            ("boot/initrd.img-6.1.0-1-amd64", initrd.clone()),
+            (
+                "etc/shadow",
+                b"root:$6$secret:19000:0:99999:7:::\n".to_vec(),
+            ),
+            ("etc/ferry/farm.key", b"the farm key".to_vec()),
+        ],
+        &[
+            ("vmlinuz", "etc/shadow"),
+            ("initrd.img", "/etc/ferry/farm.key"),
+            ("boot/vmlinuz-9.9.9-evil", "../etc/shadow"),
+            ("boot/initrd.img-9.9.9-evil", "/etc/ferry/farm.key"),
+        ],
+        &["usr/bin", "sbin"],
+    );
+    let raw = t.path().join("disk.img");
+    mkfs("ext4", &dir, &raw, 32 * MIB, ROOT_UUID);
+    let dev = to_vhdx(&raw, &t.path().join("disk.vhdx"));
+
+    let found = find(&dev).unwrap();
+
+    assert_eq!(
+        found.kernel.path, "/boot/vmlinuz-6.1.0-1-amd64",
+        "{found:?}"
+    );
+    check_bytes(&dev, &found, &kernel, &initrd);
+    for path in [
+        "/etc/shadow",
+        "/vmlinuz",
+        "/initrd.img",
+        "/boot/vmlinuz-9.9.9-evil",
+        "/boot/initrd.img-9.9.9-evil",
+    ] {
+        let named = bootfiles::BootFile {
+            path: path.to_string(),
+            ..found.kernel.clone()
+        };
+        let e = read(&dev, &named, BOOT_FILE_BYTES_MAX).unwrap_err();
+        assert!(
+            matches!(e, BootFilesError::OutsideBoot { .. }),
+            "{path}: {e}"
+        );
+    }
+}
+
 #[test]
 fn mbr_root_partition_with_grub_defaults() {
     if !have_tools() {

@@ -456,10 +456,11 @@ enum VdiskCommand {
         /// Kernel arguments the network boot appends ("" clears them).
         #[arg(long, value_name = "ARGS")]
         boot_cmdline: Option<String>,
-        /// The kernel's path in the version's filesystem ("" : found in /boot).
+        /// The kernel's path under /boot in the version's filesystem ("" : found in /boot).
         #[arg(long, value_name = "PATH")]
         boot_kernel: Option<String>,
-        /// The initramfs's path in the version's filesystem ("" : found in /boot).
+        /// The initramfs's path under /boot in the version's filesystem ("" : found in
+        /// /boot).
         #[arg(long, value_name = "PATH")]
         boot_initrd: Option<String>,
     },

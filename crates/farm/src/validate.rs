@@ -84,20 +84,27 @@ pub fn boot_cmdline(value: &str) -> Result<()> {
     Ok(())
 }
 
-/// Checks a boot file's path inside a version's filesystem: absolute, at most
-/// [`BOOT_TEXT_BYTES_MAX`] bytes, no `.` or `..` component, no control character.
+/// Checks a boot file's path inside a version's filesystem: a file under `/boot` (as the
+/// booted system sees it; on an image with a separate `/boot` partition, that partition),
+/// at most [`BOOT_TEXT_BYTES_MAX`] bytes, no empty, `.` or `..` component, no control
+/// character. The boot port serves boot files to unauthenticated machines, so a path
+/// anywhere else in the image (`/etc/shadow`, a key) is refused here, and again when read
+/// (with the image's symlinks resolved, by `bootfiles::read`).
 ///
 /// # Errors
 /// [`crate::Kind::InvalidInput`].
 pub fn boot_path(field: &str, value: &str) -> Result<()> {
-    let bad = value.len() > BOOT_TEXT_BYTES_MAX
-        || !value.starts_with('/')
-        || value.chars().any(char::is_control)
-        || value.split('/').any(|c| c == "." || c == "..");
+    let under_boot = value.strip_prefix("/boot/").is_some_and(|rest| {
+        rest.split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
+    });
+    let bad =
+        value.len() > BOOT_TEXT_BYTES_MAX || !under_boot || value.chars().any(char::is_control);
     if bad {
         return Err(FarmError::invalid(format!(
-            "{field} must be an absolute path in the version's filesystem (at most \
-             {BOOT_TEXT_BYTES_MAX} bytes, no . or .. component), e.g. /boot/vmlinuz"
+            "{field} must name a file under /boot in the version's filesystem (at most \
+             {BOOT_TEXT_BYTES_MAX} bytes, no . or .. component), e.g. \
+             /boot/vmlinuz-6.1.0-13-amd64: the boot port serves nothing else"
         )));
     }
     Ok(())
@@ -254,7 +261,18 @@ mod tests {
             assert!(boot_cmdline(bad).is_err(), "{bad:?}");
         }
         assert!(boot_path("k", "/boot/vmlinuz-6.1").is_ok());
-        for bad in ["boot/vmlinuz", "/boot/../etc/shadow", "/a/./b", "/a\nb"] {
+        for bad in [
+            "boot/vmlinuz",
+            "/boot/../etc/shadow",
+            "/a/./b",
+            "/a\nb",
+            "/etc/shadow",
+            "/var/lib/ferry/secrets/farm.key",
+            "/boot",
+            "/boot/",
+            "/bootx/vmlinuz",
+            "/boot//vmlinuz",
+        ] {
             assert!(boot_path("k", bad).is_err(), "{bad:?}");
         }
     }

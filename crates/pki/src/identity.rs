@@ -6,10 +6,28 @@ use contract::identity::IDENTITY_URI_PREFIX;
 pub use contract::identity::{IDENTITY_NAME_BYTES_MAX, Identity, IdentityError};
 
 /// The identity a certificate (DER) names in its subject alternative names, if it names
-/// exactly one. The caller has verified the certificate's chain to the farm's CA; a
-/// certificate naming none or several is no identity.
+/// exactly one and is a client certificate as the farm issues them: the client
+/// authentication extended key usage (every device, administrator and server certificate
+/// of [`crate::Authority`] has it), and not a CA. The caller has verified the
+/// certificate's chain to the farm's CA; a certificate naming none or several identities,
+/// or without that usage (a certificate signed by the farm's CA for some other purpose, or
+/// with no extended key usage at all, which TLS alone accepts for any purpose), is no
+/// identity.
 pub fn identity_of(cert_der: &[u8]) -> Option<Identity> {
     let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
+    let client_auth = cert
+        .extended_key_usage()
+        .ok()
+        .flatten()
+        .is_some_and(|e| e.value.client_auth);
+    let ca = cert
+        .basic_constraints()
+        .ok()
+        .flatten()
+        .is_some_and(|b| b.value.ca);
+    if !client_auth || ca {
+        return None;
+    }
     let san = cert.subject_alternative_name().ok()??;
     let mut found = san.value.general_names.iter().filter_map(|n| match n {
         x509_parser::extensions::GeneralName::URI(u) if u.starts_with(IDENTITY_URI_PREFIX) => {

@@ -1,6 +1,7 @@
 //! Certificates issued by the farm's CA in real TLS handshakes (rustls on both ends, in
 //! memory): a device's identity is read back from what it presents; a certificate of
-//! another CA, and a server certificate for another host, are refused.
+//! another CA, and a server certificate for another host, are refused; a certificate of the
+//! farm's CA without the client authentication usage names no identity.
 
 use std::io::{Read as _, Write as _};
 use std::sync::Arc;
@@ -119,6 +120,43 @@ fn a_certificate_of_another_ca_is_refused() {
     let client =
         pki::client_config(ca.cert_pem(), Some((&forged.cert_pem, &forged.key_pem))).unwrap();
     assert!(handshake(client, server, "127.0.0.1").is_err());
+}
+
+/// A certificate the farm's CA signed naming `urn:ferry:admin:mallory` with `eku` (the
+/// farm never issues one without client authentication), PEM certificate and key.
+fn admin_cert_with(ca: &Authority, eku: Vec<rcgen::ExtendedKeyUsagePurpose>) -> (String, String) {
+    let ca_key = rcgen::KeyPair::from_pem(ca.key_pem()).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(ca.cert_pem(), ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut p = rcgen::CertificateParams::default();
+    p.distinguished_name
+        .push(rcgen::DnType::CommonName, "ferry admin mallory");
+    p.subject_alt_names = vec![rcgen::SanType::URI(
+        "urn:ferry:admin:mallory".try_into().unwrap(),
+    )];
+    p.extended_key_usages = eku;
+    let cert = p.signed_by(&key, &issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// Issue 30: a certificate of the farm's CA without the client authentication usage the
+/// farm issues to administrators is no identity. TLS accepts one with no extended key usage
+/// at all (valid for any purpose), so the identity check must refuse it.
+#[test]
+fn a_farm_certificate_without_client_auth_names_no_identity() {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    let (ca, server) = setup();
+    let (cert, key) = admin_cert_with(&ca, Vec::new());
+    let client = pki::client_config(ca.cert_pem(), Some((&cert, &key))).unwrap();
+    let s = handshake(client, server, "127.0.0.1").unwrap();
+    assert_eq!(identity_of(&s.peer_certificates().unwrap()[0]), None);
+    let (server_only, _) = admin_cert_with(&ca, vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth]);
+    let der = CertificateDer::from_pem_slice(server_only.as_bytes()).unwrap();
+    assert_eq!(identity_of(&der), None);
+    let (issued, _) = admin_cert_with(&ca, vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth]);
+    let der = CertificateDer::from_pem_slice(issued.as_bytes()).unwrap();
+    assert_eq!(identity_of(&der), Some(Identity::admin("mallory").unwrap()));
 }
 
 #[test]

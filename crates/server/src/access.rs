@@ -4,15 +4,26 @@
 //!
 //! ```text
 //!  export                      who may open it
-//!  NAME, NAME@V (read-only)    any certificate of the farm's CA (device, admin, server);
-//!                              without one, a caller in `plain_reads` scope (default: local)
-//!  NAME[@V]+DEV[+persistent]   the device DEV's certificate, or an administrator's; without
-//!                              one, a caller in `plain_writes` scope (default: local for a
-//!                              standalone server, nobody for a farm server)
+//!  NAME, NAME@V (read-only)    an administrator's or a server's certificate; a caller in
+//!                              `plain_reads` scope (default: local)
+//!  NAME[@V]+DEV[+persistent]   an administrator's certificate; a caller in `plain_writes`
+//!                              scope (default: local for a standalone server, nobody for a
+//!                              farm server)
 //!  NAME+private                an administrator's certificate; or `plain_writes` scope
 //!  ferry-s-KEY (a session)     the certificate of the session's device, or an
 //!                              administrator's; never without TLS
 //! ```
+//!
+//! **A device's certificate opens its session only** (issue 30): the session export its
+//! login granted, which stands for the version the farm's rules give that device
+//! (a maintenance version to a maintenance device only), so a device cannot name another
+//! vDisk or version, nor another device's write cache. Listing the exports needs the same
+//! as reading one plainly.
+//!
+//! **Recording a boot set** ([`AccessPolicy::record_as`]) is a write to state every later
+//! boot of the version reads ahead: the device of a session opened with its own
+//! certificate, an administrator, or a caller in `plain_writes` scope; never an anonymous
+//! reader.
 //!
 //! "Local" is the unix socket or a loopback address. A caller that is neither allowed
 //! plainly nor authenticated gets `TlsRequired` (NBD_REP_ERR_TLS_REQD: a standard client
@@ -20,7 +31,7 @@
 //! A session that does not exist and a session of another device are refused alike, so a
 //! refusal tells an outsider nothing about which sessions exist.
 
-use contract::{DeviceName, ExportName, Mac};
+use contract::{ExportName, Mac};
 use pki::Identity;
 
 /// Which callers may do something without a certificate.
@@ -131,8 +142,15 @@ impl AccessPolicy {
         session: Option<&SessionExport>,
     ) -> Result<(), Refusal> {
         let admin = matches!(caller.identity, Some(Identity::Admin(_)));
+        let device = matches!(caller.identity, Some(Identity::Device(_)));
         let need_cert = |what: &str| {
-            if caller.identity.is_some() {
+            if device {
+                Refusal::Forbidden(format!(
+                    "{what}: the certificate of {} opens only the session export its login \
+                     granted",
+                    caller.describe()
+                ))
+            } else if caller.identity.is_some() {
                 Refusal::Forbidden(format!(
                     "{what}: the certificate of {} does not allow it",
                     caller.describe()
@@ -146,16 +164,15 @@ impl AccessPolicy {
         };
         match export {
             ExportName::ReadOnly { .. } => {
-                if caller.identity.is_some() || self.plain_reads.admits(caller.local) {
+                let farm_member = caller.identity.is_some() && !device;
+                if farm_member || self.plain_reads.admits(caller.local) {
                     Ok(())
                 } else {
                     Err(need_cert("reading a vDisk"))
                 }
             }
             ExportName::ServerCache { device, .. } | ExportName::Persistent { device, .. } => {
-                let owner = matches!(&caller.identity,
-                    Some(Identity::Device(mac)) if DeviceName::of_mac(*mac) == *device);
-                if admin || owner || self.plain_writes.admits(caller.local) {
+                if admin || self.plain_writes.admits(caller.local) {
                     Ok(())
                 } else {
                     Err(need_cert(&format!("the write cache of device {device}")))
@@ -188,18 +205,40 @@ impl AccessPolicy {
         }
     }
 
-    /// May `caller` list the exports (names and sizes of read-only exports)?
+    /// May `caller` list the exports (names and sizes of read-only exports)? As for reading
+    /// one plainly: not with a device's certificate.
     ///
     /// # Errors
-    /// [`Refusal::TlsRequired`].
+    /// [`Refusal::TlsRequired`], [`Refusal::Forbidden`] for a device's certificate.
     pub fn check_list(&self, caller: &Caller) -> Result<(), Refusal> {
-        if caller.identity.is_some() || self.plain_reads.admits(caller.local) {
+        let device = matches!(caller.identity, Some(Identity::Device(_)));
+        if (caller.identity.is_some() && !device) || self.plain_reads.admits(caller.local) {
             Ok(())
+        } else if device {
+            Err(Refusal::Forbidden(format!(
+                "listing exports: the certificate of {} opens only its session",
+                caller.describe()
+            )))
         } else {
             Err(Refusal::TlsRequired(format!(
                 "listing exports needs TLS with a certificate of the farm (the caller is {})",
                 caller.describe()
             )))
+        }
+    }
+
+    /// May a connection of `caller` that the access rule let open an export record its
+    /// boot into the version's boot set (see the module docs)? `session` is what the
+    /// session export it opened stands for (`None`: it opened a plain export).
+    pub fn record_as(&self, caller: &Caller, session: Option<&SessionExport>) -> bool {
+        let admin = matches!(caller.identity, Some(Identity::Admin(_)));
+        match session {
+            Some(s) => {
+                admin
+                    || (caller.tls
+                        && matches!(&caller.identity, Some(Identity::Device(mac)) if *mac == s.device))
+            }
+            None => admin || self.plain_writes.admits(caller.local),
         }
     }
 }
@@ -286,19 +325,23 @@ mod tests {
     }
 
     #[test]
-    fn a_device_opens_its_own_write_cache_and_session_only() {
+    fn a_device_opens_its_session_only() {
         let p = AccessPolicy::FARM;
         let a = device(MAC_A);
-        assert_eq!(p.check(&a, &name("golden+aa-bb-cc-00-00-0a"), None), Ok(()));
-        assert_eq!(p.check(&a, &name("golden@4"), None), Ok(()));
-        assert!(matches!(
-            p.check(&a, &name("golden+aa-bb-cc-00-00-0b+persistent"), None),
-            Err(Refusal::Forbidden(_))
-        ));
-        assert!(matches!(
-            p.check(&a, &name("golden+private"), None),
-            Err(Refusal::Forbidden(_))
-        ));
+        // Issue 30: not a vDisk or version by name (a maintenance one included), not even
+        // its own write cache by name, and no list.
+        for other in [
+            "golden",
+            "golden@4",
+            "golden+aa-bb-cc-00-00-0a",
+            "golden@4+aa-bb-cc-00-00-0a+persistent",
+            "golden+aa-bb-cc-00-00-0b+persistent",
+            "golden+private",
+        ] {
+            let r = p.check(&a, &name(other), None);
+            assert!(matches!(r, Err(Refusal::Forbidden(_))), "{other}: {r:?}");
+        }
+        assert!(matches!(p.check_list(&a), Err(Refusal::Forbidden(_))));
         let key = ExportName::Session(SessionKey::from_bytes([1; 16]));
         assert_eq!(p.check(&a, &key, Some(&session_of(MAC_A))), Ok(()));
         let theirs = p.check(&a, &key, Some(&session_of(MAC_B)));
@@ -325,6 +368,21 @@ mod tests {
                 "{export}"
             );
         }
+    }
+
+    #[test]
+    fn only_a_session_s_own_device_or_a_writer_records_a_boot() {
+        let p = AccessPolicy::FARM;
+        let s = session_of(MAC_A);
+        assert!(p.record_as(&device(MAC_A), Some(&s)));
+        assert!(!p.record_as(&device(MAC_B), Some(&s)));
+        assert!(p.record_as(&admin(), None));
+        // Anonymous readers, local ones on a farm server included, record nothing.
+        assert!(!p.record_as(&caller(true, false, None), None));
+        assert!(!p.record_as(&remote_plain(), None));
+        assert!(!p.record_as(&caller(false, true, None), None));
+        // A standalone server's local clients may write, so they record.
+        assert!(AccessPolicy::STANDALONE.record_as(&caller(true, false, None), None));
     }
 
     #[test]

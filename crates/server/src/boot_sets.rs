@@ -13,6 +13,11 @@
 //!
 //! # Design notes
 //!
+//! * **Only a device's own session records** (issue 30): a set is read ahead by every later
+//!   boot and fixed at [`BOOTS_RECORDED_MAX`] boots, so recording is a write ([`RecordAs`]:
+//!   a session opened with its device's certificate, once per session and version, or a
+//!   caller trusted to write). An anonymous reader is never recorded, and a merge covering
+//!   more than [`BOOT_SHARE_MAX_PERCENT`] of the disk is dropped.
 //! * **A boot is a connection.** Each device boots over its own connection, so a
 //!   connection's reads in its first [`BOOT_WINDOW`] (and at most
 //!   [`BOOT_RECORD_BYTES_MAX`]) are one boot's. A connection that read less than
@@ -40,7 +45,7 @@
 //! * **Cleared.** A set removed from its file (or from the farm) is dropped at the next
 //!   boot's open, and the next boots record again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -53,6 +58,7 @@ use block_cache::CachedDevice;
 use bootset::{BootSet, EXTENTS_MAX, Identity, NAME_BYTES_MAX, OffsetIndex, PAGE_BYTES};
 use disk::BlockDevice;
 
+pub use crate::boot_watch::RecordAs;
 use crate::boot_watch::{BootObserver, BootWatch, Recording};
 
 /// Boots of a version recorded and merged into its set.
@@ -66,6 +72,9 @@ pub const BOOT_RECORD_BYTES_MIN: u64 = 256 << 10;
 /// A connection that read more than this share of the version's virtual size was a copy
 /// or a scan (a backup, `nbdcopy`), not a boot: a boot reads a few percent of its disk.
 pub const BOOT_SHARE_MAX_PERCENT: u64 = 50;
+/// The most sessions one version's slot remembers as having recorded (past it, sessions
+/// record no more until the server restarts or the version changes).
+pub const SESSIONS_RECORDED_MAX: usize = 1024;
 /// Store reads a prefetch keeps in flight.
 pub const PREFETCH_DEPTH: usize = 8;
 /// The largest single warm a prefetch issues (the cache cuts it at `fill_blocks_max`).
@@ -190,6 +199,8 @@ pub(crate) struct Slot {
     persisted: Mutex<Persisted>,
     /// Connections recording now.
     recording: AtomicU32,
+    /// The sessions that began a recording here (at most [`SESSIONS_RECORDED_MAX`]).
+    sessions: Mutex<HashSet<String>>,
     prefetching: AtomicBool,
     /// The furthest extent (index in the set) a boot has read during this prefetch run.
     boot_pos: AtomicUsize,
@@ -240,21 +251,23 @@ impl BootSets {
     }
 
     /// The device a connection to `vdisk@version` (top file `path`) reads: `dev` watched,
-    /// recording if the version has fewer than [`BOOTS_RECORDED_MAX`] boots, and the
-    /// version's set prefetched if it has one and no prefetch runs.
+    /// recording for `who` (see [`RecordAs`]) if the version has fewer than
+    /// [`BOOTS_RECORDED_MAX`] boots, and the version's set prefetched if it has one and no
+    /// prefetch runs.
     pub fn watch(
         &self,
         vdisk: &str,
         version: u32,
         path: &Path,
         dev: Arc<CachedDevice>,
+        who: RecordAs<'_>,
     ) -> Arc<dyn BlockDevice> {
         if !self.enabled() {
             return dev;
         }
         let slot = self.slot(vdisk, version, path, dev.as_ref());
         slot.refresh();
-        let record = slot.begin_recording();
+        let record = slot.begin_recording(who);
         if read_lock(&slot.loaded).is_some() {
             // The set says what this boot reads: read-ahead past it would only add store
             // reads the boot does not need.
@@ -298,6 +311,7 @@ impl BootSets {
             loaded: RwLock::default(),
             persisted: Mutex::default(),
             recording: AtomicU32::new(0),
+            sessions: Mutex::default(),
             prefetching: AtomicBool::new(false),
             boot_pos: AtomicUsize::new(0),
         });
@@ -392,14 +406,31 @@ impl BootObserver for Slot {
 }
 
 impl Slot {
-    /// Whether a new connection records (fewer boots merged and recording than the limit).
-    fn begin_recording(&self) -> bool {
+    /// Whether a new connection of `who` records: not for nobody, once per session, and
+    /// while fewer boots are merged and recording than the limit.
+    fn begin_recording(&self, who: RecordAs<'_>) -> bool {
+        let mut sessions = match who {
+            RecordAs::Nobody => return false,
+            RecordAs::Trusted => None,
+            RecordAs::Session(name) => {
+                let seen = lock(&self.sessions);
+                if seen.contains(name) || seen.len() >= SESSIONS_RECORDED_MAX {
+                    return false;
+                }
+                Some((seen, name))
+            }
+        };
         let boots = read_lock(&self.loaded).as_ref().map_or(0, |l| l.set.boots);
         let r = self
             .recording
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (boots + n < BOOTS_RECORDED_MAX).then_some(n + 1)
             });
+        if r.is_ok()
+            && let Some((seen, name)) = sessions.as_mut()
+        {
+            seen.insert((*name).to_string());
+        }
         r.is_ok()
     }
 
@@ -430,6 +461,13 @@ impl Slot {
                 return;
             }
         };
+        if u128::from(set.bytes()) * 100 > u128::from(size) * u128::from(BOOT_SHARE_MAX_PERCENT) {
+            // Boots together reading most of the disk are no boot set (or not honest ones).
+            c.discarded.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(file = %self.file.display(), bytes = set.bytes(),
+                "boot set merge would cover most of the disk: dropped");
+            return;
+        }
         let encoded = set.encode();
         let (boots, extents, bytes) = (set.boots, set.extents.len(), set.bytes());
         *loaded = Some(Loaded::new(set));

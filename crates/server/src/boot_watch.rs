@@ -30,6 +30,19 @@ pub(crate) trait BootObserver: Send + Sync + std::fmt::Debug {
     fn record_pages_max(&self) -> usize;
 }
 
+/// Who a connection's reads are recorded for, as the access rule decides it
+/// (`crate::access::AccessPolicy::record_as`; see `crate::boot_sets`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordAs<'a> {
+    /// Nobody: an anonymous reader, never recorded.
+    Nobody,
+    /// A caller trusted to write (an administrator, a local client of a standalone server).
+    Trusted,
+    /// The device of the session export named here, opened with its own certificate: at
+    /// most one recording per session and version.
+    Session(&'a str),
+}
+
 /// One connection's recording.
 #[derive(Debug)]
 pub(crate) struct Recording {

@@ -49,7 +49,7 @@ use disk::vhdx::VhdxImage;
 use nbd_server::{ExportHandle, ExportInfo, ExportSource, OpenError, Peer};
 
 use crate::access::{AccessPolicy, Caller, Refusal, SessionExport};
-use crate::boot_sets::BootSets;
+use crate::boot_sets::{BootSets, RecordAs};
 use crate::diff_cache::{
     self, DiffCache, DiffCacheError, DiffCacheTarget, FileLock, Retention, WriteCounters,
     WritesCounted,
@@ -58,6 +58,10 @@ use crate::open_sessions::OpenSessions;
 use crate::store::{Resolved, Store, StoreError};
 
 mod list;
+mod refusal;
+
+use refusal::for_client;
+pub use refusal::without_paths;
 
 /// The most exports `list` returns.
 pub const EXPORTS_LIST_MAX: usize = 10_000;
@@ -376,8 +380,9 @@ impl ExportSource for Registry {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         // A refusal is logged by the NBD server, which knows the client and limits the
-        // lines per client (a line here, per refusal, let one client flood the log).
-        r
+        // lines per client (a line here, per refusal, let one client flood the log); the
+        // client gets the text without server paths.
+        r.map_err(for_client)
     }
 }
 
@@ -479,7 +484,12 @@ impl Inner {
         let policy = *lock(&self.access);
         let ExportName::Session(key) = &parsed else {
             policy.check(caller, &parsed, None).map_err(refused)?;
-            return self.open_export(parsed);
+            let who = if policy.record_as(caller, None) {
+                RecordAs::Trusted
+            } else {
+                RecordAs::Nobody
+            };
+            return self.open_export(parsed, who);
         };
         let resolver = lock(&self.sessions).clone();
         let session = resolver.and_then(|r| r.resolve(key));
@@ -492,8 +502,13 @@ impl Inner {
         if matches!(session.export, ExportName::Session(_)) {
             return Err(OpenError::Other("a session resolved to a session".into()));
         }
+        let who = if policy.record_as(caller, Some(&session)) {
+            RecordAs::Session(name)
+        } else {
+            RecordAs::Nobody
+        };
         let tracked = self.open_sessions.track(name);
-        let mut handle = self.open_export(session.export)?;
+        let mut handle = self.open_export(session.export, who)?;
         handle.revoked = Some(tracked.token());
         let release = handle.release.take();
         handle.release = Some(Box::new(move || {
@@ -505,7 +520,11 @@ impl Inner {
         Ok(handle)
     }
 
-    fn open_export(self: &Arc<Self>, name: ExportName) -> Result<ExportHandle, OpenError> {
+    fn open_export(
+        self: &Arc<Self>,
+        name: ExportName,
+        who: RecordAs<'_>,
+    ) -> Result<ExportHandle, OpenError> {
         let (vdisk, version, diff, mode) = match name {
             ExportName::Session(_) => {
                 return Err(OpenError::Other(
@@ -545,7 +564,7 @@ impl Inner {
         let mut lease = self.begin_use(&res.path, mode, false)?;
         lease.lock = Some(FileLock::shared(&res.path).map_err(diff_err)?);
         let cached = self.cached_chain(&res.path)?;
-        let cached = (self.boot_sets).watch(&res.vdisk, res.version, &res.path, cached);
+        let cached = (self.boot_sets).watch(&res.vdisk, res.version, &res.path, cached, who);
         let Some((device, retention)) = diff else {
             return Ok(ExportHandle {
                 device: cached,

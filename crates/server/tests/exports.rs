@@ -591,3 +591,129 @@ fn parents_outside_the_store_are_refused() {
     // The store's own chains are unaffected.
     assert!(read_all(open(&reg, "golden").device.as_ref()) == fx.expected[2]);
 }
+
+/// A TLS peer at a remote address presenting a certificate naming `id`.
+fn remote_tls_peer(id: &pki::Identity) -> Peer {
+    let mut p = tls_peer(id);
+    p.addr = Some("192.0.2.7:40000".parse().unwrap());
+    p
+}
+
+const SESSION: &str = "ferry-s-0123456789abcdef0123456789abcdef";
+const DEVICE_MAC: &str = "aa:bb:cc:00:00:05";
+
+/// A farm server's registry over the fixture's store, with the one session of
+/// [`OneSession`] (device [`DEVICE_MAC`], version 1).
+fn farm_registry(fx: &Fixture) -> Registry {
+    let reg = fx.registry();
+    reg.set_access(server::access::AccessPolicy::FARM);
+    reg.set_sessions(Arc::new(OneSession(SESSION, "golden@1")));
+    reg
+}
+
+/// Issue 30: a device's certificate opens the session its login granted, and no vDisk,
+/// version or write cache by name (it read every vDisk, maintenance versions included).
+#[test]
+fn a_device_certificate_opens_its_session_only() {
+    let fx = Fixture::new();
+    let reg = farm_registry(&fx);
+    let device = remote_tls_peer(&pki::Identity::Device(DEVICE_MAC.parse().unwrap()));
+    for name in [
+        "golden",
+        "golden@0",
+        "golden@2",
+        "golden@2+aa-bb-cc-00-00-05",
+        "golden@2+aa-bb-cc-00-00-05+persistent",
+        "golden+private",
+    ] {
+        let r = reg.open(name, &device);
+        assert!(matches!(r, Err(OpenError::Forbidden(_))), "{name}: {r:?}");
+    }
+    assert!(matches!(reg.list(&device), Err(OpenError::Forbidden(_))));
+    let h = reg.open(SESSION, &device).unwrap();
+    assert_eq!(read_all(h.device.as_ref()), fx.expected[1]);
+    // An administrator's certificate still reads any version by name.
+    let admin = remote_tls_peer(&pki::Identity::admin("root").unwrap());
+    assert!(reg.open("golden@2", &admin).is_ok());
+}
+
+/// Issue 30: a refusal tells the client no absolute path of the server (its store, its
+/// write caches), only file names.
+#[test]
+fn refusals_show_no_server_paths() {
+    let fx = Fixture::new();
+    let outside = fx.dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let secret = outside.join("secret.vhdx");
+    std::fs::copy(fx.store().join("golden.vhdx"), &secret).unwrap();
+    disk::version::new_version(&secret, &fx.store().join("evil.vhdx")).unwrap();
+    let reg = fx.registry();
+    let held = open(&reg, "golden@1+pc-01");
+    let root = fx.dir.path().to_str().unwrap().to_string();
+    for name in ["evil", "evil+pc-01", "evil+private", "golden@1+pc-01"] {
+        let e = reg.open(name, &Peer::new(None, true)).unwrap_err();
+        let msg = e.to_string();
+        assert!(!msg.contains(&root), "{name}: {msg}");
+        // Still says which file.
+        assert!(msg.contains("vhdx"), "{name}: {msg}");
+    }
+    drop(held);
+}
+
+/// Reads `len` bytes at `offset` through `h`, in 1 MiB reads.
+fn read_range(h: &ExportHandle, offset: u64, len: u64) {
+    let mut at = offset;
+    while at < offset + len {
+        let n = MIB.min(offset + len - at);
+        let mut buf = vec![0u8; n as usize];
+        h.device.read_at(&mut buf, at).unwrap();
+        at += n;
+    }
+}
+
+/// Three connections to `name` by `peer`, each reading a different 2.5 MiB of the 8 MiB
+/// disk (together 94% of it); waits until their recordings are merged or dropped.
+fn three_boots(reg: &Registry, name: &str, peer: &Peer) {
+    for i in 0..3 {
+        let h = reg.open(name, peer).unwrap();
+        read_range(&h, i * 5 * MIB / 2, 5 * MIB / 2);
+        drop(h);
+    }
+    assert!(reg.boot_sets().wait_saved(Duration::from_secs(30)));
+}
+
+/// Issue 30: anonymous readers never record a boot set (three of them set a version's set
+/// to 94% of its disk, fixed from then on); the device of a session records once.
+#[test]
+fn anonymous_readers_never_record_a_boot_set() {
+    let fx = Fixture::new();
+    let reg = farm_registry(&fx);
+    let set_file = fx.store().join("golden.1.avhdx.bootset");
+    three_boots(&reg, "golden@1", &Peer::new(None, true));
+    let remote = Peer::new(Some("192.0.2.8:40000".parse().unwrap()), true);
+    let mut anon_tls = remote.clone();
+    anon_tls.tls = true;
+    reg.set_access(server::access::AccessPolicy {
+        plain_reads: server::access::Scope::Any,
+        plain_writes: server::access::Scope::None,
+    });
+    three_boots(&reg, "golden@1", &anon_tls);
+    assert_eq!(reg.boot_sets().stats().recorded_total, 0);
+    assert!(!set_file.exists());
+    // The session's own device records its boot, once per session.
+    let device = remote_tls_peer(&pki::Identity::Device(DEVICE_MAC.parse().unwrap()));
+    three_boots(&reg, SESSION, &device);
+    assert_eq!(reg.boot_sets().stats().recorded_total, 1);
+    assert!(set_file.exists());
+}
+
+/// Issue 30: boots that together would make a set of more than half the disk are not
+/// merged (a set is what boots share, not the disk).
+#[test]
+fn merged_boots_covering_most_of_the_disk_are_dropped() {
+    let fx = Fixture::new();
+    let reg = fx.registry();
+    three_boots(&reg, "golden@1", &Peer::new(None, true));
+    let stats = reg.boot_sets().stats();
+    assert_eq!((stats.recorded_total, stats.discarded_total), (1, 2));
+}
