@@ -7,8 +7,9 @@
 //!   boot-cache/v3-n2-s1048576-m1732640000123456789-o0123456789abcdef-kernel
 //! ```
 //!
-//! A file is written under a temporary name and renamed, so a reader sees it whole or not
-//! at all; the older files of the same version and kind are removed then.
+//! A file is written under a temporary name of its own fill and renamed, so a reader sees
+//! it whole or not at all, also when two fills of one file run at once; the older files of
+//! the same version and kind are removed then.
 
 use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
@@ -83,8 +84,14 @@ pub fn store(dir: &Path, key: &CacheKey, kind: BootFileKind, bytes: &[u8]) -> st
         .mode(0o700)
         .create(dir)?;
     let to = path_of(dir, key, kind);
+    // A name of this fill alone: two fills of one file at once (a boot storm's first
+    // requests) each write their own and rename it whole; the last rename wins with the
+    // same bytes. (One name per process let the second truncate the first's file and then
+    // find it renamed away: a 404 for a kernel that was there.)
+    static FILLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let fill = FILLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(
-        ".tmp-{}-{}",
+        ".tmp-{}-{fill}-{}",
         std::process::id(),
         to.file_name().and_then(|n| n.to_str()).unwrap_or("file")
     ));
@@ -142,5 +149,33 @@ mod tests {
             initrd: None,
         };
         assert_ne!(key_of(&image, 1, 2, &other).await.unwrap(), k2);
+    }
+
+    /// A boot storm's first requests fill one file at once: every fill succeeds and the
+    /// file is whole (one temporary name per process let one fill truncate the other's
+    /// file and then find it renamed away).
+    #[tokio::test]
+    async fn fills_of_one_file_at_once_all_succeed() {
+        let t = tempfile::tempdir().unwrap();
+        let image = t.path().join("g.vhdx");
+        std::fs::write(&image, b"one").unwrap();
+        let dir = t.path().join("boot-cache");
+        let k = key_of(&image, 1, 0, &BootOverrides::default())
+            .await
+            .unwrap();
+        let bytes = vec![7u8; 4 << 20];
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..8 {
+                        store(&dir, &k, BootFileKind::Kernel, &bytes).unwrap();
+                    }
+                });
+            }
+        });
+        let p = path_of(&dir, &k, BootFileKind::Kernel);
+        assert_eq!(std::fs::read(&p).unwrap(), bytes);
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "temporary files left: {left:?}");
     }
 }
