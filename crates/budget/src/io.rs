@@ -49,6 +49,25 @@ impl Timer {
         }
         self.sleep.as_mut().poll(cx).is_ready()
     }
+
+    /// `poll`, the inner stream's answer, with this direction's stall rule: a ready answer
+    /// disarms the timer; a pending one arms it and fails as `what stalled` once it ran out.
+    fn watch<T>(
+        &mut self,
+        poll: Poll<io::Result<T>>,
+        timeout: Duration,
+        cx: &mut Context<'_>,
+        what: &str,
+    ) -> Poll<io::Result<T>> {
+        match poll {
+            Poll::Ready(r) => {
+                self.armed = false;
+                Poll::Ready(r)
+            }
+            Poll::Pending if self.expired(timeout, cx) => Poll::Ready(Err(stalled(what))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 fn stalled(what: &str) -> io::Error {
@@ -74,16 +93,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for Stalled<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_read(cx, buf) {
-            Poll::Ready(r) => {
-                this.read.armed = false;
-                Poll::Ready(r)
-            }
-            Poll::Pending if this.read.expired(this.timeout, cx) => {
-                Poll::Ready(Err(stalled("read")))
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        let poll = Pin::new(&mut this.inner).poll_read(cx, buf);
+        this.read.watch(poll, this.timeout, cx, "read")
     }
 }
 
@@ -94,30 +105,14 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Stalled<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_write(cx, buf) {
-            Poll::Ready(r) => {
-                this.write.armed = false;
-                Poll::Ready(r)
-            }
-            Poll::Pending if this.write.expired(this.timeout, cx) => {
-                Poll::Ready(Err(stalled("write")))
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        let poll = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.write.watch(poll, this.timeout, cx, "write")
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_flush(cx) {
-            Poll::Ready(r) => {
-                this.write.armed = false;
-                Poll::Ready(r)
-            }
-            Poll::Pending if this.write.expired(this.timeout, cx) => {
-                Poll::Ready(Err(stalled("flush")))
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        let poll = Pin::new(&mut this.inner).poll_flush(cx);
+        this.write.watch(poll, this.timeout, cx, "flush")
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -130,16 +125,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Stalled<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(r) => {
-                this.write.armed = false;
-                Poll::Ready(r)
-            }
-            Poll::Pending if this.write.expired(this.timeout, cx) => {
-                Poll::Ready(Err(stalled("write")))
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        let poll = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.write.watch(poll, this.timeout, cx, "write")
     }
 
     fn is_write_vectored(&self) -> bool {
