@@ -49,9 +49,15 @@ pub(crate) async fn run(
             return;
         }
     };
-    let file = match open(&sh, &socket, peer, &req).await {
-        Some(f) => f,
-        None => return,
+    let file = match open(&sh, peer, &req).await {
+        Ok(f) => f,
+        Err((code, msg)) => {
+            // The slot is free before the client hears why, so its next request (sent as
+            // soon as this ERROR arrives) is not refused as a second unacknowledged one.
+            drop(slot);
+            sh.reply_error(&socket, peer, code, &msg).await;
+            return;
+        }
     };
     let started = Instant::now();
     Counters::inc(&sh.counters.transfers_started);
@@ -66,6 +72,7 @@ pub(crate) async fn run(
         oack_sent: false,
         packet: Vec::with_capacity(MAX_PACKET_LEN),
         window: Vec::new(),
+        last_word: None,
     };
     let end = t.serve(&req).await;
     sh.counters
@@ -90,21 +97,25 @@ pub(crate) async fn run(
             }
         }
     }
+    let last_word = t.last_word;
     drop(slot);
+    if let Some(msg) = last_word {
+        sh.reply_error(&socket, peer, ErrorCode::NotDefined, msg)
+            .await;
+    }
 }
 
-/// Opens the file; on failure answers the client and counts why.
+/// Opens the file; on failure counts and logs why and returns the ERROR to send.
 async fn open(
     sh: &Arc<Shared>,
-    socket: &UdpSocket,
     peer: SocketAddr,
     req: &Request,
-) -> Option<TftpFile> {
+) -> Result<TftpFile, (ErrorCode, String)> {
     let source = Arc::clone(&sh.source);
     let name = req.filename.clone();
     let opened = tokio::task::spawn_blocking(move || source.open(&name, peer)).await;
     let (why, code, msg) = match opened {
-        Ok(Ok(f)) if f.size() <= sh.config.max_file_size => return Some(f),
+        Ok(Ok(f)) if f.size() <= sh.config.max_file_size => return Ok(f),
         Ok(Ok(_)) => (
             Rejected::TooLarge,
             ErrorCode::NotDefined,
@@ -129,8 +140,7 @@ async fn open(
         tracing::info!(%peer, file = %clip(&req.filename, LOGGED_STRING_MAX), reason = why.as_str(),
             error = %msg, "tftp request refused");
     }
-    sh.reply_error(socket, peer, code, &msg).await;
-    None
+    Err((code, msg))
 }
 
 struct Transfer<'a> {
@@ -146,6 +156,8 @@ struct Transfer<'a> {
     oack_sent: bool,
     packet: Vec<u8>,
     window: Vec<u8>,
+    /// The ERROR message that ends the transfer, sent after its slot is freed.
+    last_word: Option<&'static str>,
 }
 
 impl Transfer<'_> {
@@ -190,9 +202,7 @@ impl Transfer<'_> {
                     }
                 },
                 () = sleep_until(give_up) => {
-                    self.sh
-                        .reply_error(self.socket, self.peer, ErrorCode::NotDefined, "transfer timed out")
-                        .await;
+                    self.last_word = Some("transfer timed out");
                     Step::End(End::Failed("transfer timeout"))
                 }
             };
@@ -289,9 +299,7 @@ impl Transfer<'_> {
         let window = match read {
             Ok((w, Ok(()))) => w,
             Ok((_, Err(_))) | Err(_) => {
-                self.sh
-                    .reply_error(self.socket, self.peer, ErrorCode::NotDefined, "read error")
-                    .await;
+                self.last_word = Some("read error");
                 return Err("read error");
             }
         };

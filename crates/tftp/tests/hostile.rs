@@ -222,3 +222,33 @@ fn a_flood_of_requests_from_one_address_is_limited_and_others_are_served() {
     assert_eq!(fetch(server.addr, "ok.bin"), pattern(3000, 9));
     assert!(root.join("ok.bin").exists() && Path::new(&root).is_dir());
 }
+
+/// A client that asks again the moment its ERROR arrives is answered: the refused
+/// transfer's slot is free before the ERROR goes out (CI once saw the next request dropped
+/// as a second unacknowledged one from the same address, and a 20 s wait).
+#[test]
+fn a_request_sent_as_soon_as_a_refusal_arrives_is_answered() {
+    let (_t, root) = root();
+    let config = Config {
+        error_replies_per_second: 100_000,
+        ..Config::default()
+    };
+    let server = TestServer::dir(&root, config);
+    let c = Raw::new();
+    const ROUNDS: u64 = 2000;
+    for round in 0..ROUNDS {
+        let name = if round % 2 == 0 { "missing" } else { "fifo" };
+        c.send(&rrq(name, Options::default()), server.addr);
+        let (b, _) = c
+            .try_recv(Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("round {round}: no answer to {name}"));
+        assert!(
+            matches!(Packet::parse(&b), Ok(Packet::Error { .. })),
+            "round {round}: {b:?}"
+        );
+    }
+    let s = server.wait_for("the refusals counted", |s| {
+        s.rejected(Rejected::PathRefused) + s.rejected(Rejected::NotFound) == ROUNDS
+    });
+    assert_eq!(s.rejected(Rejected::Unacknowledged), 0);
+}
