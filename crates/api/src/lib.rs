@@ -199,7 +199,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     tls::check_plain_listen(listener.local_addr()?)?;
-    axum::serve(listener, router(state))
+    axum::serve(listener, with_peer(router(state)))
         .with_graceful_shutdown(shutdown)
         .await
 }
@@ -216,9 +216,17 @@ pub async fn serve_tls(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tls::TlsListener::new(listener, tls)?;
-    axum::serve(listener, router(state))
+    axum::serve(listener, with_peer(router(state)))
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// `router` served with each request's client address (`ConnectInfo<SocketAddr>`), which
+/// the login challenge bounds its nonces by.
+pub fn with_peer(
+    router: Router,
+) -> axum::extract::connect_info::IntoMakeServiceWithConnectInfo<Router, std::net::SocketAddr> {
+    router.into_make_service_with_connect_info::<std::net::SocketAddr>()
 }
 
 /// [`serve_tls`] with `tls`, else [`serve`] (plain HTTP, loopback only).

@@ -98,9 +98,13 @@ async fn a_device_credential_reset_over_the_api_replaces_its_secret(t: TestFarm)
     let (vdisk, coll) = a.fixture().await;
     let mac = "aa:bb:cc:00:03:01";
     let id = a.device(coll, vdisk, mac, "production").await;
+    // The login helper gives it its first key by a reset (generation 1).
     let (s, g) = a.login(mac).await;
     assert_eq!(s, StatusCode::OK, "{g}");
-    let old = g["device_secret"].as_str().expect("enrolment").to_string();
+    let old = match a.t.credential(mac).await {
+        crate::common::Credential::Key(k) => k,
+        crate::common::Credential::Ticket(_) => panic!("a key"),
+    };
     let v = a
         .ok(
             Method::POST,
