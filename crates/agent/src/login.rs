@@ -410,6 +410,36 @@ pub fn login_ticket(
     grant_of(g, mac, &base, &client.shown)
 }
 
+/// Tells the farm at `api_url` that device `mac` keeps its key (`key`, which proves it, as
+/// at login) in its TPM: the farm then takes no login ticket for it.
+///
+/// # Errors
+/// As [`login`].
+pub fn bind_tpm(
+    api_url: &str,
+    mac: &str,
+    key: &[u8],
+    ca_pem: Option<&str>,
+) -> Result<(), LoginError> {
+    let base = parse_api_url(api_url)?;
+    let mac = parse_mac(mac)?;
+    let client = Client::new(&base, ca_pem)?;
+    let at = client.at(mac);
+    let body = ChallengeRequest {
+        mac: mac.to_string(),
+    };
+    let challenge: Challenge = at.post("challenge", CHALLENGE_PATH, &body)?;
+    let body = LoginRequest {
+        mac: mac.to_string(),
+        hmac: contract::login::proof(key, &challenge.nonce, mac),
+        nonce: challenge.nonce,
+        diskless: true,
+        ticket: None,
+    };
+    let _: serde_json::Value = at.post("tpm", contract::login::TPM_BIND_PATH, &body)?;
+    Ok(())
+}
+
 /// A blocking client of the farm API at `base`, and the URL its errors show.
 struct Client {
     client: reqwest::blocking::Client,
@@ -650,7 +680,10 @@ impl Post<'_> {
             .send()
             .map_err(unreachable)?;
         let status = r.status();
-        let text = r.text().map_err(unreachable)?;
+        let mut text = r.text().map_err(unreachable)?;
+        if status == StatusCode::NO_CONTENT {
+            text = "null".to_string();
+        }
         if status.is_success() {
             return serde_json::from_str(&text).map_err(|e| LoginError::BadAnswer {
                 step,

@@ -518,6 +518,19 @@ pub async fn login(
     Ok(Json(s.farm.login(&b, s.server_id).await?))
 }
 
+/// A device says it keeps its key in its TPM, proving with that key (a challenge's nonce
+/// and HMAC, as at login): the farm then issues and accepts no login ticket for it, until
+/// an administrator resets its credential.
+#[utoipa::path(post, path = "/api/v1/login/tpm", tag = "login", request_body = LoginRequest,
+    security(()), responses((status = 204, description = "bound"), Errors))]
+pub async fn login_tpm(
+    State(s): State<AppState>,
+    ApiJson(b): ApiJson<LoginRequest>,
+) -> ApiResult<StatusCode> {
+    s.farm.bind_tpm(&b).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 // The OpenAPI schema of the login answer. The answer itself is `farm::login::LoginGrant`,
 // i.e. `contract::login::LoginGrant<Device>`, generic over the device record so that a
 // target reads it with only the fields it needs. utoipa names a generic schema

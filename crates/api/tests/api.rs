@@ -85,9 +85,10 @@ async fn openapi_document_describes_every_route(t: TestFarm) {
     ] {
         assert!(paths.contains_key(p), "{p} missing");
     }
-    // Every route of api::router but openapi.json itself (29, the console's 2 status
+    // Every route of api::router but openapi.json itself (30, the console's 2 status
     // routes, and the 2 boot-set routes).
-    assert_eq!(paths.len(), 33);
+    assert_eq!(paths.len(), 34);
+    assert!(paths.contains_key("/api/v1/login/tpm"));
     assert!(paths.contains_key("/api/v1/vdisks/{id}/versions/{number}/boot-set"));
     assert!(paths.contains_key("/api/v1/device/boot-set"));
     assert!(paths.contains_key("/api/v1/devices/{id}/credential"));

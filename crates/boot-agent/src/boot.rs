@@ -295,12 +295,8 @@ fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig,
         .as_ref()
         .map(|p| read_limited(p).context("the farm's CA certificate"))
         .transpose()?;
-    let ticket = args.ticket.clone().context(
-        "no login ticket on the kernel command line (ferry.ticket=): the farm's boot script \
-         gives one to a diskless device only (ferry device set ID --diskless)",
-    )?;
     let patience = args.login_wait.unwrap_or(LOGIN_PATIENCE);
-    let grant = login_patiently(&args.api, &mac, &Proof::Ticket(ticket), ca.as_deref(), patience)?;
+    let (grant, key) = identity_login(args, &mac, ca.as_deref(), patience)?;
     if let Some(want) = args.version
         && grant.version != want
     {
@@ -313,12 +309,6 @@ fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig,
     }
     let mut cfg = agent::grant::config_from_grant(&grant, socket)
         .context("the login grant's TLS certificate")?;
-    let key = grant
-        .device_secret
-        .as_deref()
-        .map(agent::login::parse_secret)
-        .transpose()
-        .context("the grant's device secret")?;
     cfg.relogin = key.map(|key| {
         relogin(
             args.api.clone(),
@@ -362,6 +352,74 @@ fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig,
         Some(refresh),
     );
     Ok((cfg, what))
+}
+
+/// The machine's TPM, unless `ferry.tpm=0` or it has none.
+fn open_tpm(args: &BootArgs) -> Option<agent::tpm::Tpm<std::fs::File>> {
+    if args.tpm == Some(false) {
+        return None;
+    }
+    let f = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(agent::tpm::TPM_DEVICE)
+        .ok()?;
+    Some(agent::tpm::Tpm::new(f))
+}
+
+/// The device login of this boot: with the key kept in the machine's TPM when there is
+/// one (and the farm takes it), else with the boot's one-time ticket, whose grant's new key
+/// then goes into the TPM (and the farm is told, so that it takes no ticket for this device
+/// any more). Returns the grant and the key later logins of this boot prove with.
+fn identity_login(
+    args: &BootArgs,
+    mac: &str,
+    ca: Option<&str>,
+    patience: Duration,
+) -> anyhow::Result<(LoginGrant, Option<Vec<u8>>)> {
+    let mut tpm = open_tpm(args);
+    let sealed = tpm.as_mut().and_then(|t| match t.load_key() {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::warn!(error = %anyhow!(e), "the TPM's Ferry index cannot be read");
+            None
+        }
+    });
+    if let Some(key) = sealed {
+        match login_patiently(&args.api, mac, &Proof::Key(key.clone()), ca, patience) {
+            Ok(g) => {
+                tracing::info!("logged in with the key kept in this machine's TPM");
+                return Ok((g, Some(key)));
+            }
+            Err(e) if args.ticket.is_some() => {
+                tracing::warn!(error = %format!("{e:#}"),
+                    "the farm refused the TPM's key (a reset credential?): the boot's ticket next");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let ticket = args.ticket.clone().context(
+        "no login ticket on the kernel command line (ferry.ticket=) and no key in a TPM: the \
+         farm's boot script gives a ticket to a diskless device only (ferry device set ID \
+         --diskless)",
+    )?;
+    let grant = login_patiently(&args.api, mac, &Proof::Ticket(ticket), ca, patience)?;
+    let key = grant
+        .device_secret
+        .as_deref()
+        .map(agent::login::parse_secret)
+        .transpose()
+        .context("the grant's device secret")?;
+    if let (Some(t), Some(k)) = (tpm.as_mut(), &key) {
+        match t.store_key(k) {
+            Ok(()) => match agent::login::bind_tpm(&args.api[0], mac, k, ca) {
+                Ok(()) => tracing::info!("the device key is kept in this machine's TPM now"),
+                Err(e) => tracing::warn!(error = %e, "the farm was not told of the TPM's key"),
+            },
+            Err(e) => tracing::warn!(error = %anyhow!(e), "the device key cannot go into the TPM"),
+        }
+    }
+    Ok((grant, key))
 }
 
 /// The prefetch's private cache for a machine of `mem` bytes of RAM (`None`: unknown).

@@ -10,6 +10,7 @@
 //! | `mac` | the MAC to log in as (the NIC the firmware booted from) |
 //! | `ca` | file of the farm's CA certificate (PEM) |
 //! | `ticket` | the one-time login ticket of this boot (`ft_…`; the boot script's only) |
+//! | `tpm` | `0`: do not keep the device key in the machine's TPM (default: when it has one) |
 //! | `overflow` | the `ram-overflow`/`disk` cache's place: a block device or a directory |
 //! | `device` | the kernel NBD device, `/dev/nbd0` by default |
 //! | `server`, `export` | without a farm: NBD servers (comma-separated) and the export to attach |
@@ -59,6 +60,9 @@ pub struct BootArgs {
     pub version: Option<i64>,
     /// `ferry.prefetch=0` turns the device's boot-set prefetch off (`None`: on).
     pub prefetch: Option<bool>,
+    /// `ferry.tpm=0` keeps the device key out of the machine's TPM (`None`: in it, when
+    /// there is one).
+    pub tpm: Option<bool>,
     /// `ferry.login_wait=SECONDS`: how long the farm's API may stay unreachable at boot
     /// (`None`: the agent's default).
     pub login_wait: Option<std::time::Duration>,
@@ -184,12 +188,17 @@ impl BootArgs {
             "version" => {
                 self.version = Some(value.parse().map_err(|_| bad("not a version number"))?);
             }
-            "prefetch" => {
-                self.prefetch = Some(match value {
+            "prefetch" | "tpm" => {
+                let on = match value {
                     "1" | "on" | "yes" => true,
                     "0" | "off" | "no" => false,
                     _ => return Err(bad("must be 0 or 1")),
-                });
+                };
+                if key == "tpm" {
+                    self.tpm = Some(on);
+                } else {
+                    self.prefetch = Some(on);
+                }
             }
             "login_wait" | "attach_wait" => {
                 let secs: u64 = value.parse().map_err(|_| bad("not a number of seconds"))?;
@@ -253,8 +262,8 @@ mod tests {
             .unwrap();
         assert_eq!(a.login_wait, Some(std::time::Duration::from_secs(5)));
         assert_eq!(a.attach_wait, Some(std::time::Duration::from_secs(30)));
-        a.apply_cmdline("ferry.prefetch=0").unwrap();
-        assert_eq!(a.prefetch, Some(false));
+        a.apply_cmdline("ferry.prefetch=0 ferry.tpm=0").unwrap();
+        assert_eq!((a.prefetch, a.tpm), (Some(false), Some(false)));
         // A long unknown key is kept cut, once, however often it comes (found by fuzzing).
         let long = format!("ferry.{}=1", "k".repeat(100));
         a.apply_cmdline(&format!("{long} {long}")).unwrap();

@@ -44,6 +44,9 @@ use crate::mac::Mac;
 pub const CHALLENGE_PATH: &str = "api/v1/login/challenge";
 /// The path of the login route, under the API's base URL.
 pub const LOGIN_PATH: &str = "api/v1/login";
+/// The path of the route where a device says it keeps its key in its TPM (a proof as at
+/// login; the farm then takes no login ticket for it).
+pub const TPM_BIND_PATH: &str = "api/v1/login/tpm";
 /// Bytes of a device key (random, one per device).
 pub const DEVICE_KEY_BYTES: usize = 32;
 /// The prefix of a login ticket's text (then 64 hex digits), so that one is recognizable.

@@ -70,6 +70,12 @@ impl Farm {
         }>());
         let mut tx = self.pool.begin().await?;
         let generation = store_device_key(&mut tx, id, &key).await?;
+        // A device that kept its old key in its TPM boots by ticket again, and seals the
+        // key that ticket login gives it.
+        sqlx::query("UPDATE devices SET tpm_bound = 0 WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
         let detail = json!({ "mac": device.mac, "generation": generation });
         audit(
             &mut tx,

@@ -34,7 +34,8 @@
 //! key: the boot script of that MAC carries it, so whoever fetches that script within its
 //! life can log in once as that device. The farm only takes a ticket for a device marked
 //! diskless (or one the ticket's login adds, always diskless): an enrolled device with a
-//! disk never accepts one.
+//! disk never accepts one, nor does a device that keeps its key in its TPM
+//! ([`Farm::bind_tpm`], after its first ticket login sealed the key there).
 //!
 //! Nonces are bounded per client address and overall: an address at its bound is refused
 //! (429) while others still get challenges, and when the table is full the address holding
@@ -268,6 +269,35 @@ impl Farm {
         if let Some(ticket) = &r.ticket {
             return self.login_with_ticket(mac, ticket, server_id).await;
         }
+        let device = self.proven_device(mac, r).await?;
+        self.grant(device, server_id, false).await
+    }
+
+    /// A ticket login: the ticket consumed, the device (diskless, or added now) given a new
+    /// random key, which the grant carries.
+    async fn login_with_ticket(
+        &self,
+        mac: Mac,
+        ticket: &str,
+        server_id: Option<i64>,
+    ) -> Result<LoginGrant> {
+        if !self.consume_ticket(mac, ticket).await? {
+            return Err(unauthenticated());
+        }
+        let device = match self.device_by_mac(&mac.to_string()).await? {
+            Some(d) if d.diskless.0 && !self.tpm_bound(d.id).await? => d,
+            Some(_) => {
+                tracing::warn!(%mac,
+                    "refused a ticket login of a device that is not diskless or keeps its key in a TPM");
+                return Err(unauthenticated());
+            }
+            None => self.auto_add(mac).await?,
+        };
+        self.grant(device, server_id, true).await
+    }
+
+    /// The device whose own key proves `r` (its nonce used up either way).
+    async fn proven_device(&self, mac: Mac, r: &LoginRequest) -> Result<Device> {
         let sent = hex::decode(&r.hmac).map_err(|_| FarmError::invalid("hmac must be hex"))?;
         validate::text("nonce", &r.nonce)?;
         let consumed: Option<String> = sqlx::query_scalar(
@@ -298,29 +328,45 @@ impl Farm {
         if !contract::login::verify(&key, &r.nonce, mac, &sent) {
             return Err(unauthenticated());
         }
-        self.grant(device, server_id, false).await
+        Ok(device)
     }
 
-    /// A ticket login: the ticket consumed, the device (diskless, or added now) given a new
-    /// random key, which the grant carries.
-    async fn login_with_ticket(
-        &self,
-        mac: Mac,
-        ticket: &str,
-        server_id: Option<i64>,
-    ) -> Result<LoginGrant> {
-        if !self.consume_ticket(mac, ticket).await? {
-            return Err(unauthenticated());
-        }
-        let device = match self.device_by_mac(&mac.to_string()).await? {
-            Some(d) if d.diskless.0 => d,
-            Some(_) => {
-                tracing::warn!(%mac, "refused a ticket login of a device that is not diskless");
-                return Err(unauthenticated());
-            }
-            None => self.auto_add(mac).await?,
-        };
-        self.grant(device, server_id, true).await
+    /// Marks device `r.mac` as keeping its key in its TPM, proven with that key (a nonce
+    /// and HMAC as at login): from then on the farm issues and accepts no login ticket for
+    /// it, until an administrator's credential reset.
+    ///
+    /// # Errors
+    /// As [`Farm::login`]'s proof.
+    pub async fn bind_tpm(&self, r: &LoginRequest) -> Result<()> {
+        let mac = validate::mac(&r.mac)?;
+        let device = self.proven_device(mac, r).await?;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("UPDATE devices SET tpm_bound = 1 WHERE id = $1")
+            .bind(device.id)
+            .execute(&mut *tx)
+            .await?;
+        let detail = json!({ "mac": device.mac });
+        audit(
+            &mut tx,
+            self.now_ms(),
+            &format!("device:{}", device.mac),
+            "device.tpm_bind",
+            "device",
+            &device.id.to_string(),
+            &detail,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// True when the device keeps its key in its TPM ([`Farm::bind_tpm`]).
+    pub async fn tpm_bound(&self, device_id: i64) -> Result<bool> {
+        let n: Option<i64> = sqlx::query_scalar("SELECT tpm_bound FROM devices WHERE id = $1")
+            .bind(device_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(n == Some(1))
     }
 
     /// The device's own key's bytes; `None` when it has none.

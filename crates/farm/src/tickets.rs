@@ -46,7 +46,7 @@ pub const BOOT_TICKET_SECS_MAX: i64 = 3600;
 impl Farm {
     /// A login ticket for one boot of `mac`, when the farm logs that MAC in by ticket (a
     /// diskless device, or an unknown MAC a collection would add); `None` for a device that
-    /// is not diskless, or an unknown MAC that nothing adds.
+    /// is not diskless or keeps its key in its TPM, or an unknown MAC that nothing adds.
     ///
     /// # Errors
     /// [`Kind::InvalidInput`] for a malformed MAC; [`Kind::LimitReached`] with
@@ -54,7 +54,7 @@ impl Farm {
     pub async fn issue_boot_ticket(&self, mac: &str) -> Result<Option<String>> {
         let mac: Mac = validate::mac(mac)?;
         let takes = match self.device_by_mac(&mac.to_string()).await? {
-            Some(d) => d.diskless.0,
+            Some(d) => d.diskless.0 && !self.tpm_bound(d.id).await?,
             None => self.auto_add_collection().await?.is_some(),
         };
         if !takes {

@@ -1,7 +1,7 @@
 //! Issue 30's login bounds and identities, on SQLite and PostgreSQL with a simulated clock:
 //! a challenge flood from one address does not starve another's login; auto-add stops at
 //! its collection's bounds; a boot ticket is single use, expires, and is refused for a
-//! device with a disk; a reset key revokes the old one.
+//! device with a disk and for one bound to its TPM; a reset key revokes the old one.
 
 mod common;
 
@@ -155,7 +155,7 @@ async fn auto_add_stops_at_its_collection_s_bounds(t: TestFarm, clock: SimClock)
     assert_eq!(t.farm.list_devices(None, None, None).await.unwrap().total, 3);
 }
 
-async fn a_ticket_is_single_use_expires_and_is_only_for_a_diskless_device(
+async fn a_ticket_is_single_use_expires_and_only_for_a_diskless_device_without_a_tpm(
     t: TestFarm,
     clock: SimClock,
 ) {
@@ -170,7 +170,7 @@ async fn a_ticket_is_single_use_expires_and_is_only_for_a_diskless_device(
     t.farm.update_settings(&settings, ADMIN).await.unwrap();
     let tk = t.farm.issue_boot_ticket(diskless).await.unwrap().unwrap();
     assert!(tk.starts_with("ft_") && tk.len() == 67, "{tk}");
-    ticket(&t.farm, diskless, &tk).await.unwrap();
+    let key = ticket(&t.farm, diskless, &tk).await.unwrap().device_secret.unwrap();
     let e = ticket(&t.farm, diskless, &tk).await.unwrap_err();
     assert_eq!(e.kind(), Kind::Unauthenticated, "used");
     let late = t.farm.issue_boot_ticket(diskless).await.unwrap().unwrap();
@@ -191,6 +191,40 @@ async fn a_ticket_is_single_use_expires_and_is_only_for_a_diskless_device(
     assert_eq!(e.kind(), Kind::Unauthenticated, "the reset key's predecessor");
     let nonce = challenge(&t.farm, disk, "127.0.0.1").await.unwrap();
     prove(&t.farm, disk, &new, nonce).await.unwrap();
+    // A diskless device that keeps its key in its TPM (it says so, proving with the key)
+    // gets no ticket and accepts none, also one issued before; its key logs it in.
+    let early = t.farm.issue_boot_ticket(diskless).await.unwrap().unwrap();
+    let nonce = challenge(&t.farm, diskless, "127.0.0.1").await.unwrap();
+    let bind = LoginRequest {
+        mac: diskless.into(),
+        hmac: proof(&key, &nonce, diskless).unwrap(),
+        nonce,
+        diskless: true,
+        ticket: None,
+    };
+    t.farm.bind_tpm(&bind).await.unwrap();
+    assert_eq!(t.farm.issue_boot_ticket(diskless).await.unwrap(), None);
+    let e = ticket(&t.farm, diskless, &early).await.unwrap_err();
+    assert_eq!(e.kind(), Kind::Unauthenticated, "a TPM-bound device");
+    let nonce = challenge(&t.farm, diskless, "127.0.0.1").await.unwrap();
+    prove(&t.farm, diskless, &key, nonce).await.unwrap();
+    // Binding needs the key: a wrong proof binds nothing.
+    let nonce = challenge(&t.farm, disk, "127.0.0.1").await.unwrap();
+    let wrong = LoginRequest {
+        mac: disk.into(),
+        hmac: proof(&"00".repeat(32), &nonce, disk).unwrap(),
+        nonce,
+        diskless: true,
+        ticket: None,
+    };
+    assert_eq!(
+        t.farm.bind_tpm(&wrong).await.unwrap_err().kind(),
+        Kind::Unauthenticated
+    );
+    // An administrator's reset ends the binding: the next boot gets a ticket again.
+    let id = t.farm.device_by_mac(diskless).await.unwrap().unwrap().id;
+    t.farm.reset_device_credential(id, ADMIN).await.unwrap();
+    assert!(t.farm.issue_boot_ticket(diskless).await.unwrap().is_some());
     // Bad settings are refused.
     for secs in [0, 4, 3601] {
         let p = farm::input::SettingsPatch {
@@ -230,5 +264,5 @@ macro_rules! sim_tests {
 sim_tests!(
     a_challenge_flood_from_one_address_does_not_starve_another,
     auto_add_stops_at_its_collection_s_bounds,
-    a_ticket_is_single_use_expires_and_is_only_for_a_diskless_device,
+    a_ticket_is_single_use_expires_and_only_for_a_diskless_device_without_a_tpm,
 );

@@ -22,3 +22,6 @@ ALTER TABLE farm ADD COLUMN boot_ticket_secs INTEGER NOT NULL DEFAULT 120;
 -- Auto-add bounds per collection: devices added automatically in all, and per minute.
 ALTER TABLE collections ADD COLUMN auto_add_max INTEGER NOT NULL DEFAULT 500;
 ALTER TABLE collections ADD COLUMN auto_add_per_minute INTEGER NOT NULL DEFAULT 60;
+-- 1 when the device keeps its key in its TPM (it told the farm so, proving with that key):
+-- the farm then issues and accepts no login ticket for it; an administrator's reset ends it.
+ALTER TABLE devices ADD COLUMN tpm_bound INTEGER NOT NULL DEFAULT 0;
