@@ -52,6 +52,12 @@ pub const DEFAULT_API_PORT: u16 = 8080;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Timeout of one API request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many times a challenge answered 429 (too many logins under way from this address:
+/// machines behind one NAT or host booting at once) is asked again, and the pause before
+/// the first retry (doubled each time, at most [`CHALLENGE_BUSY_PAUSE_MAX`]).
+const CHALLENGE_BUSY_RETRIES: u32 = 8;
+const CHALLENGE_BUSY_PAUSE: Duration = Duration::from_millis(250);
+const CHALLENGE_BUSY_PAUSE_MAX: Duration = Duration::from_secs(4);
 /// Most bytes of an API error message kept in a [`LoginError`].
 const MESSAGE_BYTES_MAX: usize = 1024;
 /// Most bytes of a device secret file read (64 hex digits and a newline).
@@ -365,7 +371,7 @@ pub fn login_as(
     let body = ChallengeRequest {
         mac: mac.to_string(),
     };
-    let challenge: Challenge = at.post("challenge", CHALLENGE_PATH, &body)?;
+    let challenge = at.challenge(&body)?;
     let body = LoginRequest {
         mac: mac.to_string(),
         hmac: contract::login::proof(key, &challenge.nonce, mac),
@@ -428,7 +434,7 @@ pub fn bind_tpm(
     let body = ChallengeRequest {
         mac: mac.to_string(),
     };
-    let challenge: Challenge = at.post("challenge", CHALLENGE_PATH, &body)?;
+    let challenge = at.challenge(&body)?;
     let body = LoginRequest {
         mac: mac.to_string(),
         hmac: contract::login::proof(key, &challenge.nonce, mac),
@@ -656,6 +662,22 @@ struct Post<'a> {
 }
 
 impl Post<'_> {
+    /// A challenge, asked again (a few times, with pauses) while the farm answers 429.
+    fn challenge(&self, body: &ChallengeRequest) -> Result<Challenge, LoginError> {
+        let mut pause = CHALLENGE_BUSY_PAUSE;
+        let mut tries = 0;
+        loop {
+            match self.post("challenge", CHALLENGE_PATH, body) {
+                Err(LoginError::Refused { status: 429, .. }) if tries < CHALLENGE_BUSY_RETRIES => {
+                    tries += 1;
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(CHALLENGE_BUSY_PAUSE_MAX);
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// One POST of `body` as JSON to `path`; a 2xx answer parsed as `T`, anything else a
     /// [`LoginError`] of `step`.
     fn post<T: serde::de::DeserializeOwned>(

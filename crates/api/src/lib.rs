@@ -223,12 +223,32 @@ pub async fn serve_tls(
         .await
 }
 
-/// `router` served with each request's client address (`ConnectInfo<SocketAddr>`), which
-/// the login challenge bounds its nonces by.
+/// A request's client address as its listener accepted it (`ConnectInfo<Peer>`), which the
+/// login challenge bounds its nonces by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub std::net::SocketAddr);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
+    for Peer
+{
+    fn connect_info(s: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Peer {
+        Peer(*s.remote_addr())
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tls::TlsListener>>
+    for Peer
+{
+    fn connect_info(s: axum::serve::IncomingStream<'_, tls::TlsListener>) -> Peer {
+        Peer(*s.remote_addr())
+    }
+}
+
+/// `router` served with each request's client address ([`Peer`]).
 pub fn with_peer(
     router: Router,
-) -> axum::extract::connect_info::IntoMakeServiceWithConnectInfo<Router, std::net::SocketAddr> {
-    router.into_make_service_with_connect_info::<std::net::SocketAddr>()
+) -> axum::extract::connect_info::IntoMakeServiceWithConnectInfo<Router, Peer> {
+    router.into_make_service_with_connect_info::<Peer>()
 }
 
 /// [`serve_tls`] with `tls`, else [`serve`] (plain HTTP, loopback only).

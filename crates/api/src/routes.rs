@@ -499,10 +499,10 @@ pub async fn end_session(
     responses((status = 200, body = Challenge), Errors))]
 pub async fn login_challenge(
     State(s): State<AppState>,
-    peer: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<crate::Peer>>>,
     ApiJson(b): ApiJson<ChallengeRequest>,
 ) -> ApiResult<Json<Challenge>> {
-    let peer = peer.map(|axum::Extension(axum::extract::ConnectInfo(a))| a.ip());
+    let peer = peer.map(|axum::Extension(axum::extract::ConnectInfo(p))| p.0.ip());
     Ok(Json(s.farm.challenge(&b, peer).await?))
 }
 

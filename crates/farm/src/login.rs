@@ -67,8 +67,10 @@ pub const NONCE_TTL_MS: i64 = 60_000;
 /// The most outstanding nonces (the default of [`LoginLimits::nonces_max`]).
 pub const NONCES_MAX: i64 = 10_000;
 /// The most outstanding nonces of one client address (the default of
-/// [`LoginLimits::nonces_per_address`]): a device needs one per login.
-pub const NONCES_PER_ADDRESS_MAX: i64 = 16;
+/// [`LoginLimits::nonces_per_address`]): a device needs one for the moment between its
+/// challenge and its login, so this many machines behind one address (a NAT, a hypervisor
+/// host) log in at the same instant; a busy one gets 429 and tries again.
+pub const NONCES_PER_ADDRESS_MAX: i64 = 64;
 /// The window of a collection's `auto_add_per_minute`.
 pub const AUTO_ADD_WINDOW_MS: i64 = 60_000;
 /// How long a session lives.
@@ -383,16 +385,6 @@ impl Farm {
                     .map_err(|_| FarmError::new(Kind::Secrets, "a device key is not hex"))
             })
             .transpose()
-    }
-
-    /// The generation of a device's credential; `None` when it was never enrolled.
-    pub(crate) async fn credential_generation(&self, device_id: i64) -> Result<Option<i64>> {
-        Ok(
-            sqlx::query_scalar("SELECT credential_generation FROM devices WHERE id = $1")
-                .bind(device_id)
-                .fetch_one(&self.pool)
-                .await?,
-        )
     }
 
     /// The device's client certificate for the NBD servers, when the farm has a CA.

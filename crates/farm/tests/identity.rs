@@ -8,7 +8,7 @@ mod common;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use common::{TestFarm, Which};
+use common::TestFarm;
 use farm::input::{NewCollection, NewDevice, NewSite, NewStore, NewVDisk};
 use farm::login::{ChallengeRequest, LoginGrant, LoginLimits, LoginRequest, proof};
 use farm::model::DeviceType;
@@ -242,7 +242,7 @@ macro_rules! sim_tests {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    if let Some((t, c)) = $crate::common::open_sim(Which::Sqlite).await {
+                    if let Some((t, c)) = $crate::common::open_sim($crate::common::Which::Sqlite).await {
                         super::$name(t, c).await;
                     }
                 }
@@ -252,7 +252,7 @@ macro_rules! sim_tests {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    if let Some((t, c)) = $crate::common::open_sim(Which::Postgres).await {
+                    if let Some((t, c)) = $crate::common::open_sim($crate::common::Which::Postgres).await {
                         super::$name(t, c).await;
                     }
                 }
