@@ -8,7 +8,7 @@ mod common;
 use common::TestFarm;
 use farm::balance::{RATING_MAX, SessionServer};
 use farm::input::{NewCollection, NewDevice, NewServer, NewSite, NewStore, NewVDisk, ServerPatch};
-use farm::login::{ChallengeRequest, LoginGrant, LoginRequest, proof};
+use farm::login::{ChallengeRequest, LoginGrant};
 use farm::model::{CacheMode, DeviceType, Server};
 use farm::{Farm, Kind};
 
