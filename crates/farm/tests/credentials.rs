@@ -261,10 +261,13 @@ async fn an_old_farm_s_key_moves_out_of_the_database_at_open(t: TestFarm) {
         "a CA is made for the moved farm"
     );
     assert_db_holds_no_key(&t, &key_hex).await;
-    // Logins work with the moved key, and opening again changes nothing.
+    // Logins work (with a device's own key: the moved farm key logs nothing in), and
+    // opening again changes nothing.
     fixture(&t).await;
-    let g = login_with(&t.farm, MAC, &key_hex).await.unwrap();
-    assert!(g.device_secret.is_some());
+    let (_, key) = enrolled(&t, MAC).await;
+    login_with(&t.farm, MAC, &key).await.unwrap();
+    let e = login_with(&t.farm, MAC, &key_hex).await.unwrap_err();
+    assert_eq!(e.kind(), Kind::Unauthenticated);
     drop(Farm::open(&config).await.unwrap());
 }
 
