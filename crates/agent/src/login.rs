@@ -399,7 +399,9 @@ pub fn login_ticket(
     if !ticket.starts_with(contract::login::TICKET_PREFIX)
         || ticket.len() > contract::login::TICKET_CHARS_MAX
     {
-        return Err(LoginError::BadKey("the login ticket is not ft_ and hex digits"));
+        return Err(LoginError::BadKey(
+            "the login ticket is not ft_ and hex digits",
+        ));
     }
     let base = parse_api_url(api_url)?;
     let mac = parse_mac(mac)?;
@@ -637,10 +639,12 @@ pub fn login_device(
 ) -> Result<LoginGrant, LoginError> {
     let parsed = parse_mac(mac)?;
     let Some(key) = given else {
-        let secret = state.secret(parsed)?.ok_or_else(|| LoginError::NoCredential {
-            mac: parsed.to_string(),
-            dir: state.path().display().to_string(),
-        })?;
+        let secret = state
+            .secret(parsed)?
+            .ok_or_else(|| LoginError::NoCredential {
+                mac: parsed.to_string(),
+                dir: state.path().display().to_string(),
+            })?;
         return login(api_url, mac, &secret, ca_pem);
     };
     let grant = login(api_url, mac, key, ca_pem)?;

@@ -89,7 +89,10 @@ fn a_key_stored_in_the_tpm_reads_back_is_replaced_and_survives_a_restart() {
     let second: Vec<u8> = (0..32).collect();
     tpm.store_key(&second).unwrap();
     assert_eq!(tpm.load_key().unwrap(), Some(second.clone()));
-    assert!(matches!(tpm.store_key(&[1; 16]), Err(TpmError::NotAKey(16))));
+    assert!(matches!(
+        tpm.store_key(&[1; 16]),
+        Err(TpmError::NotAKey(16))
+    ));
     drop(tpm);
     drop(tpm_proc);
 

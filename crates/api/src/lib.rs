@@ -228,7 +228,8 @@ pub async fn serve_tls(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer(pub std::net::SocketAddr);
 
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
     for Peer
 {
     fn connect_info(s: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Peer {

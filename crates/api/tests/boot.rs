@@ -364,7 +364,10 @@ async fn nothing_the_boot_port_serves_logs_in_as_another_device(t: TestFarm) {
     assert!(!text.contains(&farm_key), "the farm key is served");
     let mut candidates = hex_runs(&served);
     candidates.push(farm_key);
-    assert!(candidates.iter().any(|c| c.starts_with("ft_")), "the script's ticket");
+    assert!(
+        candidates.iter().any(|c| c.starts_with("ft_")),
+        "the script's ticket"
+    );
     for mac in [other, disk] {
         for c in &candidates {
             let r = if let Some(_) = c.strip_prefix("ft_") {
@@ -405,7 +408,10 @@ async fn nothing_the_boot_port_serves_logs_in_as_another_device(t: TestFarm) {
         ticket: Some(ticket),
     };
     f.login(&r, None).await.unwrap();
-    assert_eq!(f.login(&r, None).await.unwrap_err().kind(), farm::Kind::Unauthenticated);
+    assert_eq!(
+        f.login(&r, None).await.unwrap_err().kind(),
+        farm::Kind::Unauthenticated
+    );
 }
 
 async fn refusals_are_scripts_that_say_why_and_power_off(t: TestFarm) {

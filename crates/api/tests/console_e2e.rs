@@ -166,7 +166,9 @@ async fn populate(c: &Client) -> i64 {
 async fn device_login(c: &Client) -> String {
     let devices = c.get("/devices").await;
     let id = devices["items"][0]["id"].as_i64().expect("the device");
-    let cred = c.post(&format!("/devices/{id}/credential"), json!({})).await;
+    let cred = c
+        .post(&format!("/devices/{id}/credential"), json!({}))
+        .await;
     let key = cred["device_secret"].as_str().unwrap().to_string();
     let ch = c.post("/login/challenge", json!({"mac": MAC})).await;
     let nonce = ch["nonce"].as_str().unwrap();

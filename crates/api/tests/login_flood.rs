@@ -39,13 +39,12 @@ async fn a_challenge_flood_from_one_address_does_not_starve_another_s_login(t: T
     let a = Api::new(t);
     let (vdisk, coll) = a.fixture().await;
     let id = a.device(coll, vdisk, MAC, "production").await;
-    let key = a
-        .t
-        .farm
-        .reset_device_credential(id, "test")
-        .await
-        .unwrap()
-        .device_secret;
+    let key =
+        a.t.farm
+            .reset_device_credential(id, "test")
+            .await
+            .unwrap()
+            .device_secret;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}/api/v1", listener.local_addr().unwrap());
     let state = AppState {
@@ -61,7 +60,12 @@ async fn a_challenge_flood_from_one_address_does_not_starve_another_s_login(t: T
     let mut refused = 0;
     for n in 0..FLOOD {
         let mac = format!("aa:bb:cc:00:61:{:02x}", n % 256);
-        let (s, _) = post(&flooder, &format!("{base}/login/challenge"), json!({"mac": mac})).await;
+        let (s, _) = post(
+            &flooder,
+            &format!("{base}/login/challenge"),
+            json!({"mac": mac}),
+        )
+        .await;
         match s {
             200 => {}
             429 => refused += 1,
@@ -75,7 +79,12 @@ async fn a_challenge_flood_from_one_address_does_not_starve_another_s_login(t: T
     );
 
     let device = client_from([127, 0, 0, 3]);
-    let (s, c) = post(&device, &format!("{base}/login/challenge"), json!({"mac": MAC})).await;
+    let (s, c) = post(
+        &device,
+        &format!("{base}/login/challenge"),
+        json!({"mac": MAC}),
+    )
+    .await;
     assert_eq!(s, 200, "{c}");
     let nonce = c["nonce"].as_str().unwrap();
     let hmac = farm::login::proof(&key, nonce, MAC).unwrap();

@@ -107,8 +107,10 @@ endpoint=client \\\n    driver=nbd,host=pvs1,port=10809,export=golden,tls-creds=
         ferry farm cert server pvs1 --host pvs1.example.com --host 10.0.0.5 --out /etc/ferry/tls")]
     Cert(CertArgs),
     /// Show or change the farm settings.
-    #[command(after_help = "Examples:\n  ferry farm settings --auto-merge-chain-max 5\n  \
-        ferry farm settings --boot-ticket-secs 60")]
+    #[command(
+        after_help = "Examples:\n  ferry farm settings --auto-merge-chain-max 5\n  \
+        ferry farm settings --boot-ticket-secs 60"
+    )]
     Settings {
         #[command(flatten)]
         conn: Conn,

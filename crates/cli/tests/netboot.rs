@@ -43,8 +43,7 @@ const GUEST_MIB: u32 = 768;
 const CACHE_RAM_BYTES: &str = "16777216";
 /// A login ticket the farm never issued (or one used already): a vDisk's boot_cmdline
 /// `ferry.ticket=` after the script's own makes its machines log in with it.
-const STALE_TICKET: &str =
-    "ft_00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+const STALE_TICKET: &str = "ft_00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 /// The life of a boot's login ticket in the test farms: a TCG machine on shared cores
 /// takes far longer than a real one from its boot script to its login (the default is
 /// 120 s).
@@ -357,7 +356,10 @@ fn a_machine_boots_a_plain_export_through_the_boot_agent() {
 fn golden_farm(dir: &Path) -> (Farm, guest::GuestImage) {
     let mut farm = Farm::init(&dir.join("farm"));
     farm.start_server("s1");
-    json(&farm, &["farm", "settings", "--boot-ticket-secs", TICKET_SECS]);
+    json(
+        &farm,
+        &["farm", "settings", "--boot-ticket-secs", TICKET_SECS],
+    );
     let image = golden_image(dir, &farm);
     capture(&image.disk, &farm.store().join("debian.vhdx"));
     if json(&farm, &["site", "list"])["total"] == 0 {

@@ -224,7 +224,10 @@ impl Farm {
         std::fs::create_dir_all(&overflow).unwrap();
         // Its first secret from an administrator; later runs find it in the state directory.
         let state = self.scratch("state");
-        let kept = state.join(format!("device-{}.secret", mac.to_lowercase().replace(':', "-")));
+        let kept = state.join(format!(
+            "device-{}.secret",
+            mac.to_lowercase().replace(':', "-")
+        ));
         let mut cmd = ferry();
         cmd.args(["target", "--server", &self.api, "--device", mac]);
         if !kept.exists() {
@@ -332,7 +335,10 @@ fn login_refuses_unknown_devices_wrong_keys_and_a_second_maintenance_device() {
         .unwrap();
     assert!(!out.status.success());
     let t = text(&out);
-    assert!(t.contains("FERRY_DEVICE_SECRET") && t.contains("ferry device credential"), "{t}");
+    assert!(
+        t.contains("FERRY_DEVICE_SECRET") && t.contains("ferry device credential"),
+        "{t}"
+    );
 
     // The right secret: the login succeeds; `ferry farm serve` registers no NBD server, so
     // the target falls back to the API's host on port 10809 and the attach fails there (no

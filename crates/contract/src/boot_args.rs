@@ -282,7 +282,11 @@ mod tests {
                 "device",
                 "must be a kernel NBD device, /dev/nbdN",
             ),
-            ("ferry.overflow=relative", "overflow", "must be an absolute path"),
+            (
+                "ferry.overflow=relative",
+                "overflow",
+                "must be an absolute path",
+            ),
             (
                 "ferry.ticket=ft_zz",
                 "ticket",

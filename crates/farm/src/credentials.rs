@@ -65,9 +65,9 @@ impl Farm {
     pub async fn reset_device_credential(&self, id: i64, actor: &str) -> Result<DeviceCredential> {
         let device = self.device(id).await?;
         let now = self.now_ms();
-        let key = hex::encode(crate::login::random_bytes::<{
-            contract::login::DEVICE_KEY_BYTES
-        }>());
+        let key = hex::encode(crate::db::random_bytes::<
+            { contract::login::DEVICE_KEY_BYTES },
+        >());
         let mut tx = self.pool.begin().await?;
         let generation = store_device_key(&mut tx, id, &key).await?;
         // A device that kept its old key in its TPM boots by ticket again, and seals the

@@ -154,7 +154,7 @@ pub struct Farm {
     /// Uploads versions of bucket stores (`publish`), when this process may.
     pub(crate) publisher: Mutex<Option<Arc<dyn crate::publisher::Publisher>>>,
     /// The login nonce table's bounds (`login::LoginLimits`; settable for tests).
-    pub(crate) login_limits: Mutex<crate::login::LoginLimits>,
+    pub(crate) login_limits: Mutex<LoginLimits>,
 }
 
 impl Farm {
@@ -230,7 +230,7 @@ impl Farm {
             sessions: Arc::new(SessionTable::new()),
             order_cache: Mutex::new(HashMap::new()),
             publisher: Mutex::new(None),
-            login_limits: Mutex::new(crate::login::LoginLimits::default()),
+            login_limits: Mutex::new(LoginLimits::default()),
         };
         farm.move_key_out_of_the_database().await?;
         Ok(farm)
@@ -484,6 +484,38 @@ impl Farm {
         .await?;
         Ok((token, id))
     }
+}
+
+/// The most outstanding nonces (the default of [`LoginLimits::nonces_max`]).
+pub const NONCES_MAX: i64 = 10_000;
+/// The most outstanding nonces of one client address (the default of
+/// [`LoginLimits::nonces_per_address`]): a device needs one for the moment between its
+/// challenge and its login, so this many machines behind one address (a NAT, a hypervisor
+/// host) log in at the same instant; a busy one gets 429 and tries again.
+pub const NONCES_PER_ADDRESS_MAX: i64 = 64;
+/// The bounds of the login nonce table (`crate::login`'s design notes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoginLimits {
+    /// The most outstanding nonces in all.
+    pub nonces_max: i64,
+    /// The most outstanding nonces of one client address.
+    pub nonces_per_address: i64,
+}
+
+impl Default for LoginLimits {
+    fn default() -> LoginLimits {
+        LoginLimits {
+            nonces_max: NONCES_MAX,
+            nonces_per_address: NONCES_PER_ADDRESS_MAX,
+        }
+    }
+}
+
+/// `N` random bytes (the thread's CSPRNG).
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    rand::thread_rng().fill_bytes(&mut b);
+    b
 }
 
 /// The SHA-256 of a secret (token), hex: what the database keeps.

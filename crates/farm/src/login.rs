@@ -49,13 +49,13 @@
 //! (`contract::login`), which the target's agent uses too.
 
 use contract::{ExportName, Mac, SessionKey};
-use rand::RngCore as _;
 use serde_json::json;
 
 pub use contract::login::{Challenge, ChallengeRequest, DeviceTls, LoginRequest, LoginServer};
 
 use crate::balance::SessionServer;
-use crate::db::{Farm, audit, hash_secret};
+use crate::db::{Farm, audit, hash_secret, random_bytes};
+pub use crate::db::{LoginLimits, NONCES_MAX, NONCES_PER_ADDRESS_MAX};
 use crate::devices::insert_device;
 use crate::error::{FarmError, Kind, Result};
 use crate::model::{CacheMode, Device, DeviceType, Flag, OptCacheMode};
@@ -64,13 +64,6 @@ use crate::validate;
 
 /// How long a nonce may be answered.
 pub const NONCE_TTL_MS: i64 = 60_000;
-/// The most outstanding nonces (the default of [`LoginLimits::nonces_max`]).
-pub const NONCES_MAX: i64 = 10_000;
-/// The most outstanding nonces of one client address (the default of
-/// [`LoginLimits::nonces_per_address`]): a device needs one for the moment between its
-/// challenge and its login, so this many machines behind one address (a NAT, a hypervisor
-/// host) log in at the same instant; a busy one gets 429 and tries again.
-pub const NONCES_PER_ADDRESS_MAX: i64 = 64;
 /// The window of a collection's `auto_add_per_minute`.
 pub const AUTO_ADD_WINDOW_MS: i64 = 60_000;
 /// How long a session lives.
@@ -79,24 +72,6 @@ pub const SESSION_TTL_MS: i64 = 24 * 3600 * 1000;
 /// What a device gets at login: the contract's grant with the farm's whole device record
 /// (a target reads it as `LoginGrant<`[`contract::login::DeviceRef`]`>`).
 pub type LoginGrant = contract::login::LoginGrant<Device>;
-
-/// The bounds of the login nonce table (see the module documentation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LoginLimits {
-    /// The most outstanding nonces in all.
-    pub nonces_max: i64,
-    /// The most outstanding nonces of one client address.
-    pub nonces_per_address: i64,
-}
-
-impl Default for LoginLimits {
-    fn default() -> LoginLimits {
-        LoginLimits {
-            nonces_max: NONCES_MAX,
-            nonces_per_address: NONCES_PER_ADDRESS_MAX,
-        }
-    }
-}
 
 /// The login proof: hex HMAC-SHA256(key, nonce ‖ mac) (see the module documentation), as
 /// `contract::login::proof` computes it, from a key's hex text (the device secret) and any
@@ -149,12 +124,6 @@ pub(crate) fn auto_device(
     }
 }
 
-pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut b = [0u8; N];
-    rand::thread_rng().fill_bytes(&mut b);
-    b
-}
-
 pub(crate) fn unauthenticated() -> FarmError {
     FarmError::new(Kind::Unauthenticated, "login refused: bad or expired proof")
 }
@@ -194,7 +163,9 @@ impl Farm {
         peer: Option<std::net::IpAddr>,
     ) -> Result<Challenge> {
         let mac = validate::mac(&r.mac)?;
-        let peer = peer.map(|p| p.to_canonical().to_string()).unwrap_or_default();
+        let peer = peer
+            .map(|p| p.to_canonical().to_string())
+            .unwrap_or_default();
         let limits = self.login_limits();
         self.purge_expired_sessions().await?;
         let mine: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM login_nonces WHERE peer = $1")

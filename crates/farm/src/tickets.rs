@@ -26,9 +26,9 @@
 use contract::Mac;
 use contract::login::TICKET_PREFIX;
 
+use crate::db::random_bytes;
 use crate::db::{Farm, hash_secret};
 use crate::error::{FarmError, Kind, Result};
-use crate::login::random_bytes;
 use crate::validate;
 
 /// The most outstanding tickets of the farm; past it, boot scripts are refused until some

@@ -176,7 +176,12 @@ async fn an_unknown_mac_is_refused_or_planned_for_auto_add_without_a_row(t: Test
     assert_eq!(b.vdisk.name, "golden");
     assert!(t.farm.device_by_mac(mac).await.unwrap().is_none());
     // The ticket login that follows adds it, diskless, with a key of its own.
-    let ticket = t.farm.issue_boot_ticket(mac).await.unwrap().expect("a ticket");
+    let ticket = t
+        .farm
+        .issue_boot_ticket(mac)
+        .await
+        .unwrap()
+        .expect("a ticket");
     let g = login_ticket(&t.farm, mac, &ticket).await.unwrap();
     let key = g.device_secret.expect("a new key");
     let d = t.farm.device_by_mac(mac).await.unwrap().unwrap();

@@ -170,7 +170,10 @@ fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
 /// The key the farm derived for `mac` at `generation` before issue 30 (hex).
 fn derived_key(farm_key_hex: &str, mac: &str, generation: i64) -> String {
     let msg = format!("ferry device key\0{mac}\0{generation}");
-    hex::encode(hmac_sha256(&hex::decode(farm_key_hex).unwrap(), msg.as_bytes()))
+    hex::encode(hmac_sha256(
+        &hex::decode(farm_key_hex).unwrap(),
+        msg.as_bytes(),
+    ))
 }
 
 async fn actions(t: &TestFarm) -> Vec<String> {
@@ -296,7 +299,11 @@ async fn neither_the_farm_key_nor_a_key_derived_from_it_logs_anyone_in(t: TestFa
         let old = derived_key(&farm_key, MAC, generation);
         assert_ne!(old, secret, "the key is not the farm key's derivation");
         let e = login_with(&t.farm, MAC, &old).await.unwrap_err();
-        assert_eq!(e.kind(), Kind::Unauthenticated, "derived, generation {generation}");
+        assert_eq!(
+            e.kind(),
+            Kind::Unauthenticated,
+            "derived, generation {generation}"
+        );
     }
     let e = login_with(&t.farm, MAC, &farm_key).await.unwrap_err();
     assert_eq!(e.kind(), Kind::Unauthenticated, "the farm key itself");
@@ -323,7 +330,9 @@ async fn neither_the_farm_key_nor_a_key_derived_from_it_logs_anyone_in(t: TestFa
     };
     t.farm.create_device(&d, ADMIN).await.unwrap();
     for key in [&farm_key, &derived_key(&farm_key, "aa:bb:cc:00:01:03", 1)] {
-        let e = login_with(&t.farm, "aa:bb:cc:00:01:03", key).await.unwrap_err();
+        let e = login_with(&t.farm, "aa:bb:cc:00:01:03", key)
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), Kind::Unauthenticated);
     }
 }

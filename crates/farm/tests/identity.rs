@@ -100,7 +100,12 @@ async fn ticket(f: &Farm, mac: &str, ticket: &str) -> farm::Result<LoginGrant> {
 async fn a_challenge_flood_from_one_address_does_not_starve_another(t: TestFarm, clock: SimClock) {
     let (coll, vdisk) = fixture(&t, 10, 10).await;
     let id = device(&t, coll, vdisk, "aa:bb:cc:00:30:01", false).await;
-    let key = t.farm.reset_device_credential(id, ADMIN).await.unwrap().device_secret;
+    let key = t
+        .farm
+        .reset_device_credential(id, ADMIN)
+        .await
+        .unwrap()
+        .device_secret;
     // A table of 24 nonces, 16 an address: small, so that a short flood fills it.
     t.farm.set_login_limits(LoginLimits {
         nonces_max: 24,
@@ -109,28 +114,50 @@ async fn a_challenge_flood_from_one_address_does_not_starve_another(t: TestFarm,
     let mut refused = 0;
     for n in 0..200 {
         // Any MAC: a flood need not name devices.
-        match challenge(&t.farm, &format!("aa:bb:cc:00:31:{:02x}", n % 256), "127.0.0.2").await {
+        match challenge(
+            &t.farm,
+            &format!("aa:bb:cc:00:31:{:02x}", n % 256),
+            "127.0.0.2",
+        )
+        .await
+        {
             Ok(_) => {}
             Err(e) if e.kind() == Kind::LimitReached => refused += 1,
             Err(e) => panic!("{e}"),
         }
     }
-    assert_eq!(refused, 200 - 16, "the flooder gets its own bound and no more");
+    assert_eq!(
+        refused,
+        200 - 16,
+        "the flooder gets its own bound and no more"
+    );
     // Others fill the rest of the table...
     for n in 0..8 {
-        challenge(&t.farm, "aa:bb:cc:00:32:01", &format!("10.0.0.{n}")).await.unwrap();
+        challenge(&t.farm, "aa:bb:cc:00:32:01", &format!("10.0.0.{n}"))
+            .await
+            .unwrap();
     }
     // ...and a device from yet another address still gets its challenge (the flooder's
     // oldest nonce goes) and logs in.
-    let nonce = challenge(&t.farm, "aa:bb:cc:00:30:01", "127.0.0.3").await.unwrap();
-    prove(&t.farm, "aa:bb:cc:00:30:01", &key, nonce).await.unwrap();
+    let nonce = challenge(&t.farm, "aa:bb:cc:00:30:01", "127.0.0.3")
+        .await
+        .unwrap();
+    prove(&t.farm, "aa:bb:cc:00:30:01", &key, nonce)
+        .await
+        .unwrap();
     // The flooder may take back the one place it lost, and is then at its bound again
     // until its nonces expire.
-    challenge(&t.farm, "aa:bb:cc:00:31:01", "127.0.0.2").await.unwrap();
-    let e = challenge(&t.farm, "aa:bb:cc:00:31:01", "127.0.0.2").await.unwrap_err();
+    challenge(&t.farm, "aa:bb:cc:00:31:01", "127.0.0.2")
+        .await
+        .unwrap();
+    let e = challenge(&t.farm, "aa:bb:cc:00:31:01", "127.0.0.2")
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), Kind::LimitReached);
     clock.advance(Duration::from_millis(farm::login::NONCE_TTL_MS as u64 + 1));
-    challenge(&t.farm, "aa:bb:cc:00:31:01", "127.0.0.2").await.unwrap();
+    challenge(&t.farm, "aa:bb:cc:00:31:01", "127.0.0.2")
+        .await
+        .unwrap();
 }
 
 async fn auto_add_stops_at_its_collection_s_bounds(t: TestFarm, clock: SimClock) {
@@ -140,7 +167,12 @@ async fn auto_add_stops_at_its_collection_s_bounds(t: TestFarm, clock: SimClock)
     for round in 0..3 {
         for n in 0..4 {
             let mac = format!("aa:bb:cc:00:40:{round}{n}");
-            let tk = t.farm.issue_boot_ticket(&mac).await.unwrap().expect("auto-add takes it");
+            let tk = t
+                .farm
+                .issue_boot_ticket(&mac)
+                .await
+                .unwrap()
+                .expect("auto-add takes it");
             match ticket(&t.farm, &mac, &tk).await {
                 Ok(_) => added += 1,
                 Err(e) => {
@@ -154,7 +186,10 @@ async fn auto_add_stops_at_its_collection_s_bounds(t: TestFarm, clock: SimClock)
         assert_eq!(added, expect, "after round {round}");
         clock.advance(Duration::from_secs(61));
     }
-    assert_eq!(t.farm.list_devices(None, None, None).await.unwrap().total, 3);
+    assert_eq!(
+        t.farm.list_devices(None, None, None).await.unwrap().total,
+        3
+    );
 }
 
 async fn a_ticket_is_single_use_expires_and_only_for_a_diskless_device_without_a_tpm(
@@ -172,7 +207,11 @@ async fn a_ticket_is_single_use_expires_and_only_for_a_diskless_device_without_a
     t.farm.update_settings(&settings, ADMIN).await.unwrap();
     let tk = t.farm.issue_boot_ticket(diskless).await.unwrap().unwrap();
     assert!(tk.starts_with("ft_") && tk.len() == 67, "{tk}");
-    let key = ticket(&t.farm, diskless, &tk).await.unwrap().device_secret.unwrap();
+    let key = ticket(&t.farm, diskless, &tk)
+        .await
+        .unwrap()
+        .device_secret
+        .unwrap();
     let e = ticket(&t.farm, diskless, &tk).await.unwrap_err();
     assert_eq!(e.kind(), Kind::Unauthenticated, "used");
     let late = t.farm.issue_boot_ticket(diskless).await.unwrap().unwrap();
@@ -181,16 +220,32 @@ async fn a_ticket_is_single_use_expires_and_only_for_a_diskless_device_without_a
     assert_eq!(e.kind(), Kind::Unauthenticated, "expired");
     // A device with a disk: no ticket for it, and a forged one is refused like any other.
     assert_eq!(t.farm.issue_boot_ticket(disk).await.unwrap(), None);
-    let e = ticket(&t.farm, disk, &format!("ft_{}", "00".repeat(32))).await.unwrap_err();
+    let e = ticket(&t.farm, disk, &format!("ft_{}", "00".repeat(32)))
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), Kind::Unauthenticated);
     // Its own key logs it in; a reset revokes that key at once.
-    let old = t.farm.reset_device_credential(disk_id, ADMIN).await.unwrap().device_secret;
+    let old = t
+        .farm
+        .reset_device_credential(disk_id, ADMIN)
+        .await
+        .unwrap()
+        .device_secret;
     let nonce = challenge(&t.farm, disk, "127.0.0.1").await.unwrap();
     prove(&t.farm, disk, &old, nonce).await.unwrap();
-    let new = t.farm.reset_device_credential(disk_id, ADMIN).await.unwrap().device_secret;
+    let new = t
+        .farm
+        .reset_device_credential(disk_id, ADMIN)
+        .await
+        .unwrap()
+        .device_secret;
     let nonce = challenge(&t.farm, disk, "127.0.0.1").await.unwrap();
     let e = prove(&t.farm, disk, &old, nonce).await.unwrap_err();
-    assert_eq!(e.kind(), Kind::Unauthenticated, "the reset key's predecessor");
+    assert_eq!(
+        e.kind(),
+        Kind::Unauthenticated,
+        "the reset key's predecessor"
+    );
     let nonce = challenge(&t.farm, disk, "127.0.0.1").await.unwrap();
     prove(&t.farm, disk, &new, nonce).await.unwrap();
     // A diskless device that keeps its key in its TPM (it says so, proving with the key)

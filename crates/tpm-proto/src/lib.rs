@@ -361,12 +361,13 @@ pub fn parse_response(bytes: &[u8]) -> Result<Response<'_>, Error> {
             })?;
             let size = u32::from_be_bytes([size[0], size[1], size[2], size[3]]);
             let size = usize::try_from(size).unwrap_or(usize::MAX);
-            let parameters = rest.get(4..).and_then(|r| r.get(..size)).ok_or(
-                Error::InvalidLength {
-                    field: "parameterSize",
-                    len: size,
-                },
-            )?;
+            let parameters =
+                rest.get(4..)
+                    .and_then(|r| r.get(..size))
+                    .ok_or(Error::InvalidLength {
+                        field: "parameterSize",
+                        len: size,
+                    })?;
             Ok(Response { parameters })
         }
         other => Err(Error::InvalidTag(other)),
@@ -399,10 +400,7 @@ mod tests {
         let mut out = Vec::new();
         startup_clear(&mut out);
         // tag 8001, size 12, TPM_CC_Startup, TPM_SU_CLEAR.
-        assert_eq!(
-            out,
-            [0x80, 0x01, 0, 0, 0, 12, 0, 0, 0x01, 0x44, 0, 0]
-        );
+        assert_eq!(out, [0x80, 0x01, 0, 0, 0, 12, 0, 0, 0x01, 0x44, 0, 0]);
     }
 
     #[test]
@@ -410,18 +408,18 @@ mod tests {
         let mut out = Vec::new();
         nv_read(&mut out, FERRY_NV_INDEX, &[], 32, 0).unwrap();
         let want: Vec<u8> = [
-            &[0x80, 0x02][..],              // TPM_ST_SESSIONS
-            &[0, 0, 0, 35],                 // commandSize
-            &[0, 0, 0x01, 0x4E],            // TPM_CC_NV_Read
-            &[0x01, 0x46, 0x45, 0x52],      // authHandle: the index
-            &[0x01, 0x46, 0x45, 0x52],      // nvIndex
-            &[0, 0, 0, 9],                  // authorizationSize
-            &[0x40, 0, 0, 0x09],            // TPM_RS_PW
-            &[0, 0],                        // nonce: empty
-            &[0x01],                        // continueSession
-            &[0, 0],                        // hmac: the (empty) password
-            &[0, 32],                       // size
-            &[0, 0],                        // offset
+            &[0x80, 0x02][..],         // TPM_ST_SESSIONS
+            &[0, 0, 0, 35],            // commandSize
+            &[0, 0, 0x01, 0x4E],       // TPM_CC_NV_Read
+            &[0x01, 0x46, 0x45, 0x52], // authHandle: the index
+            &[0x01, 0x46, 0x45, 0x52], // nvIndex
+            &[0, 0, 0, 9],             // authorizationSize
+            &[0x40, 0, 0, 0x09],       // TPM_RS_PW
+            &[0, 0],                   // nonce: empty
+            &[0x01],                   // continueSession
+            &[0, 0],                   // hmac: the (empty) password
+            &[0, 32],                  // size
+            &[0, 0],                   // offset
         ]
         .concat();
         assert_eq!(out, want);
@@ -432,13 +430,13 @@ mod tests {
         let mut out = Vec::new();
         nv_define_space(&mut out, FERRY_NV_INDEX, b"pw", 32, &[]).unwrap();
         let tail: Vec<u8> = [
-            &[0, 2, b'p', b'w'][..],        // auth
-            &[0, 14],                       // TPM2B_NV_PUBLIC size
-            &[0x01, 0x46, 0x45, 0x52],      // nvIndex
-            &[0, 0x0B],                     // TPM_ALG_SHA256
-            &[0x02, 0x04, 0x00, 0x04],      // NO_DA | AUTHREAD | AUTHWRITE
-            &[0, 0],                        // authPolicy
-            &[0, 32],                       // dataSize
+            &[0, 2, b'p', b'w'][..],   // auth
+            &[0, 14],                  // TPM2B_NV_PUBLIC size
+            &[0x01, 0x46, 0x45, 0x52], // nvIndex
+            &[0, 0x0B],                // TPM_ALG_SHA256
+            &[0x02, 0x04, 0x00, 0x04], // NO_DA | AUTHREAD | AUTHWRITE
+            &[0, 0],                   // authPolicy
+            &[0, 32],                  // dataSize
         ]
         .concat();
         assert!(out.ends_with(&tail), "{out:02x?}");

@@ -91,12 +91,18 @@ impl Farm {
     /// a new one from `ferry device credential` unless `state` holds one already (whose
     /// file it is then).
     pub fn device_secret(&self, api: &str, mac: &str, state: &std::path::Path) -> PathBuf {
-        let kept = state.join(format!("device-{}.secret", mac.to_lowercase().replace(':', "-")));
+        let kept = state.join(format!(
+            "device-{}.secret",
+            mac.to_lowercase().replace(':', "-")
+        ));
         if kept.exists() {
             return kept;
         }
         let v = self.json(api, &["device", "credential", mac]);
-        let file = self.dir.path().join(format!("{}.secret", mac.replace(':', "-")));
+        let file = self
+            .dir
+            .path()
+            .join(format!("{}.secret", mac.replace(':', "-")));
         std::fs::write(&file, v["device_secret"].as_str().unwrap()).unwrap();
         file
     }

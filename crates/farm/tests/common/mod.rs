@@ -90,7 +90,11 @@ impl TestFarm {
         }
         match self.farm.device_by_mac(&norm).await.unwrap() {
             Some(d) => {
-                let c = self.farm.reset_device_credential(d.id, "test").await.unwrap();
+                let c = self
+                    .farm
+                    .reset_device_credential(d.id, "test")
+                    .await
+                    .unwrap();
                 self.keep_secret(mac, Some(&c.device_secret));
                 Credential::Key(c.device_secret)
             }

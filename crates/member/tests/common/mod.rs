@@ -272,7 +272,12 @@ impl Sim {
             .await
             .unwrap();
         // The device's own key, as an administrator's reset gives it.
-        let d = self.farm.device_by_mac(mac).await.unwrap().expect("a device");
+        let d = self
+            .farm
+            .device_by_mac(mac)
+            .await
+            .unwrap()
+            .expect("a device");
         let key = self
             .farm
             .reset_device_credential(d.id, ADMIN)
