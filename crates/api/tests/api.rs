@@ -374,7 +374,8 @@ async fn bad_input_is_refused_and_changes_nothing(t: TestFarm) {
         "booted by a maintenance device",
     )
     .await;
-    // A second maintenance device.
+    // A second maintenance device (its key made first: a reset is audited).
+    a.t.credential("aa:bb:cc:00:02:02").await;
     let before = a.audit_total().await;
     let (s, v) = a.login("aa:bb:cc:00:02:02").await;
     assert_eq!(s, S::CONFLICT);
