@@ -354,9 +354,12 @@ fn login_refuses_unknown_devices_wrong_keys_and_a_second_maintenance_device() {
     assert!(t.contains("lists no NBD server"), "{t}");
     assert!(t.contains("127.0.0.1:10809"), "{t}");
     assert!(t.contains("cannot attach"), "{t}");
-    // A reset revokes that secret: the next login with it is refused.
+    // A reset revokes that secret: the next login with it is refused (a copy: the reset's
+    // file has the same name).
+    let old = f.scratch("maintenance-old.secret");
+    std::fs::copy(&maintenance, &old).unwrap();
     f.secret(MAC_MAINTENANCE);
-    let out = f.target_output(MAC_MAINTENANCE, &maintenance, &[]);
+    let out = f.target_output(MAC_MAINTENANCE, &old, &[]);
     let t = text(&out);
     assert!(!out.status.success(), "{t}");
     assert!(t.contains("login refused"), "{t}");
