@@ -51,6 +51,8 @@ TEST_TOOLS=(
     qemu-system-x86_64=qemu-system-x86 debootstrap=debootstrap strip=binutils
     # the console's end-to-end test: Debian's headless Chromium driven from node
     chromium=chromium node=nodejs
+    # the device key in a TPM (crates/agent/tests/tpm.rs): a software TPM 2.0
+    swtpm=swtpm swtpm_setup=swtpm-tools
     # listener and limit tests: ss for the accept queue, prlimit for the open-file limit
     ss=iproute2 prlimit=util-linux setpriv=util-linux flock=util-linux
     mount=mount umount=mount

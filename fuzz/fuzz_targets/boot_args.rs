@@ -34,8 +34,11 @@ fuzz_target!(|data: &[u8]| {
         Ok(()) => {
             assert!(a.api.len() <= LIST_MAX && a.servers.len() <= LIST_MAX);
             assert!(a.unknown.len() <= LIST_MAX);
-            for p in [&a.ca, &a.key, &a.overflow].into_iter().flatten() {
+            for p in [&a.ca, &a.overflow].into_iter().flatten() {
                 assert!(p.is_absolute(), "{p:?}");
+            }
+            if let Some(t) = &a.ticket {
+                assert!(t.starts_with("ft_") && t.len() <= 128, "{t:?}");
             }
             assert!(a.device.to_string_lossy().starts_with("/dev/nbd"));
             if let Some(m) = &a.mac {

@@ -49,6 +49,7 @@ pub mod remote;
 pub mod report;
 pub mod server_list;
 pub mod stats;
+pub mod tpm;
 
 pub use daemon::{AgentConfig, AgentError, HostCacheConfig, VersionIdentity, run};
 pub use stats::Status;

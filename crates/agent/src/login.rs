@@ -7,18 +7,19 @@
 //!   hmac = HMAC-SHA256(key, nonce ‖ mac)
 //!   POST /api/v1/login {mac, nonce, hmac} ─► LoginGrant: servers, vDisk, version, cache
 //!                                            mode, RAM size, session export, token,
-//!                                            device certificate (and, at enrolment,
-//!                                            the device secret)
+//!                                            device certificate
+//!   or, diskless: POST /api/v1/login {mac, ticket} ─► the same, with the device's new
+//!                                            secret for this boot's later logins
 //! ```
 //!
-//! `key` is the device secret's bytes, kept in the target's state file
-//! ([`DeviceState`]); at the first login, when there is none yet, the farm key's bytes
-//! (`DATA/secrets/farm.key`), which enrol the device: that grant carries the device's
-//! secret, which [`login_device`] stores before anything else. `nonce` is the nonce's text
-//! as received and `mac` the normalized MAC (`aa:bb:cc:dd:ee:ff`), concatenated as UTF-8;
-//! `hmac` goes out as lowercase hex. No key crosses the wire. The bodies, the MAC's
-//! normalization and the proof are `contract::login`'s and `contract::Mac`'s, the same code
-//! the farm answers with.
+//! `key` is the device secret's bytes: 32 random bytes the farm made for this device alone
+//! (an administrator's `ferry device credential`, kept in the target's state file,
+//! [`DeviceState`]: [`login_device`] stores the one it is given at its first login), or,
+//! in a diskless machine, the key the grant of its boot's ticket login carried (kept in
+//! RAM: [`login_ticket`]). `nonce` is the nonce's text as received and `mac` the normalized
+//! MAC (`aa:bb:cc:dd:ee:ff`), concatenated as UTF-8; `hmac` goes out as lowercase hex. No
+//! key crosses the wire. The bodies, the MAC's normalization and the proof are
+//! `contract::login`'s and `contract::Mac`'s, the same code the farm answers with.
 //!
 //! The API is `https://` with its certificate verified against the farm's CA only (a file
 //! given by the caller, `--farm-ca`); plain `http://` is allowed to a loopback address only.
@@ -51,6 +52,12 @@ pub const DEFAULT_API_PORT: u16 = 8080;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Timeout of one API request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many times a challenge answered 429 (too many logins under way from this address:
+/// machines behind one NAT or host booting at once) is asked again, and the pause before
+/// the first retry (doubled each time, at most [`CHALLENGE_BUSY_PAUSE_MAX`]).
+const CHALLENGE_BUSY_RETRIES: u32 = 8;
+const CHALLENGE_BUSY_PAUSE: Duration = Duration::from_millis(250);
+const CHALLENGE_BUSY_PAUSE_MAX: Duration = Duration::from_secs(4);
 /// Most bytes of an API error message kept in a [`LoginError`].
 const MESSAGE_BYTES_MAX: usize = 1024;
 /// Most bytes of a device secret file read (64 hex digits and a newline).
@@ -71,11 +78,14 @@ pub enum LoginError {
     /// The MAC is not six hex pairs.
     #[error("invalid MAC address {0:?} (expected aa:bb:cc:dd:ee:ff)")]
     BadMac(String),
-    /// The farm key is not hex (or empty).
-    #[error("invalid farm key: {0}")]
+    /// The device secret (or ticket) is not what it must be.
+    #[error("invalid device secret: {0}")]
     BadKey(&'static str),
-    /// The device has no secret in its state directory and no farm key was given to enrol.
-    #[error("device {mac} has no device secret in {dir} and no farm key was given to enrol it")]
+    /// The device has no secret in its state directory and none was given.
+    #[error(
+        "device {mac} has no device secret in {dir} and none was given: an administrator \
+         makes one (ferry device credential MAC)"
+    )]
     NoCredential {
         /// The MAC.
         mac: String,
@@ -106,11 +116,12 @@ pub enum LoginError {
         /// The transport error.
         reason: String,
     },
-    /// 401: a wrong key: a wrong farm key, a farm-key login of a device already enrolled,
-    /// or a device secret an administrator has reset (or a nonce that expired on the way).
+    /// 401: a wrong key: a device secret an administrator has reset, a device with no key
+    /// yet, a used or expired ticket, a ticket for a device that is not diskless (or a nonce
+    /// that expired on the way).
     #[error(
-        "login refused by {url} (wrong farm key, device already enrolled, or device secret \
-         reset?): {message}"
+        "login refused by {url} (device secret reset or never given, or a used or expired \
+         ticket?): {message}"
     )]
     BadProof {
         /// The API's URL.
@@ -204,7 +215,8 @@ pub struct LoginGrant {
     /// The device's client certificate, its key and the farm's CA, for the NBD servers
     /// (when the farm has a CA).
     pub tls: Option<DeviceTls>,
-    /// The device secret of this login's enrolment (a login with the farm key), once.
+    /// The device's new secret, from a ticket login only: later logins of this boot prove
+    /// with it.
     pub device_secret: Option<String>,
 }
 
@@ -219,12 +231,12 @@ pub fn parse_mac(value: &str) -> Result<Mac, LoginError> {
         .map_err(|_| LoginError::BadMac(value.to_string()))
 }
 
-/// The farm key from its file text (`DATA/farm.key`) or the environment: hex, surrounding
-/// whitespace ignored.
+/// A device secret from its text (`ferry device credential`'s output, a state file): hex,
+/// surrounding whitespace ignored.
 ///
 /// # Errors
 /// [`LoginError::BadKey`] when it is empty or not hex.
-pub fn parse_farm_key(text: &str) -> Result<Vec<u8>, LoginError> {
+pub fn parse_secret(text: &str) -> Result<Vec<u8>, LoginError> {
     let t = text.trim();
     if t.is_empty() {
         return Err(LoginError::BadKey("it is empty"));
@@ -324,7 +336,7 @@ pub fn api_client(
 }
 
 /// Logs device `mac` in at the farm API `api_url`, proving with `key` (the device secret's
-/// bytes, or the farm key's to enrol), trusting `ca_pem` for an `https://` API.
+/// bytes), trusting `ca_pem` for an `https://` API.
 ///
 /// # Errors
 /// [`LoginError`]: each failure names its step and keeps the API's message.
@@ -338,8 +350,7 @@ pub fn login(
 }
 
 /// [`login`], saying whether this device is diskless (the boot agent in a machine's
-/// initramfs, with no disk to keep a device secret in): a device the login adds
-/// automatically is then made diskless, so the farm key logs it in at every boot.
+/// initramfs, with no disk to keep a device secret in).
 ///
 /// # Errors
 /// As [`login`].
@@ -350,38 +361,136 @@ pub fn login_as(
     ca_pem: Option<&str>,
     diskless: bool,
 ) -> Result<LoginGrant, LoginError> {
-    let base = parse_api_url(api_url)?;
-    let mac = parse_mac(mac)?;
     if key.is_empty() {
         return Err(LoginError::BadKey("it is empty"));
     }
-    let shown = base.as_str().trim_end_matches('/').to_string();
-    let client = api_client(&base, ca_pem)?
-        .build()
-        .map_err(|e| LoginError::Unreachable {
-            url: shown.clone(),
-            reason: ErrorChain(&e).to_string(),
-        })?;
-    let at = Post {
-        client: &client,
-        base: &base,
-        shown: &shown,
-        mac,
-    };
+    let base = parse_api_url(api_url)?;
+    let mac = parse_mac(mac)?;
+    let client = Client::new(&base, ca_pem)?;
+    let at = client.at(mac);
     let body = ChallengeRequest {
         mac: mac.to_string(),
     };
-    let challenge: Challenge = at.post("challenge", CHALLENGE_PATH, &body)?;
+    let challenge = at.challenge(&body)?;
     let body = LoginRequest {
         mac: mac.to_string(),
         hmac: contract::login::proof(key, &challenge.nonce, mac),
         nonce: challenge.nonce,
         diskless,
+        ticket: None,
     };
     let g: contract::login::LoginGrant<DeviceRef> = at.post("login", LOGIN_PATH, &body)?;
+    grant_of(g, mac, &base, &client.shown)
+}
+
+/// Logs the diskless device `mac` in with its boot's one-time login `ticket` (the boot
+/// script's `ferry.ticket=`), trusting `ca_pem`. The grant carries the device's new
+/// secret ([`LoginGrant::device_secret`]), with which the same boot logs in again
+/// ([`login_as`]) when it must: the ticket is used up.
+///
+/// # Errors
+/// As [`login`]; [`LoginError::BadKey`] for a ticket that is not one.
+pub fn login_ticket(
+    api_url: &str,
+    mac: &str,
+    ticket: &str,
+    ca_pem: Option<&str>,
+) -> Result<LoginGrant, LoginError> {
+    if !ticket.starts_with(contract::login::TICKET_PREFIX)
+        || ticket.len() > contract::login::TICKET_CHARS_MAX
+    {
+        return Err(LoginError::BadKey(
+            "the login ticket is not ft_ and hex digits",
+        ));
+    }
+    let base = parse_api_url(api_url)?;
+    let mac = parse_mac(mac)?;
+    let client = Client::new(&base, ca_pem)?;
+    let body = LoginRequest {
+        mac: mac.to_string(),
+        nonce: String::new(),
+        hmac: String::new(),
+        diskless: true,
+        ticket: Some(ticket.to_string()),
+    };
+    let g: contract::login::LoginGrant<DeviceRef> =
+        client.at(mac).post("login", LOGIN_PATH, &body)?;
+    grant_of(g, mac, &base, &client.shown)
+}
+
+/// Tells the farm at `api_url` that device `mac` keeps its key (`key`, which proves it, as
+/// at login) in its TPM: the farm then takes no login ticket for it.
+///
+/// # Errors
+/// As [`login`].
+pub fn bind_tpm(
+    api_url: &str,
+    mac: &str,
+    key: &[u8],
+    ca_pem: Option<&str>,
+) -> Result<(), LoginError> {
+    let base = parse_api_url(api_url)?;
+    let mac = parse_mac(mac)?;
+    let client = Client::new(&base, ca_pem)?;
+    let at = client.at(mac);
+    let body = ChallengeRequest {
+        mac: mac.to_string(),
+    };
+    let challenge = at.challenge(&body)?;
+    let body = LoginRequest {
+        mac: mac.to_string(),
+        hmac: contract::login::proof(key, &challenge.nonce, mac),
+        nonce: challenge.nonce,
+        diskless: true,
+        ticket: None,
+    };
+    let _: serde_json::Value = at.post("tpm", contract::login::TPM_BIND_PATH, &body)?;
+    Ok(())
+}
+
+/// A blocking client of the farm API at `base`, and the URL its errors show.
+struct Client {
+    client: reqwest::blocking::Client,
+    base: Url,
+    shown: String,
+}
+
+impl Client {
+    fn new(base: &Url, ca_pem: Option<&str>) -> Result<Client, LoginError> {
+        let shown = base.as_str().trim_end_matches('/').to_string();
+        let client = api_client(base, ca_pem)?
+            .build()
+            .map_err(|e| LoginError::Unreachable {
+                url: shown.clone(),
+                reason: ErrorChain(&e).to_string(),
+            })?;
+        Ok(Client {
+            client,
+            base: base.clone(),
+            shown,
+        })
+    }
+
+    fn at(&self, mac: Mac) -> Post<'_> {
+        Post {
+            client: &self.client,
+            base: &self.base,
+            shown: &self.shown,
+            mac,
+        }
+    }
+}
+
+/// The agent's [`LoginGrant`] from the farm's answer.
+fn grant_of(
+    g: contract::login::LoginGrant<DeviceRef>,
+    mac: Mac,
+    base: &Url,
+    shown: &str,
+) -> Result<LoginGrant, LoginError> {
     let bad = |reason: String| LoginError::BadAnswer {
         step: "login",
-        url: shown.clone(),
+        url: shown.to_string(),
         reason,
     };
     let ram_bytes =
@@ -426,8 +535,9 @@ pub fn login_as(
 }
 
 /// A target's state directory (0700): its device secret, one file per MAC
-/// (`device-aa-bb-cc-dd-ee-ff.secret`, 0600, the secret's hex text), written at enrolment
-/// or by hand after an administrator's reset (`ferry device credential`).
+/// (`device-aa-bb-cc-dd-ee-ff.secret`, 0600, the secret's hex text), written at the first
+/// login from the secret an administrator's `ferry device credential` printed, or by hand
+/// after a reset.
 #[derive(Debug, Clone)]
 pub struct DeviceState {
     dir: PathBuf,
@@ -513,8 +623,9 @@ impl DeviceState {
     }
 }
 
-/// Logs device `mac` in with its device secret from `state`; without one, enrols it with
-/// `farm_key` and stores the secret the grant carries before returning.
+/// Logs device `mac` in with `given` (the secret an administrator's `ferry device
+/// credential` printed), which is stored in `state` once it has logged in, so that later
+/// logins need it no more; without `given`, with the secret stored in `state`.
 ///
 /// # Errors
 /// [`LoginError::NoCredential`] with neither; [`LoginError::State`] when the secret cannot
@@ -522,28 +633,25 @@ impl DeviceState {
 pub fn login_device(
     api_url: &str,
     mac: &str,
-    farm_key: Option<&[u8]>,
+    given: Option<&[u8]>,
     state: &DeviceState,
     ca_pem: Option<&str>,
 ) -> Result<LoginGrant, LoginError> {
     let parsed = parse_mac(mac)?;
-    if let Some(secret) = state.secret(parsed)? {
+    let Some(key) = given else {
+        let secret = state
+            .secret(parsed)?
+            .ok_or_else(|| LoginError::NoCredential {
+                mac: parsed.to_string(),
+                dir: state.path().display().to_string(),
+            })?;
         return login(api_url, mac, &secret, ca_pem);
-    }
-    let key = farm_key.ok_or_else(|| LoginError::NoCredential {
-        mac: parsed.to_string(),
-        dir: state.path().display().to_string(),
-    })?;
+    };
     let grant = login(api_url, mac, key, ca_pem)?;
-    if let Some(secret) = &grant.device_secret {
-        if let Err(e) = state.store(parsed, secret) {
-            // The farm will not enrol it again: the secret must not be lost.
-            tracing::error!(mac = %parsed, file = %state.secret_file(parsed).display(),
-                device_secret = %secret, "could not store the new device secret; store it by hand");
-            return Err(e);
-        }
+    if state.secret(parsed)?.as_deref() != Some(key) {
+        state.store(parsed, &hex::encode(key))?;
         tracing::info!(mac = %parsed, file = %state.secret_file(parsed).display(),
-            "enrolled with the farm; stored the device secret");
+            "stored the device secret given");
     }
     Ok(grant)
 }
@@ -558,6 +666,22 @@ struct Post<'a> {
 }
 
 impl Post<'_> {
+    /// A challenge, asked again (a few times, with pauses) while the farm answers 429.
+    fn challenge(&self, body: &ChallengeRequest) -> Result<Challenge, LoginError> {
+        let mut pause = CHALLENGE_BUSY_PAUSE;
+        let mut tries = 0;
+        loop {
+            match self.post("challenge", CHALLENGE_PATH, body) {
+                Err(LoginError::Refused { status: 429, .. }) if tries < CHALLENGE_BUSY_RETRIES => {
+                    tries += 1;
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(CHALLENGE_BUSY_PAUSE_MAX);
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// One POST of `body` as JSON to `path`; a 2xx answer parsed as `T`, anything else a
     /// [`LoginError`] of `step`.
     fn post<T: serde::de::DeserializeOwned>(
@@ -582,7 +706,10 @@ impl Post<'_> {
             .send()
             .map_err(unreachable)?;
         let status = r.status();
-        let text = r.text().map_err(unreachable)?;
+        let mut text = r.text().map_err(unreachable)?;
+        if status == StatusCode::NO_CONTENT {
+            text = "null".to_string();
+        }
         if status.is_success() {
             return serde_json::from_str(&text).map_err(|e| LoginError::BadAnswer {
                 step,

@@ -26,10 +26,10 @@ fn malformed_macs_are_refused() {
 }
 
 #[test]
-fn farm_key_text_is_trimmed_hex() {
-    assert_eq!(parse_farm_key("0aff\n").unwrap(), vec![0x0a, 0xff]);
-    assert!(matches!(parse_farm_key(" \n"), Err(LoginError::BadKey(_))));
-    assert!(matches!(parse_farm_key("xyz"), Err(LoginError::BadKey(_))));
+fn secret_text_is_trimmed_hex() {
+    assert_eq!(parse_secret("0aff\n").unwrap(), vec![0x0a, 0xff]);
+    assert!(matches!(parse_secret(" \n"), Err(LoginError::BadKey(_))));
+    assert!(matches!(parse_secret("xyz"), Err(LoginError::BadKey(_))));
 }
 
 #[test]
@@ -241,40 +241,58 @@ fn grant_json(secret: Option<&str>) -> String {
 }
 
 #[test]
-fn the_first_login_enrols_with_the_farm_key_and_later_ones_prove_with_the_stored_secret() {
+fn the_given_secret_is_stored_after_its_login_and_later_logins_prove_with_it() {
     use std::os::unix::fs::PermissionsExt as _;
     let dir = tempfile::tempdir().unwrap();
     let state = DeviceState::new(&dir.path().join("state"));
     let mac = parse_mac("aa:bb:cc:00:00:01").unwrap();
-    let secret = "5a".repeat(32);
     let (url, bodies) = fake_api_seen(vec![
         challenge(),
-        (200, grant_json(Some(&secret))),
+        (401, r#"{"error":"bad or expired proof"}"#.to_string()),
+        challenge(),
+        (200, grant_json(None)),
         challenge(),
         (200, grant_json(None)),
     ]);
-    let farm_key = [7u8; 32];
+    // A wrong secret given is not kept.
+    let e = login_device(&url, "aabbcc000001", Some(&[7; 32]), &state, None).unwrap_err();
+    assert!(matches!(e, LoginError::BadProof { .. }), "{e}");
+    assert_eq!(state.secret(mac).unwrap(), None);
+    // The secret an administrator's `ferry device credential` printed.
+    let given = [0x5a_u8; 32];
     let e = login_device(&url, "aabbcc000001", None, &state, None).unwrap_err();
     assert!(matches!(e, LoginError::NoCredential { .. }), "{e}");
-    let g = login_device(&url, "aabbcc000001", Some(&farm_key), &state, None).unwrap();
-    assert_eq!(g.device_secret.as_deref(), Some(secret.as_str()));
+    assert!(e.to_string().contains("ferry device credential"), "{e}");
+    login_device(&url, "aabbcc000001", Some(&given), &state, None).unwrap();
     let file = state.secret_file(mac);
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&file), 0o600);
     assert_eq!(mode(state.path()), 0o700);
-    assert_eq!(state.secret(mac).unwrap(), Some(vec![0x5a; 32]));
-    login_device(&url, "aabbcc000001", Some(&farm_key), &state, None).unwrap();
+    assert_eq!(state.secret(mac).unwrap(), Some(given.to_vec()));
+    // Later: the stored secret, with none given.
+    login_device(&url, "aabbcc000001", None, &state, None).unwrap();
     let sent: Vec<serde_json::Value> = bodies
         .iter()
-        .take(4)
+        .take(6)
         .map(|b| serde_json::from_str(&b).unwrap())
         .collect();
-    assert_eq!(
-        sent[1]["hmac"],
-        contract::login::proof(&farm_key, "ab12", mac)
-    );
-    assert_eq!(
-        sent[3]["hmac"],
-        contract::login::proof(&[0x5a; 32], "ab12", mac)
-    );
+    assert_eq!(sent[3]["hmac"], contract::login::proof(&given, "ab12", mac));
+    assert_eq!(sent[5]["hmac"], contract::login::proof(&given, "ab12", mac));
+}
+
+#[test]
+fn a_ticket_login_sends_the_ticket_alone_and_keeps_the_new_secret() {
+    let secret = "5a".repeat(32);
+    let (url, bodies) = fake_api_seen(vec![(200, grant_json(Some(&secret)))]);
+    let ticket = format!("ft_{}", "0b".repeat(32));
+    let g = login_ticket(&url, "AA-BB-CC-00-00-01", &ticket, None).unwrap();
+    assert_eq!(g.device_secret.as_deref(), Some(secret.as_str()));
+    let sent: serde_json::Value = serde_json::from_str(&bodies.recv().unwrap()).unwrap();
+    let want = serde_json::json!({
+        "mac": "aa:bb:cc:00:00:01", "nonce": "", "hmac": "", "diskless": true,
+        "ticket": ticket,
+    });
+    assert_eq!(sent, want);
+    let e = login_ticket(&url, "aabbcc000001", "00ff", None).unwrap_err();
+    assert!(matches!(e, LoginError::BadKey(_)), "{e}");
 }

@@ -12,8 +12,9 @@
 //! ```
 //!
 //! It exposes boot data only (what any PXE server serves: scripts, kernels, initramfs
-//! images) and nothing of the API: no route under `/api`, no secret, no file but a
-//! version's boot files. The device logs in over the API's HTTPS afterwards, with its key.
+//! images) and nothing of the API: no route under `/api`, no farm secret, no file but a
+//! version's boot files. The device logs in over the API's HTTPS afterwards, with its key
+//! or, diskless, with the one-time ticket its own script carries (`farm::tickets`).
 //!
 //! **What is served to whom.** A machine gets the kernel and initramfs of the version its
 //! login would be granted, and nothing else: the file URLs its script names carry its MAC,
@@ -300,6 +301,11 @@ async fn device(State(s): State<BootState>, UrlPath(mac): UrlPath<String>) -> Re
     } else {
         t.device.name.clone()
     };
+    // A diskless device's one-time login ticket for this boot (farm::tickets).
+    let ticket = match s.farm.issue_boot_ticket(&t.device.mac).await {
+        Ok(t) => t,
+        Err(e) => return s.refuse(&mac, &format!("no login ticket for this boot: {e}")),
+    };
     let d = DeviceScript {
         mac: &t.device.mac,
         device: &name,
@@ -311,6 +317,7 @@ async fn device(State(s): State<BootState>, UrlPath(mac): UrlPath<String>) -> Re
         initrd: info.initrd,
         image_cmdline: info.cmdline.as_deref(),
         vdisk_cmdline: &t.vdisk.boot_cmdline,
+        ticket: ticket.as_deref(),
     };
     match boot_script::device_script(&d) {
         Ok(script) => {

@@ -2,6 +2,10 @@
 //! script every machine fetches first, the per-device script that loads a version's kernel
 //! and initramfs, and the refusal script that says why a machine may not boot.
 //!
+//! A diskless device's script carries its boot's one-time login ticket (`ferry.ticket=`,
+//! [`DeviceScript::ticket`], made by `farm::tickets`); nothing else in a script is a
+//! secret, and no script carries anything farm-wide.
+//!
 //! Nothing from the database reaches a script unchecked: console text is reduced to
 //! [`echo_safe`] characters, kernel arguments are made of [`farm::validate::boot_arg_char`]s
 //! (names are percent-encoded, the image's own arguments that are not are dropped), so no
@@ -167,6 +171,9 @@ pub struct DeviceScript<'a> {
     pub image_cmdline: Option<&'a str>,
     /// The vDisk's boot command line.
     pub vdisk_cmdline: &'a str,
+    /// The login ticket of this boot (`ft_` and hex digits), for a device the farm logs in
+    /// by ticket (diskless); `None` for others.
+    pub ticket: Option<&'a str>,
 }
 
 /// Why a device script cannot be made.
@@ -175,6 +182,9 @@ pub enum ScriptError {
     /// An API URL holds a character a kernel argument may not.
     #[error("the farm API URL {0:?} cannot go on a kernel command line")]
     BadApiUrl(String),
+    /// The ticket holds a character a kernel argument may not.
+    #[error("the login ticket cannot go on a kernel command line")]
+    BadTicket,
     /// The command line is longer than the kernel takes.
     #[error("the kernel command line would have {0} bytes, more than {CMDLINE_BYTES_MAX}")]
     TooLong(usize),
@@ -197,6 +207,12 @@ pub fn kernel_args(s: &DeviceScript<'_>) -> Result<String, ScriptError> {
         format!("ferry.vdisk={}", arg_value(s.vdisk)),
         format!("ferry.version={}", s.version),
     ];
+    if let Some(t) = s.ticket {
+        if !arg_ok(t) || t.contains('%') {
+            return Err(ScriptError::BadTicket);
+        }
+        args.push(format!("ferry.ticket={t}"));
+    }
     match s.root {
         RootDev::WholeDisk => args.push("root=/dev/nbd0".into()),
         RootDev::Partition(n) => args.push(format!("root=/dev/nbd0p{n}")),
@@ -296,6 +312,7 @@ mod tests {
             initrd: true,
             image_cmdline: Some("BOOT_IMAGE=/vmlinuz root=UUID=abc ro quiet \"x y\""),
             vdisk_cmdline: "console=ttyS0,115200",
+            ticket: None,
         }
     }
 
@@ -359,6 +376,20 @@ mod tests {
         let mut d = script(&urls);
         d.vdisk_cmdline = &long;
         assert!(matches!(device_script(&d), Err(ScriptError::TooLong(_))));
+    }
+
+    #[test]
+    fn a_ticket_goes_on_the_command_line_and_an_image_s_own_is_dropped() {
+        let urls = ["https://h:1".to_string()];
+        let mut d = script(&urls);
+        d.ticket = Some("ft_00ff");
+        d.image_cmdline = Some("ro ferry.ticket=ft_11 ferry.key=/etc/ferry/farm.key");
+        let s = device_script(&d).unwrap();
+        assert!(s.contains(" ferry.version=2 ferry.ticket=ft_00ff "), "{s}");
+        assert_eq!(s.matches("ferry.ticket=").count(), 1, "{s}");
+        assert!(!s.contains("ferry.key"), "{s}");
+        d.ticket = Some("ft_0 x");
+        assert_eq!(device_script(&d), Err(ScriptError::BadTicket));
     }
 
     #[test]

@@ -84,6 +84,7 @@ pub struct AppState {
         routes::list_devices, routes::create_device, routes::get_device, routes::patch_device,
         routes::delete_device, routes::reset_device_credential,
         routes::list_sessions, routes::end_session, routes::login_challenge, routes::login,
+        routes::login_tpm,
         vdisks::list_vdisks, vdisks::create_vdisk, vdisks::get_vdisk, vdisks::patch_vdisk,
         vdisks::delete_vdisk, vdisks::list_versions, vdisks::new_version, vdisks::get_version,
         vdisks::promote, vdisks::revert, vdisks::delete_version, vdisks::merge,
@@ -154,6 +155,7 @@ pub fn router(state: AppState) -> Router {
         .route("/sessions/{id}", delete(r::end_session))
         .route("/login/challenge", post(r::login_challenge))
         .route("/login", post(r::login))
+        .route("/login/tpm", post(r::login_tpm))
         .route("/vdisks", get(v::list_vdisks).post(v::create_vdisk))
         .route(
             "/vdisks/{id}",
@@ -253,6 +255,7 @@ pub async fn serve_tls(
 ) -> std::io::Result<()> {
     serve_in(listener, state, Some(tls), Listen::api_default(), shutdown).await
 }
+
 
 /// [`serve_tls`] with `tls`, else [`serve`] (plain HTTP, loopback only).
 ///

@@ -491,20 +491,24 @@ pub async fn end_session(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Device login, step 1: a one-time nonce for the device's MAC (no token needed).
+/// Device login, step 1: a one-time nonce for the device's MAC (no token needed). Each
+/// client address holds a few outstanding nonces at most (429 past that), so one address
+/// cannot hold every other device's login back.
 #[utoipa::path(post, path = "/api/v1/login/challenge", tag = "login",
     request_body = ChallengeRequest, security(()),
     responses((status = 200, body = Challenge), Errors))]
 pub async fn login_challenge(
     State(s): State<AppState>,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
     ApiJson(b): ApiJson<ChallengeRequest>,
 ) -> ApiResult<Json<Challenge>> {
-    Ok(Json(s.farm.challenge(&b).await?))
+    let peer = peer.map(|axum::Extension(axum::extract::ConnectInfo(p))| p.ip());
+    Ok(Json(s.farm.challenge(&b, peer).await?))
 }
 
-/// Device login, step 2: the proof, HMAC-SHA256(key, nonce ‖ mac) in hex, under the device
-/// secret, or the farm key to enrol a device not enrolled yet (its grant then carries the
-/// device secret, once).
+/// Device login, step 2: the proof, HMAC-SHA256(key, nonce ‖ mac) in hex, under the
+/// device's own key; or a diskless machine's one-time login ticket from its boot script
+/// (that grant then carries the device's new key, once).
 #[utoipa::path(post, path = "/api/v1/login", tag = "login", request_body = LoginRequest,
     security(()), responses((status = 200, body = LoginGrantSchema), Errors))]
 pub async fn login(
@@ -512,6 +516,19 @@ pub async fn login(
     ApiJson(b): ApiJson<LoginRequest>,
 ) -> ApiResult<Json<LoginGrant>> {
     Ok(Json(s.farm.login(&b, s.server_id).await?))
+}
+
+/// A device says it keeps its key in its TPM, proving with that key (a challenge's nonce
+/// and HMAC, as at login): the farm then issues and accepts no login ticket for it, until
+/// an administrator resets its credential.
+#[utoipa::path(post, path = "/api/v1/login/tpm", tag = "login", request_body = LoginRequest,
+    security(()), responses((status = 204, description = "bound"), Errors))]
+pub async fn login_tpm(
+    State(s): State<AppState>,
+    ApiJson(b): ApiJson<LoginRequest>,
+) -> ApiResult<StatusCode> {
+    s.farm.bind_tpm(&b).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 // The OpenAPI schema of the login answer. The answer itself is `farm::login::LoginGrant`,
@@ -556,8 +573,8 @@ pub struct LoginGrantSchema {
     ram_bytes: i64,
     /// True in private mode (maintenance): the export writes to the version itself.
     writable: bool,
-    /// The device's new secret (64 hex digits), only in the grant of the login that enrolled
-    /// it (made with the farm key): keep it; later logins prove with it.
+    /// The device's new secret (64 hex digits), only in the grant of a ticket login: keep
+    /// it; later logins of this boot prove with it.
     device_secret: Option<String>,
     /// The device's client certificate for the NBD servers, when the farm has a CA.
     tls: Option<DeviceTls>,

@@ -85,9 +85,10 @@ async fn openapi_document_describes_every_route(t: TestFarm) {
     ] {
         assert!(paths.contains_key(p), "{p} missing");
     }
-    // Every route of api::router but openapi.json itself (29, the console's 2 status
+    // Every route of api::router but openapi.json itself (30, the console's 2 status
     // routes, and the 2 boot-set routes).
-    assert_eq!(paths.len(), 33);
+    assert_eq!(paths.len(), 34);
+    assert!(paths.contains_key("/api/v1/login/tpm"));
     assert!(paths.contains_key("/api/v1/vdisks/{id}/versions/{number}/boot-set"));
     assert!(paths.contains_key("/api/v1/device/boot-set"));
     assert!(paths.contains_key("/api/v1/devices/{id}/credential"));
@@ -98,9 +99,13 @@ async fn a_device_credential_reset_over_the_api_replaces_its_secret(t: TestFarm)
     let (vdisk, coll) = a.fixture().await;
     let mac = "aa:bb:cc:00:03:01";
     let id = a.device(coll, vdisk, mac, "production").await;
+    // The login helper gives it its first key by a reset (generation 1).
     let (s, g) = a.login(mac).await;
     assert_eq!(s, StatusCode::OK, "{g}");
-    let old = g["device_secret"].as_str().expect("enrolment").to_string();
+    let old = match a.t.credential(mac).await {
+        crate::common::Credential::Key(k) => k,
+        crate::common::Credential::Ticket(_) => panic!("a key"),
+    };
     let v = a
         .ok(
             Method::POST,
@@ -369,7 +374,8 @@ async fn bad_input_is_refused_and_changes_nothing(t: TestFarm) {
         "booted by a maintenance device",
     )
     .await;
-    // A second maintenance device.
+    // A second maintenance device (its key made first: a reset is audited).
+    a.t.credential("aa:bb:cc:00:02:02").await;
     let before = a.audit_total().await;
     let (s, v) = a.login("aa:bb:cc:00:02:02").await;
     assert_eq!(s, S::CONFLICT);

@@ -170,6 +170,8 @@ async fn setup_image(t: TestFarm, hostile: bool) -> Boot {
         name: "lab".into(),
         auto_add: false,
         default_vdisk_id: None,
+        auto_add_max: None,
+        auto_add_per_minute: None,
     };
     let collection = f.create_collection(&c, ADMIN).await.unwrap().id;
     let d = NewDevice {
@@ -266,9 +268,12 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
         "kernel /boot/files/52-54-00-12-34-56/{id}/0/kernel initrd=initrd boot=ferry \
          ip=${{netX/ip}}::${{netX/gateway}}:${{netX/netmask}}:::off:${{netX/dns}} \
          BOOTIF=01-${{netX/mac:hexhyp}} ferry.api={API_URL} ferry.mac={MAC} ferry.vdisk=golden ferry.version=0 \
-         root=/dev/nbd0 panic=30 ro quiet console=ttyS0,115200 || goto failed\n"
+         TICKET root=/dev/nbd0 panic=30 ro quiet console=ttyS0,115200 || goto failed\n"
     );
-    assert!(script.contains(&want), "{script}");
+    // The diskless device's one-time login ticket of this boot.
+    let ticket = ticket_of(&script).expect("a diskless device's script carries a ticket");
+    let shown = script.replace(&format!("ferry.ticket={ticket}"), "TICKET");
+    assert!(shown.contains(&want), "{script}");
     assert!(script.contains(&format!(
         "initrd --name initrd /boot/files/52-54-00-12-34-56/{id}/0/initrd"
     )));
@@ -316,6 +321,131 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
     );
     assert_eq!(std::fs::read_dir(&b.cache).unwrap().count(), 2);
     drop(b.t);
+}
+
+/// The `ferry.ticket=` of a boot script.
+fn ticket_of(script: &str) -> Option<String> {
+    let at = script.find("ferry.ticket=")? + "ferry.ticket=".len();
+    let rest = &script[at..];
+    Some(rest[..rest.find(' ').unwrap_or(rest.len())].to_string())
+}
+
+/// Every run of at least 16 hex digits in `bytes` (with an `ft_` prefix kept), as text.
+fn hex_runs(bytes: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, b) in bytes.iter().chain(std::iter::once(&b' ')).enumerate() {
+        match (b.is_ascii_hexdigit(), start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                if i - s >= 16 {
+                    let prefixed = s >= 3 && &bytes[s - 3..s] == b"ft_";
+                    let run = String::from_utf8_lossy(&bytes[s..i]).into_owned();
+                    out.push(if prefixed { format!("ft_{run}") } else { run });
+                }
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Issue 30 (H4): everything the boot port serves, fetched as an outsider would (the chain
+/// script, the boot script of one MAC, the version's kernel and initramfs; the image's
+/// initramfs holds what `ferry target install-initramfs` puts there), gives nothing that
+/// logs in as another device: no farm key, no device key, no ticket of another MAC.
+async fn nothing_the_boot_port_serves_logs_in_as_another_device(t: TestFarm) {
+    if !have_mkfs() {
+        return;
+    }
+    let b = setup(t).await;
+    let f = Arc::clone(&b.t.farm);
+    let coll = f.list_collections(None, None).await.unwrap().items[0].id;
+    // Another diskless device, and one with a disk and a key of its own.
+    let (other, disk) = ("52:54:00:12:34:57", "52:54:00:12:34:58");
+    let mut disk_id = 0;
+    for (mac, diskless) in [(other, true), (disk, false)] {
+        let d = NewDevice {
+            collection_id: coll,
+            mac: mac.into(),
+            name: format!("vm-{}", &mac[15..]),
+            device_type: None,
+            vdisk_id: Some(b.vdisk),
+            cache_mode: None,
+            ram_bytes: None,
+            pinned_version: None,
+            diskless,
+        };
+        disk_id = f.create_device(&d, ADMIN).await.unwrap().id;
+    }
+    f.reset_device_credential(disk_id, ADMIN).await.unwrap();
+    let id = b.vdisk;
+    let mut served = Vec::new();
+    for uri in [
+        "/boot/ipxe".to_string(),
+        "/boot/ipxe/52-54-00-12-34-56".to_string(),
+        format!("{FILES}/{id}/0/kernel"),
+        format!("{FILES}/{id}/0/initrd"),
+    ] {
+        let (s, _, body) = b.get(Method::GET, &uri).await;
+        assert_eq!(s, StatusCode::OK, "{uri}");
+        served.extend_from_slice(&body);
+        served.push(b'\n');
+    }
+    let farm_key = b.t.secrets.farm_key_hex.clone();
+    let text = String::from_utf8_lossy(&served);
+    assert!(!text.contains(&farm_key), "the farm key is served");
+    let mut candidates = hex_runs(&served);
+    candidates.push(farm_key);
+    assert!(
+        candidates.iter().any(|c| c.starts_with("ft_")),
+        "the script's ticket"
+    );
+    for mac in [other, disk] {
+        for c in &candidates {
+            let r = if let Some(_) = c.strip_prefix("ft_") {
+                farm::login::LoginRequest {
+                    mac: mac.into(),
+                    nonce: String::new(),
+                    hmac: String::new(),
+                    diskless: true,
+                    ticket: Some(c.clone()),
+                }
+            } else {
+                let ch = farm::login::ChallengeRequest { mac: mac.into() };
+                let nonce = f.challenge(&ch, None).await.unwrap().nonce;
+                let Ok(hmac) = farm::login::proof(c, &nonce, mac) else {
+                    continue;
+                };
+                farm::login::LoginRequest {
+                    mac: mac.into(),
+                    nonce,
+                    hmac,
+                    diskless: true,
+                    ticket: None,
+                }
+            };
+            let e = f.login(&r, None).await.unwrap_err();
+            assert_eq!(e.kind(), farm::Kind::Unauthenticated, "{mac} with {c}");
+        }
+    }
+    assert_eq!(f.list_sessions(None, None).await.unwrap().total, 0);
+    // The script's ticket is its own MAC's, once.
+    let script = b.text("/boot/ipxe/52-54-00-12-34-56").await;
+    let ticket = ticket_of(&script).unwrap();
+    let r = farm::login::LoginRequest {
+        mac: MAC.into(),
+        nonce: String::new(),
+        hmac: String::new(),
+        diskless: true,
+        ticket: Some(ticket),
+    };
+    f.login(&r, None).await.unwrap();
+    assert_eq!(
+        f.login(&r, None).await.unwrap_err().kind(),
+        farm::Kind::Unauthenticated
+    );
 }
 
 async fn refusals_are_scripts_that_say_why_and_power_off(t: TestFarm) {
@@ -474,6 +604,7 @@ async fn links_out_of_boot_are_never_served(t: TestFarm) {
 }
 
 dual_tests!(
+    nothing_the_boot_port_serves_logs_in_as_another_device,
     a_device_gets_its_script_and_its_version_s_kernel_and_initrd,
     refusals_are_scripts_that_say_why_and_power_off,
     an_outsider_gets_nothing_but_boot_files,

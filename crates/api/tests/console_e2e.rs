@@ -161,12 +161,18 @@ async fn populate(c: &Client) -> i64 {
     vdisk["id"].as_i64().unwrap()
 }
 
-/// Device login through the API: challenge, HMAC proof under the farm key, login. Returns
-/// the session's export name.
-async fn device_login(c: &Client, farm_key_hex: &str) -> String {
+/// Device login through the API: the device's key from an administrator's reset, the
+/// challenge, the HMAC proof, login. Returns the session's export name.
+async fn device_login(c: &Client) -> String {
+    let devices = c.get("/devices").await;
+    let id = devices["items"][0]["id"].as_i64().expect("the device");
+    let cred = c
+        .post(&format!("/devices/{id}/credential"), json!({}))
+        .await;
+    let key = cred["device_secret"].as_str().unwrap().to_string();
     let ch = c.post("/login/challenge", json!({"mac": MAC})).await;
     let nonce = ch["nonce"].as_str().unwrap();
-    let hmac = farm::login::proof(farm_key_hex, nonce, MAC).unwrap();
+    let hmac = farm::login::proof(&key, nonce, MAC).unwrap();
     let grant = c
         .post("/login", json!({"mac": MAC, "nonce": nonce, "hmac": hmac}))
         .await;
@@ -226,7 +232,7 @@ async fn console_in_chromium_logs_in_promotes_a_new_version_and_shows_a_connecte
         .post("/tokens", json!({"name": TOKEN_NAME, "role": "operator"}))
         .await;
     let vdisk_id = populate(&admin).await;
-    let export_name = device_login(&admin, &secrets.farm_key_hex).await;
+    let export_name = device_login(&admin).await;
     report_counters(Arc::new(admin), export_name);
 
     let out = repo_root().join("target/console-e2e");

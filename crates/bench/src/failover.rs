@@ -148,7 +148,6 @@ struct Farm {
     ferry: PathBuf,
     dir: PathBuf,
     token: String,
-    key_file: PathBuf,
 }
 
 /// A `ferry server --farm`.
@@ -308,6 +307,10 @@ impl Bench {
         )?;
         let home = f.dir.join(format!("dev{i}"));
         std::fs::create_dir_all(home.join("overflow"))?;
+        // The device's own secret, as an administrator gives it.
+        let cred = f.json(&api2, &["device", "credential", &mac])?;
+        let secret_file = home.join("device.secret");
+        std::fs::write(&secret_file, cred["device_secret"].as_str().unwrap_or(""))?;
         let socket = home.join("nbd.sock");
         let (s1_api, s1_nbd) = {
             let s1 = self.s1()?;
@@ -319,8 +322,8 @@ impl Bench {
             .arg("--server")
             .arg(format!("{api2},{s1_api}"))
             .args(["--device", &mac])
-            .arg("--farm-key")
-            .arg(&f.key_file)
+            .arg("--device-secret")
+            .arg(&secret_file)
             .arg("--state-dir")
             .arg(home.join("state"))
             .arg(format!("--export=unix:{}", socket.display()))
@@ -412,7 +415,6 @@ fn run(cfg: &Config, ferry: PathBuf, dir: &Path, quick: bool) -> Result<String> 
         ferry,
         dir: dir.to_path_buf(),
         token: init["admin_token"].as_str().unwrap_or("").to_string(),
-        key_file: PathBuf::from(init["farm_key_file"].as_str().unwrap_or("")),
     };
     std::fs::create_dir_all(farm.store())?;
     let ds = crate::nbd::make_data_set(cfg, "stall", DISK_BYTES, cfg.seed ^ 0x57a1)?;

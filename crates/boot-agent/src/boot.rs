@@ -38,8 +38,9 @@ const PREFETCH_AHEAD_SHARE: u64 = 4;
 const HELP: &str = "\
 ferry-boot: Ferry's agent in a diskless machine's initramfs.
 
-Logs in to the farm by MAC (ferry.api=, ferry.mac= on the kernel command line; the farm's
-CA and key from /etc/ferry/boot.conf), attaches the vDisk version with the machine's write
+Logs in to the farm by MAC with its boot's one-time ticket (ferry.api=, ferry.mac=,
+ferry.ticket= on the kernel command line, which the farm's boot script writes; the farm's
+CA from /etc/ferry/boot.conf), attaches the vDisk version with the machine's write
 cache and gives the kernel /dev/nbd0. Keeps running after switch_root. Writes
 RUN_DIR/ready (the device) or RUN_DIR/failed (why it cannot boot).
 
@@ -280,7 +281,8 @@ fn plain_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig
     ))
 }
 
-/// With a farm: device login by MAC with the farm key (a diskless device keeps no secret).
+/// With a farm: device login by MAC with the boot's one-time ticket (a diskless device
+/// keeps no secret: the grant's new secret, kept in RAM, logs it in again this boot).
 fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig, String)> {
     let mac = match &args.mac {
         Some(m) => m.clone(),
@@ -293,14 +295,8 @@ fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig,
         .as_ref()
         .map(|p| read_limited(p).context("the farm's CA certificate"))
         .transpose()?;
-    let key_path = args.key.as_ref().context(
-        "no farm key: the image's initramfs has none (ferry target install-initramfs \
-         --farm-key FILE puts it there)",
-    )?;
-    let key = agent::login::parse_farm_key(&read_limited(key_path)?)
-        .with_context(|| format!("the farm key {}", key_path.display()))?;
     let patience = args.login_wait.unwrap_or(LOGIN_PATIENCE);
-    let grant = login_patiently(&args.api, &mac, &key, ca.as_deref(), patience)?;
+    let (grant, key) = identity_login(args, &mac, ca.as_deref(), patience)?;
     if let Some(want) = args.version
         && grant.version != want
     {
@@ -313,14 +309,16 @@ fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig,
     }
     let mut cfg = agent::grant::config_from_grant(&grant, socket)
         .context("the login grant's TLS certificate")?;
-    cfg.relogin = Some(relogin(
-        args.api.clone(),
-        mac.clone(),
-        key,
-        ca.clone(),
-        &grant,
-        patience,
-    ));
+    cfg.relogin = key.map(|key| {
+        relogin(
+            args.api.clone(),
+            mac.clone(),
+            key,
+            ca.clone(),
+            &grant,
+            patience,
+        )
+    });
     let what = format!(
         "vDisk {} version {} of device {} from {}",
         grant.vdisk,
@@ -356,6 +354,74 @@ fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig,
     Ok((cfg, what))
 }
 
+/// The machine's TPM, unless `ferry.tpm=0` or it has none.
+fn open_tpm(args: &BootArgs) -> Option<agent::tpm::Tpm<std::fs::File>> {
+    if args.tpm == Some(false) {
+        return None;
+    }
+    let f = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(agent::tpm::TPM_DEVICE)
+        .ok()?;
+    Some(agent::tpm::Tpm::new(f))
+}
+
+/// The device login of this boot: with the key kept in the machine's TPM when there is
+/// one (and the farm takes it), else with the boot's one-time ticket, whose grant's new key
+/// then goes into the TPM (and the farm is told, so that it takes no ticket for this device
+/// any more). Returns the grant and the key later logins of this boot prove with.
+fn identity_login(
+    args: &BootArgs,
+    mac: &str,
+    ca: Option<&str>,
+    patience: Duration,
+) -> anyhow::Result<(LoginGrant, Option<Vec<u8>>)> {
+    let mut tpm = open_tpm(args);
+    let sealed = tpm.as_mut().and_then(|t| match t.load_key() {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::warn!(error = %anyhow!(e), "the TPM's Ferry index cannot be read");
+            None
+        }
+    });
+    if let Some(key) = sealed {
+        match login_patiently(&args.api, mac, &Proof::Key(key.clone()), ca, patience) {
+            Ok(g) => {
+                tracing::info!("logged in with the key kept in this machine's TPM");
+                return Ok((g, Some(key)));
+            }
+            Err(e) if args.ticket.is_some() => {
+                tracing::warn!(error = %format!("{e:#}"),
+                    "the farm refused the TPM's key (a reset credential?): the boot's ticket next");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let ticket = args.ticket.clone().context(
+        "no login ticket on the kernel command line (ferry.ticket=) and no key in a TPM: the \
+         farm's boot script gives a ticket to a diskless device only (ferry device set ID \
+         --diskless)",
+    )?;
+    let grant = login_patiently(&args.api, mac, &Proof::Ticket(ticket), ca, patience)?;
+    let key = grant
+        .device_secret
+        .as_deref()
+        .map(agent::login::parse_secret)
+        .transpose()
+        .context("the grant's device secret")?;
+    if let (Some(t), Some(k)) = (tpm.as_mut(), &key) {
+        match t.store_key(k) {
+            Ok(()) => match agent::login::bind_tpm(&args.api[0], mac, k, ca) {
+                Ok(()) => tracing::info!("the device key is kept in this machine's TPM now"),
+                Err(e) => tracing::warn!(error = %e, "the farm was not told of the TPM's key"),
+            },
+            Err(e) => tracing::warn!(error = %anyhow!(e), "the device key cannot go into the TPM"),
+        }
+    }
+    Ok((grant, key))
+}
+
 /// The prefetch's private cache for a machine of `mem` bytes of RAM (`None`: unknown).
 fn prefetch_cache_bytes(mem: Option<u64>) -> u64 {
     mem.map_or(PREFETCH_CACHE_MIN, |m| {
@@ -377,13 +443,21 @@ fn mem_total_bytes() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
+/// What a login proves with.
+enum Proof {
+    /// The boot's one-time ticket (the first login).
+    Ticket(String),
+    /// The device secret the ticket login's grant carried (a login again, this boot).
+    Key(Vec<u8>),
+}
+
 /// Login at each API URL in turn until one answers, for up to `patience`
-/// ([`LOGIN_PATIENCE`] unless `ferry.login_wait=`); a refusal (wrong key, unknown device…)
-/// ends it at once.
+/// ([`LOGIN_PATIENCE`] unless `ferry.login_wait=`); a refusal (used or expired ticket,
+/// unknown device…) ends it at once.
 fn login_patiently(
     apis: &[String],
     mac: &str,
-    key: &[u8],
+    proof: &Proof,
     ca: Option<&str>,
     patience: Duration,
 ) -> anyhow::Result<LoginGrant> {
@@ -391,7 +465,11 @@ fn login_patiently(
     loop {
         let mut last = None;
         for api in apis {
-            match agent::login::login_as(api, mac, key, ca, true) {
+            let r = match proof {
+                Proof::Ticket(t) => agent::login::login_ticket(api, mac, t, ca),
+                Proof::Key(k) => agent::login::login_as(api, mac, k, ca, true),
+            };
+            match r {
                 Ok(g) => {
                     tracing::info!(%api, device = %g.device_name, vdisk = %g.vdisk,
                         version = g.version, "logged in to the farm");
@@ -421,8 +499,9 @@ fn relogin(
     first: &LoginGrant,
     patience: Duration,
 ) -> agent::remote::Relogin {
+    let proof = Proof::Key(key);
     agent::grant::relogin(first, move || {
-        login_patiently(&apis, &mac, &key, ca.as_deref(), patience).map_err(|e| format!("{e:#}"))
+        login_patiently(&apis, &mac, &proof, ca.as_deref(), patience).map_err(|e| format!("{e:#}"))
     })
 }
 

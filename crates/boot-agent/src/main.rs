@@ -7,7 +7,7 @@
 //!
 //! ```text
 //!   /proc/cmdline ferry.* ─┐
-//!   /etc/ferry/boot.conf ──┴─► BootArgs ─► login (farm key; diskless) ─► AgentConfig
+//!   /etc/ferry/boot.conf ──┴─► BootArgs ─► login (ferry.ticket=) ─► AgentConfig
 //!        agent::run (unix export, failover, TLS) ◄── kernel::attach ──► /dev/nbd0
 //!        writes /run/ferry/ready (or /run/ferry/failed with the reason)
 //! ```

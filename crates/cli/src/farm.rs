@@ -110,13 +110,20 @@ endpoint=client \\\n    driver=nbd,host=pvs1,port=10809,export=golden,tls-creds=
         ferry farm cert server pvs1 --host pvs1.example.com --host 10.0.0.5 --out /etc/ferry/tls")]
     Cert(CertArgs),
     /// Show or change the farm settings.
-    #[command(after_help = "Example:\n  ferry farm settings --auto-merge-chain-max 5")]
+    #[command(
+        after_help = "Examples:\n  ferry farm settings --auto-merge-chain-max 5\n  \
+        ferry farm settings --boot-ticket-secs 60"
+    )]
     Settings {
         #[command(flatten)]
         conn: Conn,
         /// Merge a chain into a new base when a new version would make it longer (0: never).
         #[arg(long)]
         auto_merge_chain_max: Option<i64>,
+        /// How long a diskless boot's login ticket stays valid, in seconds (5 to 3600,
+        /// default 120): the machine must log in within it (docs/netboot.md).
+        #[arg(long)]
+        boot_ticket_secs: Option<i64>,
     },
 }
 
@@ -150,14 +157,20 @@ pub fn run(a: FarmArgs, global: Global) -> anyhow::Result<ExitCode> {
         FarmCommand::Settings {
             conn,
             auto_merge_chain_max,
+            boot_ticket_secs,
         } => {
             let c = Client::new(&conn)?;
-            let v = match auto_merge_chain_max {
-                Some(n) => {
-                    let body = json!({ "auto_merge_chain_max": n });
-                    c.call(Method::PATCH, "/farm", Some(body))?
+            let v = if auto_merge_chain_max.is_some() || boot_ticket_secs.is_some() {
+                let mut body = serde_json::Map::new();
+                if let Some(n) = auto_merge_chain_max {
+                    body.insert("auto_merge_chain_max".into(), json!(n));
                 }
-                None => c.get("/farm")?,
+                if let Some(n) = boot_ticket_secs {
+                    body.insert("boot_ticket_secs".into(), json!(n));
+                }
+                c.call(Method::PATCH, "/farm", Some(body.into()))?
+            } else {
+                c.get("/farm")?
             };
             c.show(&v, &[])?;
             Ok(ExitCode::SUCCESS)
@@ -196,7 +209,7 @@ fn init(data: &DataArgs, name: &str, as_json: bool) -> anyhow::Result<ExitCode> 
         outln!("created farm {name:?} in {}", data.data.display());
         outln!("admin token (shown once): {}", secrets.admin_token);
         outln!(
-            "farm key (targets enrol with it): {} (also in {})",
+            "farm key (it logs no device in; keep it with the secrets directory): {} (also in {})",
             secrets.farm_key_hex,
             key_path.display()
         );

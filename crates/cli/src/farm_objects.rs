@@ -189,12 +189,18 @@ enum CollectionCommand {
         /// The site's id.
         #[arg(long)]
         site: i64,
-        /// Add unknown devices that log in (as production devices).
+        /// Add unknown devices that boot from the network (diskless, as production devices).
         #[arg(long)]
         auto_add: bool,
         /// The vDisk (name or id) of devices added automatically.
         #[arg(long)]
         vdisk: Option<String>,
+        /// The most devices auto-add puts into it, in all (default 500).
+        #[arg(long)]
+        auto_add_max: Option<i64>,
+        /// The most devices auto-add puts into it per minute (default 60).
+        #[arg(long)]
+        auto_add_per_minute: Option<i64>,
     },
     /// Show one collection.
     Show {
@@ -219,7 +225,15 @@ pub fn collection(a: CollectionArgs) -> anyhow::Result<ExitCode> {
             let v = c.get(&format!("/collections?{}", p.query()))?;
             c.show(
                 &v,
-                &["id", "site_id", "name", "auto_add", "default_vdisk_id"],
+                &[
+                    "id",
+                    "site_id",
+                    "name",
+                    "auto_add",
+                    "default_vdisk_id",
+                    "auto_add_max",
+                    "auto_add_per_minute",
+                ],
             )?;
         }
         CollectionCommand::Add {
@@ -227,10 +241,13 @@ pub fn collection(a: CollectionArgs) -> anyhow::Result<ExitCode> {
             site,
             auto_add,
             vdisk,
+            auto_add_max,
+            auto_add_per_minute,
         } => {
             let vdisk = vdisk.map(|v| vdisk_id(&c, &v)).transpose()?;
             let body = json!({"name": name, "site_id": site, "auto_add": auto_add,
-                              "default_vdisk_id": vdisk});
+                              "default_vdisk_id": vdisk, "auto_add_max": auto_add_max,
+                              "auto_add_per_minute": auto_add_per_minute});
             let v = c.post("/collections", Some(body))?;
             c.done(
                 &v,
@@ -278,8 +295,8 @@ struct DeviceFields {
     /// Boot this version instead of the newest production one.
     #[arg(long)]
     pin: Option<i64>,
-    /// It boots over the network with no disk: the farm key logs it in at every boot
-    /// (docs/farm.md); `--diskless=false` ends that.
+    /// It boots over the network with no disk: its boot script carries a one-time login
+    /// ticket at every boot (docs/netboot.md); `--diskless=false` ends that.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     diskless: Option<bool>,
 }
@@ -333,8 +350,9 @@ enum DeviceCommand {
         /// Its id.
         id: i64,
     },
-    /// Give a device a new credential: its next device secret, printed once; the old one
-    /// stops working. Put it in the target's state file (docs/target.md).
+    /// Give a device a new credential: a new random device secret, printed once; the old
+    /// one stops working. A device with a disk gets its first secret this way: give it to
+    /// `ferry target --device-secret FILE` (docs/target.md).
     #[command(after_help = "Example:\n  ferry device credential pc1 --json")]
     Credential {
         /// Its id, name or MAC.

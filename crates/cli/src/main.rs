@@ -159,7 +159,7 @@ enum Command {
         --ram 2G --overflow /var/cache/ferry --export unix:/run/ferry/target.sock\n  \
         qemu-system-x86_64 -drive file=nbd+unix:///?socket=/run/ferry/target.sock,format=raw\n  \
         ferry target --server http://10.0.0.5:8080 --device aa:bb:cc:00:00:01 \\\n      \
-        --farm-key /etc/ferry/farm.key   # device login: the farm picks vDisk, version, cache\n  \
+        --device-secret pc1.secret   # device login: the farm picks vDisk, version, cache\n  \
         ferry target status --json\n  ferry target mark-booted")]
     Target(target::Args),
     /// The farm: `init` and `serve` a farm database and its REST API; farm-wide vDisks,

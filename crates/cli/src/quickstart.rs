@@ -6,7 +6,8 @@
 //! 2. creates a store `demo`, the vDisk `demo` (1 GiB dynamic, a boot-sector-like first
 //!    sector and a marked block), and version 1 (one sector changed) promoted to production;
 //! 3. creates a site, a collection that adds unknown devices automatically (booting
-//!    `demo`), and the device `02:00:00:00:00:01`;
+//!    `demo`), and the device `02:00:00:00:00:01`, whose device secret it puts into the
+//!    target's state directory (`ferry-state/`, 0700) as `ferry device credential` would;
 //! 4. starts `ferry server --farm` (NBD, farm API and web console) and `ferry target` for
 //!    that device through device login, exporting its disk on `target.sock`;
 //! 5. prints the console's URL, the token, what to try next and, when qemu-system-x86_64 is
@@ -143,11 +144,6 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
             .arg(&api)
             .arg("--device")
             .arg(DEMO_MAC)
-            .arg("--farm-key")
-            .arg(
-                data.join(farm::secrets::SECRETS_DIR)
-                    .join(farm::secrets::FARM_KEY_FILE),
-            )
             .arg("--overflow")
             .arg(&data)
             .arg("--export")
@@ -422,6 +418,8 @@ async fn setup_farm(data: &Path, say: &impl Fn(String)) -> anyhow::Result<Secret
             name: DEMO.into(),
             auto_add: true,
             default_vdisk_id: Some(vdisk.id),
+            auto_add_max: None,
+            auto_add_per_minute: None,
         };
         let c = f.create_collection(&n, ACTOR).await?;
         let d = farm::input::NewDevice {
@@ -437,7 +435,25 @@ async fn setup_farm(data: &Path, say: &impl Fn(String)) -> anyhow::Result<Secret
         };
         f.create_device(&d, ACTOR).await?;
     }
+    demo_secret(&f, data).await?;
     Ok(Secrets { admin_token })
+}
+
+/// Gives the demo device a device secret in the target's state directory (under the
+/// `--overflow` directory, `data`), unless it has one.
+async fn demo_secret(f: &farm::Farm, data: &Path) -> anyhow::Result<()> {
+    let state = ::agent::login::DeviceState::new(&data.join(crate::target_farm::STATE_DIR_NAME));
+    let mac = ::agent::login::parse_mac(DEMO_MAC)?;
+    if state.secret(mac)?.is_some() {
+        return Ok(());
+    }
+    let device = f
+        .device_by_mac(DEMO_MAC)
+        .await?
+        .context("the demo device is gone: remove the data directory and run again")?;
+    let c = f.reset_device_credential(device.id, ACTOR).await?;
+    state.store(mac, &c.device_secret)?;
+    Ok(())
 }
 
 fn make_base(path: &Path) -> anyhow::Result<()> {

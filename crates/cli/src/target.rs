@@ -62,10 +62,9 @@ pub enum Command {
     /// Install Ferry's boot agent and initramfs-tools hook into an image's root, so that
     /// the image boots diskless from a farm (boot=ferry).
     #[command(after_help = "Examples:\n  \
-        ferry target install-initramfs --farm-ca ca-cert.pem --farm-key farm.key --update\n  \
+        ferry target install-initramfs --farm-ca ca-cert.pem --update\n  \
         ferry target install-initramfs --root /mnt/golden --agent ferry-boot \\\n    \
-        --farm-ca /var/lib/ferry/secrets/ca-cert.pem --farm-key /var/lib/ferry/secrets/farm.key \\\n    \
-        --overflow /dev/vdb --update")]
+        --farm-ca /var/lib/ferry/secrets/ca-cert.pem --overflow /dev/vdb --update")]
     InstallInitramfs(crate::target_initramfs::InstallArgs),
     /// Tell the running agent the machine has booted (stops the boot clock, unless the
     /// end of the boot's read burst or --boot-bytes stopped it first).

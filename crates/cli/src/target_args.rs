@@ -10,8 +10,9 @@ use crate::size::{parse_block_size, parse_nonzero_size, parse_size};
 
 /// The export socket when `--export` is not given.
 pub(crate) const DEFAULT_EXPORT: &str = "unix:/run/ferry/target.sock";
-/// The environment variable that may hold the farm key (hex) for device login.
-pub(crate) const FARM_KEY_ENV: &str = "FERRY_FARM_KEY";
+/// The environment variable that may hold the device secret (hex) for the first device
+/// login.
+pub(crate) const DEVICE_SECRET_ENV: &str = "FERRY_DEVICE_SECRET";
 
 /// Arguments of the agent itself.
 #[derive(Debug, Clone, ClapArgs)]
@@ -47,13 +48,13 @@ pub struct RunArgs {
     /// name). Without --vdisk: this device's MAC, which logs in to the farm at --server.
     #[arg(long, value_name = "NAME|MAC")]
     pub device: Option<String>,
-    /// Device login: the file holding the farm key (DATA/secrets/farm.key of `ferry farm
-    /// init`); else the key's hex text from FERRY_FARM_KEY. Needed only to enrol (the first
-    /// login); later logins prove with the device secret in --state-dir.
+    /// Device login: the file holding this device's secret, as `ferry device credential`
+    /// printed it (else its hex text from FERRY_DEVICE_SECRET). Needed only at the first
+    /// login, which stores it in --state-dir; later logins prove with the stored one.
     #[arg(long, value_name = "FILE", conflicts_with = "vdisk")]
-    pub farm_key: Option<PathBuf>,
-    /// Device login: where the device secret is kept (0700; the file 0600), written at
-    /// enrolment (default: ferry-state under --overflow).
+    pub device_secret: Option<PathBuf>,
+    /// Device login: where the device secret is kept (0700; the file 0600), written at the
+    /// first login (default: ferry-state under --overflow).
     #[arg(long, value_name = "DIR", conflicts_with = "vdisk")]
     pub state_dir: Option<PathBuf>,
     /// Device login: the farm's CA certificate (DATA/secrets/ca-cert.pem), which an

@@ -1,5 +1,5 @@
-//! `ferry target` and its farm: device login (enrolment with the farm key, then the device
-//! secret), the agent's configuration and TLS from the login grant, logging in again when
+//! `ferry target` and its farm: device login (with the device secret an administrator
+//! gave it, stored in its state directory at the first login), the agent's configuration and TLS from the login grant, logging in again when
 //! the servers refuse the session, and the status reports to the farm API.
 
 use std::path::{Path, PathBuf};
@@ -8,7 +8,7 @@ use ::agent::AgentConfig;
 use ::agent::login::{self, LoginError, LoginGrant};
 use anyhow::{Context, anyhow, bail};
 
-use crate::target_args::{FARM_KEY_ENV, RunArgs};
+use crate::target_args::{DEVICE_SECRET_ENV, RunArgs};
 
 /// The NBD client's TLS from a certificate directory (`--tls-dir`, the layout of
 /// `pki::CertDir`, which qemu, libnbd and nbdkit read too).
@@ -38,32 +38,31 @@ pub(crate) use ::agent::report::start as start_reporter;
 /// The directory of the device secret under --overflow unless --state-dir.
 pub(crate) const STATE_DIR_NAME: &str = "ferry-state";
 
-/// Logs in at the first reachable farm API of `--server` with the device secret in the
-/// state directory, or (to enrol) the farm key from `--farm-key` or [`FARM_KEY_ENV`].
+/// Logs in at the first reachable farm API of `--server` with the device secret from
+/// `--device-secret` or [`DEVICE_SECRET_ENV`] (stored in the state directory once it logged
+/// in), else the one stored there.
 pub(crate) fn device_login(a: &RunArgs, mac: &str) -> anyhow::Result<(LoginGrant, String)> {
     let state = login::DeviceState::new(
         &a.state_dir
             .clone()
             .unwrap_or_else(|| a.overflow.join(STATE_DIR_NAME)),
     );
-    let enrolled = state.secret(login::parse_mac(mac)?)?.is_some();
-    let key = if enrolled {
-        None
-    } else {
-        let key_text = match &a.farm_key {
-            Some(f) => std::fs::read_to_string(f)
-                .with_context(|| format!("read the farm key {}", f.display()))?,
-            None => std::env::var(FARM_KEY_ENV).map_err(|_| {
-                anyhow!(
-                    "device login needs the farm key to enrol (no device secret in {}): \
-                     --farm-key FILE (DATA/secrets/farm.key of ferry farm init) or \
-                     {FARM_KEY_ENV}=HEX",
-                    state.path().display()
-                )
-            })?,
-        };
-        Some(login::parse_farm_key(&key_text)?)
+    let key_text = match &a.device_secret {
+        Some(f) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("read the device secret {}", f.display()))?,
+        ),
+        None => std::env::var(DEVICE_SECRET_ENV).ok(),
     };
+    let key = key_text.map(|t| login::parse_secret(&t)).transpose()?;
+    if key.is_none() && state.secret(login::parse_mac(mac)?)?.is_none() {
+        bail!(
+            "device login needs this device's secret (none in {}): an administrator makes one \
+             with `ferry device credential {mac}`; give it with --device-secret FILE or \
+             {DEVICE_SECRET_ENV}=HEX",
+            state.path().display()
+        );
+    }
     let ca = match &a.farm_ca {
         Some(f) => Some(
             std::fs::read_to_string(f)

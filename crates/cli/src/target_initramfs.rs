@@ -1,7 +1,7 @@
 //! `ferry target install-initramfs`: makes a golden image boot diskless from a farm. It
 //! installs the boot agent (`ferry-boot`, a static binary), Ferry's initramfs-tools hook
-//! and boot script (`boot=ferry`), and `/etc/ferry` (boot.conf, the farm's CA and key) into
-//! a root file system: the running system's, or a mounted or unpacked image's (`--root`).
+//! and boot script (`boot=ferry`), and `/etc/ferry` (boot.conf and the farm's CA, never a
+//! secret: the boot port serves the initramfs to anyone) into a root file system: the running system's, or a mounted or unpacked image's (`--root`).
 //! Then `update-initramfs -u -k all` in that root (`--update` runs it) builds the
 //! initramfs the farm's boot service serves from the version itself.
 
@@ -34,8 +34,9 @@ pub struct InstallArgs {
     /// The farm's CA certificate (DATA/secrets/ca-cert.pem), for the API and NBD over TLS.
     #[arg(long, value_name = "FILE")]
     pub farm_ca: Option<PathBuf>,
-    /// The farm key (DATA/secrets/farm.key): diskless devices prove with it at every boot.
-    #[arg(long, value_name = "FILE")]
+    /// Refused: no secret goes into an initramfs, which the boot port serves to anyone. A
+    /// diskless machine logs in with the one-time ticket of its boot script.
+    #[arg(long, value_name = "FILE", hide = true)]
     pub farm_key: Option<PathBuf>,
     /// Farm API URLs, if the boot script does not name them (it does: ferry.api=).
     #[arg(long, value_name = "URL")]
@@ -54,6 +55,13 @@ pub struct InstallArgs {
 /// # Errors
 /// A missing agent or file, or a root that cannot be written.
 pub fn run(a: &InstallArgs) -> anyhow::Result<ExitCode> {
+    if a.farm_key.is_some() {
+        bail!(
+            "--farm-key: no secret goes into an image's initramfs (the boot port serves it to \
+             anyone); diskless machines log in with their boot script's one-time ticket \
+             (docs/netboot.md)"
+        );
+    }
     let root = &a.root;
     if !root.join("usr/share/initramfs-tools").is_dir() {
         bail!(
@@ -92,6 +100,15 @@ pub fn run(a: &InstallArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&etc).with_context(|| format!("create {}", etc.display()))?;
     std::fs::set_permissions(&etc, std::fs::Permissions::from_mode(0o700))
         .with_context(|| format!("chmod {}", etc.display()))?;
+    // An earlier install's farm key would go into the initramfs with the rest of /etc/ferry.
+    let stale = etc.join("farm.key");
+    if stale.exists() {
+        std::fs::remove_file(&stale).with_context(|| format!("remove {}", stale.display()))?;
+        outln!(
+            "removed {} (an earlier install's farm key: nothing secret goes into the initramfs)",
+            stale.display()
+        );
+    }
     let mut conf = String::from(
         "# Ferry boot agent (ferry-boot). The kernel command line's ferry.KEY=VALUE overrides.\n",
     );
@@ -102,14 +119,6 @@ pub fn run(a: &InstallArgs) -> anyhow::Result<ExitCode> {
         }
         write(root, "etc/ferry/farm-ca.pem", &pem, 0o644)?;
         conf.push_str("ca=/etc/ferry/farm-ca.pem\n");
-    }
-    if let Some(key) = &a.farm_key {
-        let text =
-            std::fs::read_to_string(key).with_context(|| format!("read {}", key.display()))?;
-        ::agent::login::parse_farm_key(&text)
-            .with_context(|| format!("--farm-key {}", key.display()))?;
-        write(root, "etc/ferry/farm.key", text.trim().as_bytes(), 0o600)?;
-        conf.push_str("key=/etc/ferry/farm.key\n");
     }
     if !a.farm_api.is_empty() {
         conf.push_str(&format!("api={}\n", a.farm_api.join(",")));

@@ -16,8 +16,12 @@
 //!
 //! The second (its boots all start the small init):
 //! 5. four machines boot at once;
-//! 6. bad paths end in a message on the console, not a hang: an unknown MAC, a wrong farm
-//!    key (another farm), a server unreachable, a deleted version.
+//! 6. bad paths end in a message on the console, not a hang: an unknown MAC, a login
+//!    ticket not of this boot (forged, or used already), a server unreachable, a deleted
+//!    version.
+//!
+//! The image holds no secret (issue 30): `install-initramfs` puts only the farm's CA into
+//! it, and each diskless boot logs in with the one-time ticket of its own boot script.
 //!
 //! Needs root, qemu-system-x86_64 with iPXE ROMs, the guest root (scripts/guest-root.sh) and
 //! the static boot agent (`FERRY_BOOT_AGENT`, or target/x86_64-unknown-linux-musl/
@@ -38,9 +42,13 @@ const BOOT_WAIT: Duration = Duration::from_secs(600);
 const GUEST_MIB: u32 = 768;
 /// The write cache's RAM in the farm (so 64 MiB written in the guest overflows).
 const CACHE_RAM_BYTES: &str = "16777216";
-/// A farm key of no farm, in the image beside the right one: a vDisk's boot_cmdline
-/// `ferry.key=/etc/ferry/wrong.key` makes its machines prove with it.
-const WRONG_KEY: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+/// A login ticket the farm never issued (or one used already): a vDisk's boot_cmdline
+/// `ferry.ticket=` after the script's own makes its machines log in with it.
+const STALE_TICKET: &str = "ft_00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+/// The life of a boot's login ticket in the test farms: a TCG machine on shared cores
+/// takes far longer than a real one from its boot script to its login (the default is
+/// 120 s).
+const TICKET_SECS: &str = "600";
 /// The guest's script: whether the file of an earlier boot is there, then a write.
 const TEST_SCRIPT: &str = r#"#!/bin/sh
 if [ -e /var/lib/ferry-test/written ]; then echo WRITTEN-BEFORE=yes; else echo WRITTEN-BEFORE=no; fi
@@ -170,10 +178,6 @@ impl Farm {
         self.data().join("secrets").join("ca-cert.pem")
     }
 
-    fn key(&self) -> PathBuf {
-        self.data().join("secrets").join("farm.key")
-    }
-
     fn store(&self) -> PathBuf {
         self.data().join("stores").join("main")
     }
@@ -269,17 +273,15 @@ fn booted(vm: &mut guest::Running, step: &str, version: &str) -> guest::TestOutp
 }
 
 /// Builds the golden image of farm `farm`: the guest root with `ferry`, the boot agent and
-/// the farm's CA and key installed by `ferry target install-initramfs`.
+/// the farm's CA (no secret) installed by `ferry target install-initramfs`.
 fn golden_image(dir: &Path, farm: &Farm) -> guest::GuestImage {
     let install = "ferry target install-initramfs --agent /root/ferry-boot \
-                   --farm-ca /root/farm-ca.pem --farm-key /root/farm.key \
-                   --overflow /dev/vda --update && rm /root/ferry-boot /root/farm.key";
+                   --farm-ca /root/farm-ca.pem --overflow /dev/vda --update \
+                   && rm /root/ferry-boot && ! test -e /etc/ferry/farm.key";
     guest::ImageBuilder::new(guest::guest_root())
         .copy(stripped_ferry(dir), "/usr/local/bin/ferry", 0o755)
         .copy(boot_agent(), "/root/ferry-boot", 0o755)
         .copy(farm.ca(), "/root/farm-ca.pem", 0o644)
-        .copy(farm.key(), "/root/farm.key", 0o600)
-        .file("/etc/ferry/wrong.key", WRONG_KEY, 0o600)
         .version("v1")
         .test_script(TEST_SCRIPT)
         .quick_init()
@@ -355,6 +357,10 @@ fn a_machine_boots_a_plain_export_through_the_boot_agent() {
 fn golden_farm(dir: &Path) -> (Farm, guest::GuestImage) {
     let mut farm = Farm::init(&dir.join("farm"));
     farm.start_server("s1");
+    json(
+        &farm,
+        &["farm", "settings", "--boot-ticket-secs", TICKET_SECS],
+    );
     let image = golden_image(dir, &farm);
     capture(&image.disk, &farm.store().join("debian.vhdx"));
     if json(&farm, &["site", "list"])["total"] == 0 {
@@ -568,15 +574,20 @@ fn four_machines_boot_at_once_and_bad_paths_end_in_a_message() {
     );
     let bad_mac = "52:54:00:f0:00:05";
     add_device(&farm, bad_mac, "bad1", "bad");
-    // A wrong farm key in the image (valid, of no farm).
-    set_cmdline(&farm, "bad", "console=ttyS0 ferry.key=/etc/ferry/wrong.key");
-    let mut vm = machine(dir, &farm, bad_mac, "wrong-key");
+    // A login ticket not of this boot (forged, or used already) after the script's own.
+    set_cmdline(
+        &farm,
+        "bad",
+        &format!("console=ttyS0 ferry.ticket={STALE_TICKET}"),
+    );
+    let mut vm = machine(dir, &farm, bad_mac, "stale-ticket");
     expect_message(
         &mut vm,
-        "wrong farm key",
+        "stale ticket",
         "ferry-boot: cannot boot: device login",
     );
-    expect_message(&mut vm, "wrong farm key", "Ferry: this machine cannot boot");
+    expect_message(&mut vm, "stale ticket", "used or expired ticket");
+    expect_message(&mut vm, "stale ticket", "Ferry: this machine cannot boot");
     vm.kill();
     // The farm's API unreachable.
     // A short login wait (ferry.login_wait=, 60 s by default) ends the attempt sooner.

@@ -1,10 +1,11 @@
 //! End-to-end tests of device login from the target: `ferry farm init`, a farm API
 //! (`ferry farm serve`, or `ferry server --farm` which also serves the session exports over
 //! NBD), objects made through the CLI, and `ferry target --server URL --device MAC
-//! --farm-key FILE`.
+//! --device-secret FILE` with the secret `ferry device credential` printed.
 //!
-//! * refusals: an unknown MAC (403), a wrong farm key (401), a second maintenance device
-//!   (409), each a clear message and a nonzero exit;
+//! * refusals: an unknown MAC (403), a wrong device secret, the farm key itself and a
+//!   secret replaced by a reset (401), a second maintenance device (409), each a clear
+//!   message and a nonzero exit;
 //! * the proof the target computes (its key-file and MAC parsing, then
 //!   `contract::login::proof`) equals the farm's own `farm::login::proof`;
 //! * the full path (issue 5's acceptance): a production device logs in and reads the
@@ -191,13 +192,21 @@ impl Farm {
         }
     }
 
-    /// `ferry target --server API --device MAC --farm-key KEY ...` run to its end (a
+    /// A new device secret of `mac` (`ferry device credential`), in a file.
+    fn secret(&self, mac: &str) -> PathBuf {
+        let v = self.json(&["device", "credential", mac]);
+        let file = self.scratch(&format!("{}.secret", mac.replace(':', "-")));
+        std::fs::write(&file, v["device_secret"].as_str().unwrap()).unwrap();
+        file
+    }
+
+    /// `ferry target --server API --device MAC --device-secret FILE ...` run to its end (a
     /// login that fails, or an attach that fails).
-    fn target_output(&self, mac: &str, key_file: &Path, extra: &[&str]) -> Output {
+    fn target_output(&self, mac: &str, secret_file: &Path, extra: &[&str]) -> Output {
         let socket = self.scratch("t.sock");
         ferry()
             .args(["target", "--server", &self.api, "--device", mac])
-            .args(["--farm-key", path_str(key_file)])
+            .args(["--device-secret", path_str(secret_file)])
             .args(["--state-dir", path_str(&self.scratch("state"))])
             .arg(format!("--export=unix:{}", path_str(&socket)))
             .args(["--overflow", path_str(self.dir.path())])
@@ -213,10 +222,18 @@ impl Farm {
         let socket = self.scratch(&format!("{name}.sock"));
         let overflow = self.scratch("overflow");
         std::fs::create_dir_all(&overflow).unwrap();
+        // Its first secret from an administrator; later runs find it in the state directory.
+        let state = self.scratch("state");
+        let kept = state.join(format!(
+            "device-{}.secret",
+            mac.to_lowercase().replace(':', "-")
+        ));
         let mut cmd = ferry();
-        cmd.args(["target", "--server", &self.api, "--device", mac])
-            .args(["--farm-key", path_str(&self.key_file)])
-            .args(["--state-dir", path_str(&self.scratch("state"))])
+        cmd.args(["target", "--server", &self.api, "--device", mac]);
+        if !kept.exists() {
+            cmd.args(["--device-secret", path_str(&self.secret(mac))]);
+        }
+        cmd.args(["--state-dir", path_str(&state)])
             .arg(format!("--export=unix:{}", path_str(&socket)))
             .args(["--overflow", path_str(&overflow)]);
         let mut proc = Proc::spawn(&mut cmd, self.scratch(&format!("target-{name}.log")));
@@ -260,7 +277,7 @@ impl Target {
 #[test]
 fn the_targets_proof_is_the_farms() {
     let key_hex = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
-    let key = ::agent::login::parse_farm_key(key_hex).unwrap();
+    let key = ::agent::login::parse_secret(key_hex).unwrap();
     for mac in ["aa:bb:cc:00:00:01", "AA-BB-CC-00-00-01", "aabbcc000001"] {
         for nonce in ["nonce", "9f86d081884c7d659a2feaa0c55ad015"] {
             let parsed = ::agent::login::parse_mac(mac).unwrap();
@@ -279,42 +296,56 @@ fn login_refuses_unknown_devices_wrong_keys_and_a_second_maintenance_device() {
     f.serve();
     f.populate();
 
-    let out = f.target_output(MAC_UNKNOWN, &f.key_file, &[]);
+    let wrong = f.scratch("wrong.key");
+    std::fs::write(&wrong, format!("{}\n", "ab".repeat(32))).unwrap();
+    let out = f.target_output(MAC_UNKNOWN, &wrong, &[]);
     let t = text(&out);
     assert!(!out.status.success(), "{t}");
     assert!(t.contains("is unknown to the farm"), "{t}");
     assert!(t.contains(MAC_UNKNOWN), "{t}");
 
-    let wrong = f.scratch("wrong.key");
-    std::fs::write(&wrong, format!("{}\n", "ab".repeat(32))).unwrap();
-    let out = f.target_output(MAC, &wrong, &[]);
-    let t = text(&out);
-    assert!(!out.status.success(), "{t}");
-    assert!(t.contains("wrong farm key"), "{t}");
+    // A wrong secret, and the farm key itself (issue 30: it logs no device in), are
+    // refused, also before the device has any key; neither is kept.
+    for key in [&wrong, &f.key_file] {
+        let out = f.target_output(MAC, key, &[]);
+        let t = text(&out);
+        assert!(!out.status.success(), "{t}");
+        assert!(t.contains("login refused"), "{t}");
+    }
+    let first = f.secret(MAC);
+    let out = f.target_output(MAC, &f.key_file, &[]);
+    assert!(!out.status.success(), "{}", text(&out));
 
     let out = f.target_output(MAC, &f.scratch("missing.key"), &[]);
     let t = text(&out);
     assert!(!out.status.success(), "{t}");
-    assert!(t.contains("read the farm key"), "{t}");
+    assert!(t.contains("read the device secret"), "{t}");
 
-    let out = f.target_output(MAC, &f.key_file, &["--cache", "ram"]);
+    let out = f.target_output(MAC, &first, &["--cache", "ram"]);
     let t = text(&out);
     assert!(!out.status.success(), "{t}");
     assert!(t.contains("come from the farm"), "{t}");
 
     let out = ferry()
         .args(["target", "--server", &f.api, "--device", MAC])
+        .args(["--state-dir", path_str(&f.scratch("empty-state"))])
         .arg(format!("--export=unix:{}", path_str(&f.scratch("x.sock"))))
+        .env_remove("FERRY_DEVICE_SECRET")
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(text(&out).contains("FERRY_FARM_KEY"), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("FERRY_DEVICE_SECRET") && t.contains("ferry device credential"),
+        "{t}"
+    );
 
-    // The right key: the login succeeds; `ferry farm serve` registers no NBD server, so the
-    // target falls back to the API's host on port 10809 and the attach fails there (no
+    // The right secret: the login succeeds; `ferry farm serve` registers no NBD server, so
+    // the target falls back to the API's host on port 10809 and the attach fails there (no
     // server, or no such session). Version 1 in maintenance lets the maintenance device in.
     f.json(&["version", "new", "--vdisk", "golden"]);
-    let out = f.target_output(MAC_MAINTENANCE, &f.key_file, &[]);
+    let maintenance = f.secret(MAC_MAINTENANCE);
+    let out = f.target_output(MAC_MAINTENANCE, &maintenance, &[]);
     let t = text(&out);
     assert!(!out.status.success(), "{t}");
     assert!(t.contains("logged in to the farm"), "{t}");
@@ -323,6 +354,15 @@ fn login_refuses_unknown_devices_wrong_keys_and_a_second_maintenance_device() {
     assert!(t.contains("lists no NBD server"), "{t}");
     assert!(t.contains("127.0.0.1:10809"), "{t}");
     assert!(t.contains("cannot attach"), "{t}");
+    // A reset revokes that secret: the next login with it is refused (a copy: the reset's
+    // file has the same name).
+    let old = f.scratch("maintenance-old.secret");
+    std::fs::copy(&maintenance, &old).unwrap();
+    f.secret(MAC_MAINTENANCE);
+    let out = f.target_output(MAC_MAINTENANCE, &old, &[]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(t.contains("login refused"), "{t}");
 
     // Its session lives on (24 h): a second maintenance device of the vDisk is refused.
     f.json(&[
@@ -338,7 +378,8 @@ fn login_refuses_unknown_devices_wrong_keys_and_a_second_maintenance_device() {
         "--type",
         "maintenance",
     ]);
-    let out = f.target_output("aa:bb:cc:00:00:03", &f.key_file, &[]);
+    let pc3 = f.secret("aa:bb:cc:00:00:03");
+    let out = f.target_output("aa:bb:cc:00:00:03", &pc3, &[]);
     let t = text(&out);
     assert!(!out.status.success(), "{t}");
     assert!(t.contains("cannot boot device aa:bb:cc:00:00:03"), "{t}");

@@ -1,6 +1,6 @@
 //! Three `ferry server --farm` processes on loopback sharing one PostgreSQL farm and one
 //! store directory (issue 20, part 5): thirty devices (`ferry target --device MAC`, each
-//! enrolled with the farm key and exporting on its own unix socket) log in and are spread
+//! with its own device secret and exporting on its own unix socket) log in and are spread
 //! over the three servers; each runs fio (randrw with crc32c verify over its write cache,
 //! and reads of the vDisk that go to its server). Mid-run one server gets SIGKILL and
 //! another is drained (`ferry server drain`). Every fio must end with no I/O error and
@@ -44,7 +44,6 @@ struct Farm {
     dir: tempfile::TempDir,
     db: String,
     token: String,
-    key_file: PathBuf,
 }
 
 /// One `ferry server --farm` with its API URL, NBD address and metrics URL.
@@ -233,7 +232,6 @@ fn thirty_devices_survive_a_killed_and_a_drained_server_of_three() {
     .unwrap();
     let f = Farm {
         token: init["admin_token"].as_str().unwrap().to_string(),
-        key_file: PathBuf::from(init["farm_key_file"].as_str().unwrap()),
         db,
         dir,
     };
@@ -302,9 +300,13 @@ fn thirty_devices_survive_a_killed_and_a_drained_server_of_three() {
         let home = f.dir.path().join(format!("dev{i}"));
         std::fs::create_dir_all(home.join("overflow")).unwrap();
         let socket = home.join("nbd.sock");
+        // The device's own secret, from an administrator's credential reset.
+        let cred = f.json(&api, &["device", "credential", &mac]);
+        let secret = home.join("device.secret");
+        std::fs::write(&secret, cred["device_secret"].as_str().unwrap()).unwrap();
         let mut cmd = ferry();
         cmd.args(["target", "--server", &api, "--device", &mac])
-            .args(["--farm-key", path_str(&f.key_file)])
+            .args(["--device-secret", path_str(&secret)])
             .args(["--state-dir", path_str(&home.join("state"))])
             .arg(format!("--export=unix:{}", path_str(&socket)))
             .args(["--overflow", path_str(&home.join("overflow"))]);

@@ -1,6 +1,7 @@
 //! What the boot agent is told: the kernel command line (which the farm's boot script
 //! writes: `ferry.api=… ferry.mac=…`) over the initramfs's own `/etc/ferry/boot.conf`
-//! (which `ferry target install-initramfs` writes: the farm's CA and key, defaults).
+//! (which `ferry target install-initramfs` writes: the farm's CA, defaults; never a
+//! secret: the initramfs is served to anyone who asks).
 //! Pure: text in, [`BootArgs`] out.
 //!
 //! | key (`ferry.KEY=` on the command line, `KEY=` in boot.conf) | meaning |
@@ -8,7 +9,8 @@
 //! | `api` | farm API URLs, comma-separated, tried in order |
 //! | `mac` | the MAC to log in as (the NIC the firmware booted from) |
 //! | `ca` | file of the farm's CA certificate (PEM) |
-//! | `key` | file of the farm key (hex) |
+//! | `ticket` | the one-time login ticket of this boot (`ft_…`; the boot script's only) |
+//! | `tpm` | `0`: do not keep the device key in the machine's TPM (default: when it has one) |
 //! | `overflow` | the `ram-overflow`/`disk` cache's place: a block device or a directory |
 //! | `device` | the kernel NBD device, `/dev/nbd0` by default |
 //! | `server`, `export` | without a farm: NBD servers (comma-separated) and the export to attach |
@@ -40,8 +42,8 @@ pub struct BootArgs {
     pub mac: Option<String>,
     /// The farm's CA certificate file.
     pub ca: Option<PathBuf>,
-    /// The farm key file.
-    pub key: Option<PathBuf>,
+    /// The login ticket of this boot (from the boot script's `ferry.ticket=`).
+    pub ticket: Option<String>,
     /// Block device or directory of the overflow.
     pub overflow: Option<PathBuf>,
     /// Kernel NBD device.
@@ -58,6 +60,9 @@ pub struct BootArgs {
     pub version: Option<i64>,
     /// `ferry.prefetch=0` turns the device's boot-set prefetch off (`None`: on).
     pub prefetch: Option<bool>,
+    /// `ferry.tpm=0` keeps the device key out of the machine's TPM (`None`: in it, when
+    /// there is one).
+    pub tpm: Option<bool>,
     /// `ferry.login_wait=SECONDS`: how long the farm's API may stay unreachable at boot
     /// (`None`: the agent's default).
     pub login_wait: Option<std::time::Duration>,
@@ -160,7 +165,16 @@ impl BootArgs {
                 self.mac = Some(value.to_string());
             }
             "ca" => self.ca = Some(path(value)?),
-            "key" => self.key = Some(path(value)?),
+            "ticket" => {
+                let ok = value.len() <= crate::login::TICKET_CHARS_MAX
+                    && value
+                        .strip_prefix(crate::login::TICKET_PREFIX)
+                        .is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()));
+                if !ok {
+                    return Err(bad("not a login ticket (ft_ and hex digits)"));
+                }
+                self.ticket = Some(value.to_string());
+            }
             "overflow" => self.overflow = Some(path(value)?),
             "device" => {
                 if !value.starts_with("/dev/nbd") {
@@ -174,12 +188,17 @@ impl BootArgs {
             "version" => {
                 self.version = Some(value.parse().map_err(|_| bad("not a version number"))?);
             }
-            "prefetch" => {
-                self.prefetch = Some(match value {
+            "prefetch" | "tpm" => {
+                let on = match value {
                     "1" | "on" | "yes" => true,
                     "0" | "off" | "no" => false,
                     _ => return Err(bad("must be 0 or 1")),
-                });
+                };
+                if key == "tpm" {
+                    self.tpm = Some(on);
+                } else {
+                    self.prefetch = Some(on);
+                }
             }
             "login_wait" | "attach_wait" => {
                 let secs: u64 = value.parse().map_err(|_| bad("not a number of seconds"))?;
@@ -214,13 +233,13 @@ mod tests {
     fn the_command_line_overrides_the_config_and_skips_other_words() {
         let mut a = BootArgs::new();
         a.apply_config(
-            "# farm\napi=https://a:1\nca=/etc/ferry/ca.pem\n\nkey=\"/etc/ferry/farm.key\"\n",
+            "# farm\napi=https://a:1\nca=/etc/ferry/ca.pem\n\noverflow=\"/dev/vda\"\n",
             "boot.conf",
         )
         .unwrap();
         a.apply_cmdline(
             "BOOT_IMAGE=k root=/dev/nbd0p1 boot=ferry ferry.api=https://b:2,https://c:3 \
-             ferry.mac=52:54:00:12:34:56 ferry.version=7 ferry.future=x quiet",
+             ferry.mac=52:54:00:12:34:56 ferry.version=7 ferry.ticket=ft_0a1B ferry.future=x quiet",
         )
         .unwrap();
         assert_eq!(a.api, ["https://b:2", "https://c:3"]);
@@ -229,9 +248,10 @@ mod tests {
             Some(std::path::Path::new("/etc/ferry/ca.pem"))
         );
         assert_eq!(
-            a.key.as_deref(),
-            Some(std::path::Path::new("/etc/ferry/farm.key"))
+            a.overflow.as_deref(),
+            Some(std::path::Path::new("/dev/vda"))
         );
+        assert_eq!(a.ticket.as_deref(), Some("ft_0a1B"));
         assert_eq!(a.mac.as_deref(), Some("52:54:00:12:34:56"));
         assert_eq!(a.version, Some(7));
         assert_eq!(a.device, PathBuf::from(DEFAULT_DEVICE));
@@ -242,8 +262,8 @@ mod tests {
             .unwrap();
         assert_eq!(a.login_wait, Some(std::time::Duration::from_secs(5)));
         assert_eq!(a.attach_wait, Some(std::time::Duration::from_secs(30)));
-        a.apply_cmdline("ferry.prefetch=0").unwrap();
-        assert_eq!(a.prefetch, Some(false));
+        a.apply_cmdline("ferry.prefetch=0 ferry.tpm=0").unwrap();
+        assert_eq!((a.prefetch, a.tpm), (Some(false), Some(false)));
         // A long unknown key is kept cut, once, however often it comes (found by fuzzing).
         let long = format!("ferry.{}=1", "k".repeat(100));
         a.apply_cmdline(&format!("{long} {long}")).unwrap();
@@ -262,7 +282,16 @@ mod tests {
                 "device",
                 "must be a kernel NBD device, /dev/nbdN",
             ),
-            ("ferry.key=relative", "key", "must be an absolute path"),
+            (
+                "ferry.overflow=relative",
+                "overflow",
+                "must be an absolute path",
+            ),
+            (
+                "ferry.ticket=ft_zz",
+                "ticket",
+                "not a login ticket (ft_ and hex digits)",
+            ),
             ("ferry.api=,", "api", "empty list"),
             ("ferry.prefetch=maybe", "prefetch", "must be 0 or 1"),
             (

@@ -6,15 +6,23 @@
 //!   hmac = proof(key, nonce, mac)
 //!   POST /api/v1/login LoginRequest          ──►  LoginGrant: servers, vDisk, version,
 //!                                                 cache mode, sizes, session export, token
+//!   or, a diskless machine's first login of a boot:
+//!   POST /api/v1/login {mac, ticket}         ──►  LoginGrant (with the device's new key)
 //! ```
 //!
 //! The proof is the lowercase hex HMAC-SHA256, under a key's bytes, of the nonce's text as
 //! received followed by the normalized MAC text (`aa:bb:cc:dd:ee:ff`), both as UTF-8. The
-//! key never crosses the wire. Which key: an enrolled device proves with its own device
-//! secret; the farm key (`DATA/secrets/farm.key`) only *enrols* a device the farm has not
-//! enrolled yet, and that first grant carries the device's new secret
-//! ([`LoginGrant::device_secret`], shown once). The farm derives a device's key from its
-//! master key ([`device_key`]), so it keeps no device key.
+//! key never crosses the wire. The key is the device's own: 32 random bytes the farm made
+//! for that device alone and keeps ([`DEVICE_KEY_BYTES`]); nothing farm-wide proves a login
+//! and no device key is derived from anything. An administrator's credential reset makes a
+//! new random key (the old one stops working); a *ticket* login (below) makes one too and
+//! the grant carries it ([`LoginGrant::device_secret`], shown once).
+//!
+//! A diskless machine that has no key of its own (no disk, no TPM) logs in with a *login
+//! ticket* instead of a proof ([`LoginRequest::ticket`]): a random one-time value the farm's
+//! boot service put on that MAC's kernel command line (`ferry.ticket=`), valid for seconds
+//! and for one login of that MAC, and only for a device the farm marks diskless
+//! (docs/threat-model.md says what that mode allows).
 //!
 //! Every grant from a farm with a CA also carries a short-lived client certificate naming
 //! the device ([`DeviceTls`]), which the target presents to the NBD servers.
@@ -36,6 +44,15 @@ use crate::mac::Mac;
 pub const CHALLENGE_PATH: &str = "api/v1/login/challenge";
 /// The path of the login route, under the API's base URL.
 pub const LOGIN_PATH: &str = "api/v1/login";
+/// The path of the route where a device says it keeps its key in its TPM (a proof as at
+/// login; the farm then takes no login ticket for it).
+pub const TPM_BIND_PATH: &str = "api/v1/login/tpm";
+/// Bytes of a device key (random, one per device).
+pub const DEVICE_KEY_BYTES: usize = 32;
+/// The prefix of a login ticket's text (then 64 hex digits), so that one is recognizable.
+pub const TICKET_PREFIX: &str = "ft_";
+/// The most characters of a login ticket read (a ticket is 67).
+pub const TICKET_CHARS_MAX: usize = 128;
 
 /// A login challenge request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,24 +73,29 @@ pub struct Challenge {
     pub expires_at_ms: i64,
 }
 
-/// A login: the proof of the device's key (its device secret, or the farm key to enrol).
+/// A login: the proof of the device's key (its device secret), or a login ticket.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LoginRequest {
     /// The device's MAC address.
     pub mac: String,
-    /// The nonce of the challenge.
+    /// The nonce of the challenge (empty with a ticket).
+    #[serde(default)]
     pub nonce: String,
-    /// HMAC-SHA256(key, nonce ‖ mac), hex, under the device secret (or, to enrol, the farm
-    /// key).
+    /// HMAC-SHA256(key, nonce ‖ mac), hex, under the device secret (empty with a ticket).
+    #[serde(default)]
     pub hmac: String,
     /// The device boots over the network with no disk to keep a device secret in (the
-    /// agent in its initramfs): a device the login adds automatically is made diskless,
-    /// which lets the farm key log it in at every boot. It changes nothing for a known
-    /// device (an administrator sets that).
+    /// agent in its initramfs). It changes nothing for a known device (an administrator
+    /// sets that); a device a ticket login adds automatically is always diskless.
     #[serde(default)]
     pub diskless: bool,
+    /// A login ticket (`ft_` and 64 hex digits) from the boot script's `ferry.ticket=`,
+    /// instead of a nonce and proof: one use, for this MAC, within seconds of the boot
+    /// script, for a diskless device only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ticket: Option<String>,
 }
 
 /// A server of the device's site.
@@ -128,8 +150,9 @@ pub struct LoginGrant<D> {
     pub ram_bytes: i64,
     /// True in private mode (maintenance): the export writes to the version itself.
     pub writable: bool,
-    /// The device's new secret (64 hex digits), only in the grant of the login that enrolled
-    /// it (made with the farm key): keep it; later logins prove with it.
+    /// The device's new secret (64 hex digits), only in the grant of a ticket login (which
+    /// makes the device a new random key): keep it (in RAM, or sealed in a TPM); later
+    /// logins prove with it, until the next ticket login or an administrator's reset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_secret: Option<String>,
     /// The device's client certificate for the NBD servers, when the farm has a CA.
@@ -169,21 +192,6 @@ pub struct DeviceRef {
     pub mac: String,
     /// Its name in the farm.
     pub name: String,
-}
-
-/// The label that starts the input of [`device_key`].
-const DEVICE_KEY_LABEL: &[u8] = b"ferry device key\0";
-
-/// A device's key (its secret's bytes): HMAC-SHA256(master, "ferry device key" NUL ‖ mac ‖
-/// NUL ‖ generation as decimal text), `mac` the normalized text. A new generation (a reset
-/// credential) makes a new key, and the old one stops proving anything.
-pub fn device_key(master: &[u8], mac: Mac, generation: i64) -> [u8; 32] {
-    let mut m = Hmac::<Sha256>::new_from_slice(master).expect("HMAC takes keys of any length");
-    m.update(DEVICE_KEY_LABEL);
-    m.update(mac.to_string().as_bytes());
-    m.update(b"\0");
-    m.update(generation.to_string().as_bytes());
-    m.finalize().into_bytes().into()
 }
 
 /// The login proof: lowercase hex HMAC-SHA256(key, nonce ‖ mac) (see the module docs).
@@ -238,24 +246,13 @@ mod tests {
     }
 
     #[test]
-    fn device_keys_differ_by_mac_generation_and_master() {
-        let mac: Mac = "aabbcc000001".parse().unwrap();
-        let other: Mac = "aabbcc000002".parse().unwrap();
-        let k = device_key(&key(), mac, 1);
-        assert_eq!(k, device_key(&key(), mac, 1));
-        assert_ne!(k, device_key(&key(), mac, 2));
-        assert_ne!(k, device_key(&key(), other, 1));
-        assert_ne!(k, device_key(&[9; 32], mac, 1));
-        assert_ne!(k.as_slice(), key().as_slice());
-    }
-
-    #[test]
     fn request_json_keeps_its_field_names() {
         let r = LoginRequest {
             mac: "aa:bb:cc:00:00:01".into(),
             nonce: "ab".into(),
             hmac: "cd".into(),
             diskless: false,
+            ticket: None,
         };
         assert_eq!(
             serde_json::to_string(&r).unwrap(),
@@ -266,6 +263,10 @@ mod tests {
             serde_json::from_str(r#"{"mac":"aa:bb:cc:00:00:01","nonce":"ab","hmac":"cd"}"#)
                 .unwrap();
         assert_eq!(old, r);
+        // A ticket login carries no nonce or proof.
+        let t: LoginRequest =
+            serde_json::from_str(r#"{"mac":"aa:bb:cc:00:00:01","ticket":"ft_00"}"#).unwrap();
+        assert_eq!((t.nonce.as_str(), t.ticket.as_deref()), ("", Some("ft_00")));
     }
 
     #[test]

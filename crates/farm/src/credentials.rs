@@ -1,12 +1,14 @@
 //! Credentials an administrator hands out: a device's new secret (a reset credential) and
-//! administrator certificates for the NBD tools. Both are audit-logged; neither secret is
-//! stored (a device's key is derived again from the farm key and its generation; a
-//! certificate's key exists only in the directory it is written to).
+//! administrator certificates for the NBD tools. Both are audit-logged. A device's secret
+//! is 32 random bytes made for it alone, kept by the farm (`devices.device_key`) to check
+//! its logins, and derived from nothing; a reset replaces it, so the old one stops working
+//! at once. A certificate's key exists only in the directory it is written to.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use sqlx::{Any, Transaction};
 use utoipa::ToSchema;
 
 use crate::db::{Farm, audit};
@@ -31,27 +33,49 @@ pub struct DeviceCredential {
     pub device_secret: String,
 }
 
+/// Stores `key_hex` as device `id`'s key, in `tx`, and returns the credential's new
+/// generation (earlier keys stop working when `tx` commits).
+///
+/// # Errors
+/// [`Kind::NotFound`] for an unknown device; database errors.
+pub(crate) async fn store_device_key(
+    tx: &mut Transaction<'_, Any>,
+    id: i64,
+    key_hex: &str,
+) -> Result<i64> {
+    sqlx::query_scalar(
+        "UPDATE devices SET device_key = $1, \
+         credential_generation = COALESCE(credential_generation, 0) + 1 \
+         WHERE id = $2 RETURNING credential_generation",
+    )
+    .bind(key_hex)
+    .bind(id)
+    .fetch_optional(&mut **tx)
+    .await?
+    .ok_or_else(|| FarmError::not_found(format!("no device {id}")))
+}
+
 impl Farm {
-    /// Gives device `id` a new credential: the next generation, whose secret is returned
-    /// (once); the old secret stops working. A device never enrolled is enrolled by this
-    /// too (the farm key no longer enrols it).
+    /// Gives device `id` a new credential: a new random key, returned once (the farm keeps
+    /// it to check logins); the old key stops working. This is how a device that keeps a
+    /// secret (`ferry target` with a state directory) gets its first key.
     ///
     /// # Errors
-    /// [`Kind::NotFound`]; [`Kind::Secrets`] without the farm key.
+    /// [`Kind::NotFound`].
     pub async fn reset_device_credential(&self, id: i64, actor: &str) -> Result<DeviceCredential> {
-        let master = self.farm_key()?;
         let device = self.device(id).await?;
-        let mac = crate::validate::mac(&device.mac)?;
         let now = self.now_ms();
+        let key = hex::encode(crate::db::random_bytes::<
+            { contract::login::DEVICE_KEY_BYTES },
+        >());
         let mut tx = self.pool.begin().await?;
-        let generation: i64 = sqlx::query_scalar(
-            "UPDATE devices SET credential_generation = COALESCE(credential_generation, 0) + 1 \
-             WHERE id = $1 RETURNING credential_generation",
-        )
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(|| FarmError::not_found(format!("no device {id}")))?;
+        let generation = store_device_key(&mut tx, id, &key).await?;
+        // A device that kept its old key in its TPM boots by ticket again, and seals the
+        // key that ticket login gives it.
+        sqlx::query("UPDATE devices SET tpm_bound = 0 WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
         let detail = json!({ "mac": device.mac, "generation": generation });
         audit(
             &mut tx,
@@ -64,12 +88,11 @@ impl Farm {
         )
         .await?;
         tx.commit().await?;
-        let key = contract::login::device_key(&master, mac, generation);
         Ok(DeviceCredential {
             device_id: id,
             mac: device.mac,
             generation,
-            device_secret: hex::encode(key),
+            device_secret: key,
         })
     }
 

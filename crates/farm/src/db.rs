@@ -25,8 +25,8 @@ pub const SQLITE_FILE_NAME: &str = "farm.db";
 pub const STORE_ROOT_DIR: &str = "stores";
 /// Connections of a PostgreSQL pool.
 pub const PG_CONNECTIONS_MAX: u32 = 8;
-/// Bytes of the farm key (the master key of device login: enrols devices and derives each
-/// device's key).
+/// Bytes of the farm key (it identifies the secrets directory; since issue 30 it proves no
+/// device login and no device key is derived from it).
 pub const FARM_KEY_BYTES: usize = 32;
 /// Bytes of an API token's secret.
 pub const TOKEN_BYTES: usize = 32;
@@ -127,7 +127,7 @@ pub struct FarmConfig {
 pub struct InitSecrets {
     /// The first admin token.
     pub admin_token: String,
-    /// The farm key (hex), with which target devices enrol.
+    /// The farm key (hex). It logs no device in (devices have keys of their own).
     pub farm_key_hex: String,
     /// The file holding the farm key (`DATA/secrets/farm.key`).
     pub farm_key_file: PathBuf,
@@ -153,6 +153,8 @@ pub struct Farm {
     pub(crate) order_cache: Mutex<HashMap<i64, (i64, Vec<contract::login::LoginServer>)>>,
     /// Uploads versions of bucket stores (`publish`), when this process may.
     pub(crate) publisher: Mutex<Option<Arc<dyn crate::publisher::Publisher>>>,
+    /// The login nonce table's bounds (`login::LoginLimits`; settable for tests).
+    pub(crate) login_limits: Mutex<LoginLimits>,
 }
 
 impl Farm {
@@ -228,6 +230,7 @@ impl Farm {
             sessions: Arc::new(SessionTable::new()),
             order_cache: Mutex::new(HashMap::new()),
             publisher: Mutex::new(None),
+            login_limits: Mutex::new(LoginLimits::default()),
         };
         farm.move_key_out_of_the_database().await?;
         Ok(farm)
@@ -481,6 +484,38 @@ impl Farm {
         .await?;
         Ok((token, id))
     }
+}
+
+/// The most outstanding nonces (the default of [`LoginLimits::nonces_max`]).
+pub const NONCES_MAX: i64 = 10_000;
+/// The most outstanding nonces of one client address (the default of
+/// [`LoginLimits::nonces_per_address`]): a device needs one for the moment between its
+/// challenge and its login, so this many machines behind one address (a NAT, a hypervisor
+/// host) log in at the same instant; a busy one gets 429 and tries again.
+pub const NONCES_PER_ADDRESS_MAX: i64 = 64;
+/// The bounds of the login nonce table (`crate::login`'s design notes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoginLimits {
+    /// The most outstanding nonces in all.
+    pub nonces_max: i64,
+    /// The most outstanding nonces of one client address.
+    pub nonces_per_address: i64,
+}
+
+impl Default for LoginLimits {
+    fn default() -> LoginLimits {
+        LoginLimits {
+            nonces_max: NONCES_MAX,
+            nonces_per_address: NONCES_PER_ADDRESS_MAX,
+        }
+    }
+}
+
+/// `N` random bytes (the thread's CSPRNG).
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    rand::thread_rng().fill_bytes(&mut b);
+    b
 }
 
 /// The SHA-256 of a secret (token), hex: what the database keeps.

@@ -6,6 +6,18 @@ use serde_json::json;
 use crate::db::{Farm, audit};
 use crate::error::{FarmError, Result};
 use crate::input::{DevicePatch, NewCollection, NewDevice};
+
+/// The columns of a [`Collection`].
+const COLLECTION_COLS: &str = "id, site_id, name, auto_add, default_vdisk_id, auto_add_max, \
+                               auto_add_per_minute, created_at_ms";
+/// A collection's `auto_add_max` unless told.
+pub const AUTO_ADD_MAX_DEFAULT: i64 = 500;
+/// A collection's `auto_add_per_minute` unless told.
+pub const AUTO_ADD_PER_MINUTE_DEFAULT: i64 = 60;
+/// The largest `auto_add_max`.
+pub const AUTO_ADD_MAX_LIMIT: i64 = 1_000_000;
+/// The largest `auto_add_per_minute`.
+pub const AUTO_ADD_PER_MINUTE_LIMIT: i64 = 100_000;
 use crate::model::{Collection, Device, DeviceType, Flag, OptCacheMode, Page, Session};
 use crate::validate;
 
@@ -27,7 +39,7 @@ impl Farm {
         limit: Option<i64>,
         offset: Option<i64>,
     ) -> Result<Page<Collection>> {
-        let cols = "id, site_id, name, auto_add, default_vdisk_id, created_at_ms";
+        let cols = COLLECTION_COLS;
         self.page_of("collections", cols, "id", None, limit, offset)
             .await
     }
@@ -37,7 +49,7 @@ impl Farm {
     /// # Errors
     /// [`crate::Kind::NotFound`].
     pub async fn collection(&self, id: i64) -> Result<Collection> {
-        let cols = "id, site_id, name, auto_add, default_vdisk_id, created_at_ms";
+        let cols = COLLECTION_COLS;
         self.one("collections", cols, "collection", id).await
     }
 
@@ -48,6 +60,18 @@ impl Farm {
     /// vDisk; [`crate::Kind::Conflict`] for a duplicate name in the site.
     pub async fn create_collection(&self, c: &NewCollection, actor: &str) -> Result<Collection> {
         validate::name("name", &c.name)?;
+        let max = c.auto_add_max.unwrap_or(AUTO_ADD_MAX_DEFAULT);
+        let per_minute = c.auto_add_per_minute.unwrap_or(AUTO_ADD_PER_MINUTE_DEFAULT);
+        if !(0..=AUTO_ADD_MAX_LIMIT).contains(&max) {
+            return Err(crate::FarmError::invalid(format!(
+                "auto_add_max must be 0 to {AUTO_ADD_MAX_LIMIT}"
+            )));
+        }
+        if !(0..=AUTO_ADD_PER_MINUTE_LIMIT).contains(&per_minute) {
+            return Err(crate::FarmError::invalid(format!(
+                "auto_add_per_minute must be 0 to {AUTO_ADD_PER_MINUTE_LIMIT}"
+            )));
+        }
         self.site(c.site_id).await?;
         if let Some(v) = c.default_vdisk_id {
             self.vdisk(v).await?;
@@ -55,14 +79,16 @@ impl Farm {
         let now = self.now_ms();
         let mut tx = self.pool.begin().await?;
         let id: i64 = sqlx::query_scalar(
-            "INSERT INTO collections (site_id, name, auto_add, default_vdisk_id, created_at_ms) \
-             VALUES ($1, $2, $3, $4, $5) RETURNING id",
+            "INSERT INTO collections (site_id, name, auto_add, default_vdisk_id, created_at_ms, \
+             auto_add_max, auto_add_per_minute) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
         )
         .bind(c.site_id)
         .bind(&c.name)
         .bind(i64::from(c.auto_add))
         .bind(c.default_vdisk_id)
         .bind(now)
+        .bind(max)
+        .bind(per_minute)
         .fetch_one(&mut *tx)
         .await?;
         let id_s = id.to_string();

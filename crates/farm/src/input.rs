@@ -24,6 +24,10 @@ pub struct SettingsPatch {
     /// See [`crate::model::FarmSettings::auto_merge_chain_max`] (0 to 64).
     #[schema(minimum = 0, maximum = 64)]
     pub auto_merge_chain_max: Option<i64>,
+    /// See [`crate::model::FarmSettings::boot_ticket_secs`] (5 to 3600).
+    #[serde(default)]
+    #[schema(minimum = 5, maximum = 3600)]
+    pub boot_ticket_secs: Option<i64>,
 }
 
 /// A new API token.
@@ -140,6 +144,14 @@ pub struct NewCollection {
     /// The vDisk of devices added automatically.
     #[serde(default)]
     pub default_vdisk_id: Option<i64>,
+    /// The most devices auto-add puts into it in all (default 500; 0 to 1,000,000).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 1_000_000)]
+    pub auto_add_max: Option<i64>,
+    /// The most devices auto-add puts into it per minute (default 60; 0 to 100,000).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 100_000)]
+    pub auto_add_per_minute: Option<i64>,
 }
 
 /// A new device.

@@ -16,8 +16,9 @@
 //! devices.rs    collections, devices, sessions
 //! vdisks.rs     vDisks: import or create, change, remove (image library)
 //! lifecycle.rs  versions: new, promote, revert, delete, merge, boot version (image library)
-//! login.rs      device login: challenge, HMAC proof, enrolment, boot version, session,
-//!               device certificate
+//! login.rs      device login: challenge (bounded per address), HMAC proof under the
+//!               device's own key or a ticket, bounded auto-add, session, certificate
+//! tickets.rs    one-time login tickets of diskless boots (the boot script's)
 //! credentials.rs device credentials: reset; administrator certificates
 //! boot.rs       the network boot decision by MAC (BootPlan): read-only, login's rules
 //! boot_sets.rs  boot sets: a version's encoded set, saved by servers, read, cleared
@@ -57,6 +58,7 @@ pub mod publisher;
 pub mod repo;
 pub mod secrets;
 pub mod sessions;
+pub mod tickets;
 pub mod validate;
 mod vdisk_lock;
 pub mod vdisks;

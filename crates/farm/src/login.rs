@@ -1,42 +1,61 @@
 //! Device login, server side: a challenge (a one-time nonce) and a proof (an HMAC of the
-//! nonce and the MAC under the device's key; no key crosses the wire).
+//! nonce and the MAC under the device's own key; no key crosses the wire), or, for a
+//! diskless machine, a one-time login ticket from its boot script.
 //!
 //! ```text
 //!   target                                   farm
-//!   POST /login/challenge {mac}        ──►   nonce (random, one use, NONCE_TTL_MS)
+//!   POST /login/challenge {mac}        ──►   nonce (random, one use, NONCE_TTL_MS; at most
+//!                                            LoginLimits::nonces_per_address outstanding
+//!                                            per client address, nonces_max in all)
 //!   hmac = HMAC-SHA256(key, nonce ‖ mac)
 //!   POST /login {mac, nonce, hmac}     ──►   check nonce + hmac (constant time) under the
-//!                                            device's key, or the farm key to enrol it;
-//!                                            device by MAC (or auto-add), boot version,
-//!                                            one maintenance device at a time
+//!                                            device's own key (devices.device_key)
+//!   POST /login {mac, ticket}          ──►   or: a ticket of this MAC's boot script (one
+//!                                            use, seconds), diskless devices only; the
+//!                                            device gets a new random key
+//!                                            device by MAC (or bounded auto-add), boot
+//!                                            version, one maintenance device at a time
 //!                                      ◄──   servers, vdisk, version, cache mode, sizes,
 //!                                            export name, session token, device
-//!                                            certificate; at enrolment the device secret
+//!                                            certificate; after a ticket the device's key
 //! ```
 //!
-//! `key` is 32 bytes: an enrolled device's key, or the farm key for a device not enrolled
-//! yet (`devices.credential_generation` NULL: a MAC auto-add creates now, or a device an
-//! administrator added). The farm key's proof enrols such a device once: its grant carries
-//! the device's secret, [`contract::login::device_key`] of the farm key, the MAC and the
-//! generation, which the farm derives again at each login and never stores. After that the
-//! farm key proves nothing for that MAC, except for a *diskless* device (`devices.diskless`:
-//! it boots over the network and has nowhere to keep its secret), which the farm key's proof
-//! logs in at every boot, with no new secret after the first; an administrator's reset
-//! (`Farm::reset_device_credential`) makes a new generation and secret. `nonce` is the
-//! nonce's hex text as sent and `mac` the normalized MAC text (`aa:bb:cc:dd:ee:ff`), both
-//! as UTF-8 bytes; `hmac` is sent as lowercase hex. [`proof`] computes it.
+//! # Design notes
+//!
+//! Every device key is 32 random bytes the farm makes for that device alone and keeps in
+//! the database (`devices.device_key`): nothing farm-wide proves a login, and no key is
+//! derived from anything, so nothing an image or the boot port holds reveals one. A key is
+//! made (and the old one stops working) by an administrator's reset
+//! (`Farm::reset_device_credential`), which is how a device with a disk gets its key, and
+//! by every ticket login of a diskless device, whose grant carries it for the agent to
+//! keep in RAM for that boot's logins again. The farm key proves nothing any more.
+//!
+//! A ticket ([`crate::tickets`]) is the weaker mode of a diskless machine that can keep no
+//! key: the boot script of that MAC carries it, so whoever fetches that script within its
+//! life can log in once as that device. The farm only takes a ticket for a device marked
+//! diskless (or one the ticket's login adds, always diskless): an enrolled device with a
+//! disk never accepts one, nor does a device that keeps its key in its TPM
+//! ([`Farm::bind_tpm`], after its first ticket login sealed the key there).
+//!
+//! Nonces are bounded per client address and overall: an address at its bound is refused
+//! (429) while others still get challenges, and when the table is full the address holding
+//! the most loses its oldest nonce first, so one flooding address cannot starve the rest.
+//! Auto-add is bounded per collection (`auto_add_max` in all, `auto_add_per_minute`).
+//! `nonce` is the nonce's hex text as sent and `mac` the normalized MAC text
+//! (`aa:bb:cc:dd:ee:ff`), both as UTF-8 bytes; `hmac` is sent as lowercase hex. [`proof`]
+//! computes it.
 //!
 //! The request and answer bodies and the proof itself are the `contract` crate's
 //! (`contract::login`), which the target's agent uses too.
 
 use contract::{ExportName, Mac, SessionKey};
-use rand::RngCore as _;
 use serde_json::json;
 
 pub use contract::login::{Challenge, ChallengeRequest, DeviceTls, LoginRequest, LoginServer};
 
 use crate::balance::SessionServer;
-use crate::db::{Farm, audit, hash_secret};
+use crate::db::{Farm, audit, hash_secret, random_bytes};
+pub use crate::db::{LoginLimits, NONCES_MAX, NONCES_PER_ADDRESS_MAX};
 use crate::devices::insert_device;
 use crate::error::{FarmError, Kind, Result};
 use crate::model::{CacheMode, Device, DeviceType, Flag, OptCacheMode};
@@ -45,8 +64,8 @@ use crate::validate;
 
 /// How long a nonce may be answered.
 pub const NONCE_TTL_MS: i64 = 60_000;
-/// The most outstanding nonces; past it a challenge is refused until some expire.
-pub const NONCES_MAX: i64 = 10_000;
+/// The window of a collection's `auto_add_per_minute`.
+pub const AUTO_ADD_WINDOW_MS: i64 = 60_000;
 /// How long a session lives.
 pub const SESSION_TTL_MS: i64 = 24 * 3600 * 1000;
 
@@ -55,8 +74,8 @@ pub const SESSION_TTL_MS: i64 = 24 * 3600 * 1000;
 pub type LoginGrant = contract::login::LoginGrant<Device>;
 
 /// The login proof: hex HMAC-SHA256(key, nonce ‖ mac) (see the module documentation), as
-/// `contract::login::proof` computes it, from a key's hex text (the farm key's to enrol,
-/// else the device secret) and any accepted MAC spelling.
+/// `contract::login::proof` computes it, from a key's hex text (the device secret) and any
+/// accepted MAC spelling.
 ///
 /// # Errors
 /// [`Kind::InvalidInput`] for a key that is not hex or a malformed MAC.
@@ -105,58 +124,153 @@ pub(crate) fn auto_device(
     }
 }
 
-fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut b = [0u8; N];
-    rand::thread_rng().fill_bytes(&mut b);
-    b
-}
-
-fn unauthenticated() -> FarmError {
+pub(crate) fn unauthenticated() -> FarmError {
     FarmError::new(Kind::Unauthenticated, "login refused: bad or expired proof")
 }
 
 impl Farm {
-    /// Issues a one-time nonce for `mac` (also for unknown MACs: the answer does not tell
-    /// whether a device exists).
+    /// The login nonce table's bounds.
+    pub fn login_limits(&self) -> LoginLimits {
+        *self
+            .login_limits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sets the login nonce table's bounds (both at least 1).
+    pub fn set_login_limits(&self, limits: LoginLimits) {
+        let limits = LoginLimits {
+            nonces_max: limits.nonces_max.max(1),
+            nonces_per_address: limits.nonces_per_address.max(1),
+        };
+        *self
+            .login_limits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = limits;
+    }
+
+    /// Issues a one-time nonce for `mac` to the client at `peer` (`None`: unknown, counted
+    /// as one address), also for unknown MACs: the answer does not tell whether a device
+    /// exists.
     ///
     /// # Errors
-    /// [`Kind::InvalidInput`] for a malformed MAC; [`Kind::LimitReached`] past
-    /// [`NONCES_MAX`].
-    pub async fn challenge(&self, r: &ChallengeRequest) -> Result<Challenge> {
+    /// [`Kind::InvalidInput`] for a malformed MAC; [`Kind::LimitReached`] when `peer` holds
+    /// [`LoginLimits::nonces_per_address`] nonces, or the table is full and no address holds
+    /// more than `peer`.
+    pub async fn challenge(
+        &self,
+        r: &ChallengeRequest,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<Challenge> {
         let mac = validate::mac(&r.mac)?;
+        let peer = peer
+            .map(|p| p.to_canonical().to_string())
+            .unwrap_or_default();
+        let limits = self.login_limits();
         self.purge_expired_sessions().await?;
+        let mine: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM login_nonces WHERE peer = $1")
+            .bind(&peer)
+            .fetch_one(&self.pool)
+            .await?;
+        if mine >= limits.nonces_per_address {
+            return Err(FarmError::new(
+                Kind::LimitReached,
+                "too many logins under way from this address; try again in a minute",
+            ));
+        }
         let outstanding: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM login_nonces")
             .fetch_one(&self.pool)
             .await?;
-        if outstanding >= NONCES_MAX {
-            return Err(FarmError::new(
-                Kind::LimitReached,
-                "too many logins under way; try again in a minute",
-            ));
+        if outstanding >= limits.nonces_max {
+            self.evict_nonce_of_the_busiest(&peer, mine).await?;
         }
         let nonce = hex::encode(random_bytes::<32>());
         let expires_at_ms = self.now_ms() + NONCE_TTL_MS;
-        sqlx::query("INSERT INTO login_nonces (nonce, mac, expires_at_ms) VALUES ($1, $2, $3)")
-            .bind(&nonce)
-            .bind(mac.to_string())
-            .bind(expires_at_ms)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "INSERT INTO login_nonces (nonce, mac, expires_at_ms, peer) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(&nonce)
+        .bind(mac.to_string())
+        .bind(expires_at_ms)
+        .bind(&peer)
+        .execute(&self.pool)
+        .await?;
         Ok(Challenge {
             nonce,
             expires_at_ms,
         })
     }
 
+    /// With the nonce table full: drops the oldest nonce of the address that holds the most,
+    /// when it holds more than `peer` (which holds `mine`); else refuses `peer`.
+    async fn evict_nonce_of_the_busiest(&self, peer: &str, mine: i64) -> Result<()> {
+        let busiest: Option<(String, i64)> = sqlx::query_as(
+            "SELECT peer, COUNT(*) AS n FROM login_nonces GROUP BY peer ORDER BY n DESC LIMIT 1",
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        match busiest {
+            Some((other, n)) if other != peer && n > mine + 1 => {
+                sqlx::query(
+                    "DELETE FROM login_nonces WHERE nonce = (SELECT nonce FROM login_nonces \
+                     WHERE peer = $1 ORDER BY expires_at_ms LIMIT 1)",
+                )
+                .bind(&other)
+                .execute(&self.pool)
+                .await?;
+                tracing::debug!(peer = %other, held = n, "dropped a nonce of the busiest address");
+                Ok(())
+            }
+            _ => Err(FarmError::new(
+                Kind::LimitReached,
+                "too many logins under way; try again in a minute",
+            )),
+        }
+    }
+
     /// Logs a device in (see the module documentation).
     ///
     /// # Errors
     /// [`Kind::InvalidInput`] for malformed fields; [`Kind::Unauthenticated`] for a bad,
-    /// used or expired nonce or a wrong HMAC; [`Kind::Forbidden`] for an unknown device
-    /// whose collection does not allow auto-add; [`Kind::Conflict`] when the device has no
-    /// vDisk, its type has no version to boot, or another maintenance device is booted.
+    /// used or expired nonce or ticket, a wrong HMAC, a device with no key of its own, or a
+    /// ticket for a device that is not diskless; [`Kind::Forbidden`] for an unknown device
+    /// whose collection does not allow auto-add; [`Kind::LimitReached`] past the auto-add
+    /// collection's bounds; [`Kind::Conflict`] when the device has no vDisk, its type has no
+    /// version to boot, or another maintenance device is booted.
     pub async fn login(&self, r: &LoginRequest, server_id: Option<i64>) -> Result<LoginGrant> {
         let mac = validate::mac(&r.mac)?;
+        if let Some(ticket) = &r.ticket {
+            return self.login_with_ticket(mac, ticket, server_id).await;
+        }
+        let device = self.proven_device(mac, r).await?;
+        self.grant(device, server_id, false).await
+    }
+
+    /// A ticket login: the ticket consumed, the device (diskless, or added now) given a new
+    /// random key, which the grant carries.
+    async fn login_with_ticket(
+        &self,
+        mac: Mac,
+        ticket: &str,
+        server_id: Option<i64>,
+    ) -> Result<LoginGrant> {
+        if !self.consume_ticket(mac, ticket).await? {
+            return Err(unauthenticated());
+        }
+        let device = match self.device_by_mac(&mac.to_string()).await? {
+            Some(d) if d.diskless.0 && !self.tpm_bound(d.id).await? => d,
+            Some(_) => {
+                tracing::warn!(%mac,
+                    "refused a ticket login of a device that is not diskless or keeps its key in a TPM");
+                return Err(unauthenticated());
+            }
+            None => self.auto_add(mac).await?,
+        };
+        self.grant(device, server_id, true).await
+    }
+
+    /// The device whose own key proves `r` (its nonce used up either way).
+    async fn proven_device(&self, mac: Mac, r: &LoginRequest) -> Result<Device> {
         let sent = hex::decode(&r.hmac).map_err(|_| FarmError::invalid("hmac must be hex"))?;
         validate::text("nonce", &r.nonce)?;
         let consumed: Option<String> = sqlx::query_scalar(
@@ -171,47 +285,77 @@ impl Farm {
         if consumed.is_none() {
             return Err(unauthenticated());
         }
-        let master = self.farm_key()?;
-        let known = self.device_by_mac(&mac.to_string()).await?;
-        let generation = match &known {
-            Some(d) => self.credential_generation(d.id).await?,
-            None => None,
+        let Some(device) = self.device_by_mac(&mac.to_string()).await? else {
+            return Err(FarmError::new(
+                Kind::Forbidden,
+                format!(
+                    "unknown device {mac}: an administrator adds it (ferry device add) and \
+                     gives it a key (ferry device credential)"
+                ),
+            ));
         };
-        let key = match generation {
-            Some(g) => contract::login::device_key(&master, mac, g).to_vec(),
-            None => master.clone(),
+        let Some(key) = self.device_key(device.id).await? else {
+            tracing::warn!(%mac, "refused a proof login of a device that has no key");
+            return Err(unauthenticated());
         };
         if !contract::login::verify(&key, &r.nonce, mac, &sent) {
-            let by_farm_key =
-                generation.is_some() && contract::login::verify(&master, &r.nonce, mac, &sent);
-            let diskless = known.as_ref().is_some_and(|d| d.diskless.0);
-            if !by_farm_key {
-                return Err(unauthenticated());
-            }
-            if !diskless {
-                tracing::warn!(%mac, "refused a farm-key login of an enrolled device");
-                return Err(unauthenticated());
-            }
-            // A diskless device keeps no device secret: the farm key logs it in again,
-            // and no new secret is issued (it could not keep that one either).
-            tracing::debug!(%mac, "farm-key login of an enrolled diskless device");
+            return Err(unauthenticated());
         }
-        let device = match known {
-            Some(d) => d,
-            None => self.auto_add(mac, r.diskless).await?,
-        };
-        let enrol = generation.is_none().then_some(&master[..]);
-        self.grant(device, server_id, enrol).await
+        Ok(device)
     }
 
-    /// The generation of a device's credential; `None` when it was never enrolled.
-    pub(crate) async fn credential_generation(&self, device_id: i64) -> Result<Option<i64>> {
-        Ok(
-            sqlx::query_scalar("SELECT credential_generation FROM devices WHERE id = $1")
-                .bind(device_id)
-                .fetch_one(&self.pool)
-                .await?,
+    /// Marks device `r.mac` as keeping its key in its TPM, proven with that key (a nonce
+    /// and HMAC as at login): from then on the farm issues and accepts no login ticket for
+    /// it, until an administrator's credential reset.
+    ///
+    /// # Errors
+    /// As [`Farm::login`]'s proof.
+    pub async fn bind_tpm(&self, r: &LoginRequest) -> Result<()> {
+        let mac = validate::mac(&r.mac)?;
+        let device = self.proven_device(mac, r).await?;
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("UPDATE devices SET tpm_bound = 1 WHERE id = $1")
+            .bind(device.id)
+            .execute(&mut *tx)
+            .await?;
+        let detail = json!({ "mac": device.mac });
+        audit(
+            &mut tx,
+            self.now_ms(),
+            &format!("device:{}", device.mac),
+            "device.tpm_bind",
+            "device",
+            &device.id.to_string(),
+            &detail,
         )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// True when the device keeps its key in its TPM ([`Farm::bind_tpm`]).
+    pub async fn tpm_bound(&self, device_id: i64) -> Result<bool> {
+        let n: Option<i64> = sqlx::query_scalar("SELECT tpm_bound FROM devices WHERE id = $1")
+            .bind(device_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(n == Some(1))
+    }
+
+    /// The device's own key's bytes; `None` when it has none.
+    pub(crate) async fn device_key(&self, device_id: i64) -> Result<Option<Vec<u8>>> {
+        let hex_key: Option<String> =
+            sqlx::query_scalar("SELECT device_key FROM devices WHERE id = $1")
+                .bind(device_id)
+                .fetch_optional(&self.pool)
+                .await?
+                .flatten();
+        hex_key
+            .map(|k| {
+                hex::decode(k.trim())
+                    .map_err(|_| FarmError::new(Kind::Secrets, "a device key is not hex"))
+            })
+            .transpose()
     }
 
     /// The device's client certificate for the NBD servers, when the farm has a CA.
@@ -243,9 +387,9 @@ impl Farm {
         .await?)
     }
 
-    /// Adds an unknown device to the first collection that allows auto-add (diskless when
-    /// its login says so).
-    async fn auto_add(&self, mac: Mac, diskless: bool) -> Result<Device> {
+    /// Adds an unknown device, diskless, to the first collection that allows auto-add,
+    /// within that collection's bounds.
+    async fn auto_add(&self, mac: Mac) -> Result<Device> {
         let Some((collection_id, vdisk_id)) = self.auto_add_collection().await? else {
             return Err(FarmError::new(
                 Kind::Forbidden,
@@ -253,9 +397,39 @@ impl Farm {
             ));
         };
         let now = self.now_ms();
-        let d = auto_device(mac, collection_id, vdisk_id, diskless, now);
+        let d = auto_device(mac, collection_id, vdisk_id, true, now);
         let mut tx = self.pool.begin().await?;
+        let (max, per_minute): (i64, i64) = sqlx::query_as(
+            "SELECT auto_add_max, auto_add_per_minute FROM collections WHERE id = $1",
+        )
+        .bind(collection_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        let (added, recent): (i64, i64) = sqlx::query_as(
+            "SELECT COUNT(*), COALESCE(SUM(CASE WHEN created_at_ms > $2 THEN 1 ELSE 0 END), 0) \
+             FROM devices WHERE collection_id = $1 AND auto_added = 1",
+        )
+        .bind(collection_id)
+        .bind(now - AUTO_ADD_WINDOW_MS)
+        .fetch_one(&mut *tx)
+        .await?;
+        if added >= max || recent >= per_minute {
+            tracing::warn!(%mac, collection_id, added, recent, max, per_minute,
+                "auto-add refused: the collection's bound is reached");
+            return Err(FarmError::new(
+                Kind::LimitReached,
+                format!(
+                    "collection {collection_id} adds no more devices now ({added} of \
+                     auto_add_max {max} added, {recent} of auto_add_per_minute {per_minute} \
+                     in the last minute)"
+                ),
+            ));
+        }
         let id = insert_device(&mut tx, &d).await?;
+        sqlx::query("UPDATE devices SET auto_added = 1 WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
         let actor = format!("device:{mac}");
         let detail = json!({ "mac": mac.to_string(), "collection_id": collection_id });
         audit(
@@ -272,13 +446,13 @@ impl Farm {
         self.device(id).await
     }
 
-    /// The grant of a login; `enrol` (the farm key) when the login enrols the device, whose
-    /// secret the grant then carries.
+    /// The grant of a login; with `new_key` (a ticket login) the device gets a new random
+    /// key, which the grant carries.
     async fn grant(
         &self,
         device: Device,
         server_id: Option<i64>,
-        enrol: Option<&[u8]>,
+        new_key: bool,
     ) -> Result<LoginGrant> {
         let vdisk_id = device.vdisk_id.ok_or_else(|| {
             FarmError::conflict(format!("device {} has no vdisk assigned", device.mac))
@@ -308,33 +482,23 @@ impl Farm {
         let tls = self.device_tls(mac)?;
         let actor = format!("device:{}", device.mac);
         let mut tx = self.pool.begin().await?;
-        let device_secret = match enrol {
-            Some(master) => {
-                // Only if still not enrolled: of two farm-key logins at once, one enrols.
-                let done = sqlx::query(
-                    "UPDATE devices SET credential_generation = 1 \
-                     WHERE id = $1 AND credential_generation IS NULL",
-                )
-                .bind(device.id)
-                .execute(&mut *tx)
-                .await?;
-                if done.rows_affected() != 1 {
-                    return Err(unauthenticated());
-                }
-                let detail = json!({ "mac": device.mac, "generation": 1 });
-                audit(
-                    &mut tx,
-                    now,
-                    &actor,
-                    "device.enrol",
-                    "device",
-                    &device.id.to_string(),
-                    &detail,
-                )
-                .await?;
-                Some(hex::encode(contract::login::device_key(master, mac, 1)))
-            }
-            None => None,
+        let device_secret = if new_key {
+            let key = hex::encode(random_bytes::<{ contract::login::DEVICE_KEY_BYTES }>());
+            let generation = crate::credentials::store_device_key(&mut tx, device.id, &key).await?;
+            let detail = json!({ "mac": device.mac, "generation": generation });
+            audit(
+                &mut tx,
+                now,
+                &actor,
+                "device.ticket_login",
+                "device",
+                &device.id.to_string(),
+                &detail,
+            )
+            .await?;
+            Some(key)
+        } else {
+            None
         };
         let old: Vec<String> =
             sqlx::query_scalar("DELETE FROM sessions WHERE device_id = $1 RETURNING export_name")

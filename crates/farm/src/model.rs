@@ -127,6 +127,9 @@ pub struct FarmSettings {
     /// When a new version is asked for and the newest version's chain already holds this
     /// many files, the chain is first merged into a new base (0: never).
     pub auto_merge_chain_max: i64,
+    /// How long a boot script's login ticket stays valid, in seconds (5 to 3600; a diskless
+    /// machine must log in within it: docs/netboot.md).
+    pub boot_ticket_secs: i64,
     /// When the farm was created.
     pub created_at_ms: i64,
 }
@@ -224,6 +227,10 @@ pub struct Collection {
     pub auto_add: Flag,
     /// The vDisk assigned to devices added automatically.
     pub default_vdisk_id: Option<i64>,
+    /// The most devices auto-add puts into this collection, in all.
+    pub auto_add_max: i64,
+    /// The most devices auto-add puts into it in one minute.
+    pub auto_add_per_minute: i64,
     /// When it was created.
     pub created_at_ms: i64,
 }

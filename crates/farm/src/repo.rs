@@ -112,10 +112,13 @@ impl Farm {
     /// # Errors
     /// [`crate::Kind::NotFound`] when the farm is not initialized.
     pub async fn settings(&self) -> Result<FarmSettings> {
-        sqlx::query_as("SELECT name, auto_merge_chain_max, created_at_ms FROM farm WHERE id = 1")
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or_else(|| FarmError::not_found("the farm is not initialized"))
+        sqlx::query_as(
+            "SELECT name, auto_merge_chain_max, boot_ticket_secs, created_at_ms FROM farm \
+             WHERE id = 1",
+        )
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| FarmError::not_found("the farm is not initialized"))
     }
 
     /// Changes the farm settings.
@@ -132,12 +135,23 @@ impl Farm {
                 "auto_merge_chain_max must be 0 to {AUTO_MERGE_CHAIN_MAX}"
             )));
         }
+        use crate::tickets::{BOOT_TICKET_SECS_MAX, BOOT_TICKET_SECS_MIN};
+        let ticket_secs = p.boot_ticket_secs.unwrap_or(old.boot_ticket_secs);
+        if !(BOOT_TICKET_SECS_MIN..=BOOT_TICKET_SECS_MAX).contains(&ticket_secs) {
+            return Err(FarmError::invalid(format!(
+                "boot_ticket_secs must be {BOOT_TICKET_SECS_MIN} to {BOOT_TICKET_SECS_MAX}"
+            )));
+        }
         let mut tx = self.pool.begin().await?;
-        sqlx::query("UPDATE farm SET name = $1, auto_merge_chain_max = $2 WHERE id = 1")
-            .bind(&name)
-            .bind(max)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "UPDATE farm SET name = $1, auto_merge_chain_max = $2, boot_ticket_secs = $3 \
+             WHERE id = 1",
+        )
+        .bind(&name)
+        .bind(max)
+        .bind(ticket_secs)
+        .execute(&mut *tx)
+        .await?;
         audit(
             &mut tx,
             self.now_ms(),

@@ -8,7 +8,7 @@ mod common;
 use common::TestFarm;
 use farm::balance::{RATING_MAX, SessionServer};
 use farm::input::{NewCollection, NewDevice, NewServer, NewSite, NewStore, NewVDisk, ServerPatch};
-use farm::login::{ChallengeRequest, LoginGrant, LoginRequest, proof};
+use farm::login::{ChallengeRequest, LoginGrant};
 use farm::model::{CacheMode, DeviceType, Server};
 use farm::{Farm, Kind};
 
@@ -57,6 +57,8 @@ async fn fixture(t: &TestFarm) -> (Vec<Server>, i64, i64) {
         name: "lab".into(),
         auto_add: false,
         default_vdisk_id: None,
+        auto_add_max: None,
+        auto_add_per_minute: None,
     };
     let collection = f.create_collection(&c, ADMIN).await.unwrap().id;
     (servers, vdisk, collection)
@@ -83,17 +85,13 @@ async fn add(t: &TestFarm, collection: i64, vdisk: i64, n: u8) -> String {
 async fn login(t: &TestFarm, mac: &str) -> LoginGrant {
     let farm: &Farm = &t.farm;
     let c = farm
-        .challenge(&ChallengeRequest { mac: mac.into() })
+        .challenge(&ChallengeRequest { mac: mac.into() }, None)
         .await
         .unwrap();
-    let hmac = proof(&t.secrets.farm_key_hex, &c.nonce, mac).unwrap();
-    let r = LoginRequest {
-        mac: mac.into(),
-        nonce: c.nonce,
-        hmac,
-        diskless: true,
-    };
-    farm.login(&r, None).await.unwrap()
+    let how = t.credential(mac).await;
+    farm.login(&TestFarm::request(mac, &how, &c.nonce), None)
+        .await
+        .unwrap()
 }
 
 /// Live sessions of each of `servers`, in their order.

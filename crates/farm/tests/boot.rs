@@ -1,7 +1,7 @@
 //! Network boot in the farm, on SQLite and PostgreSQL: the boot decision by MAC (known
 //! device, auto-add without creating a row, each refusal with its reason), diskless
-//! devices that the farm key logs in at every boot (and non-diskless ones it still does not
-//! after enrolment), and the per-vDisk boot overrides.
+//! devices that a boot's one-time ticket logs in at every boot (and ones with a disk it
+//! never does), and the per-vDisk boot overrides.
 
 mod common;
 
@@ -55,6 +55,8 @@ async fn fixture(t: &TestFarm) -> Fx {
         name: "lab".into(),
         auto_add: false,
         default_vdisk_id: None,
+        auto_add_max: None,
+        auto_add_per_minute: None,
     };
     let collection = f.create_collection(&c, ADMIN).await.unwrap().id;
     Fx {
@@ -96,16 +98,28 @@ fn refused(p: BootPlan, kind: RefusalKind) -> String {
     }
 }
 
-async fn login(farm: &Farm, mac: &str, key_hex: &str, diskless: bool) -> farm::Result<LoginGrant> {
+async fn login(farm: &Farm, mac: &str, key_hex: &str) -> farm::Result<LoginGrant> {
     let c = farm
-        .challenge(&ChallengeRequest { mac: mac.into() })
+        .challenge(&ChallengeRequest { mac: mac.into() }, None)
         .await?;
     let hmac = proof(key_hex, &c.nonce, mac)?;
     let r = LoginRequest {
         mac: mac.into(),
         nonce: c.nonce,
         hmac,
-        diskless,
+        diskless: true,
+        ticket: None,
+    };
+    farm.login(&r, None).await
+}
+
+async fn login_ticket(farm: &Farm, mac: &str, ticket: &str) -> farm::Result<LoginGrant> {
+    let r = LoginRequest {
+        mac: mac.into(),
+        nonce: String::new(),
+        hmac: String::new(),
+        diskless: true,
+        ticket: Some(ticket.into()),
     };
     farm.login(&r, None).await
 }
@@ -153,19 +167,26 @@ async fn an_unknown_mac_is_refused_or_planned_for_auto_add_without_a_row(t: Test
         name: "auto".into(),
         auto_add: true,
         default_vdisk_id: Some(fx.vdisk),
+        auto_add_max: None,
+        auto_add_per_minute: None,
     };
     t.farm.create_collection(&c, ADMIN).await.unwrap();
     let b = booted(t.farm.boot_plan(mac, None).await.unwrap());
     assert!(b.auto_add);
     assert_eq!(b.vdisk.name, "golden");
     assert!(t.farm.device_by_mac(mac).await.unwrap().is_none());
-    // The diskless login that follows adds it, diskless.
-    let key = t.secrets.farm_key_hex.clone();
-    let g = login(&t.farm, mac, &key, true).await.unwrap();
-    assert!(g.device_secret.is_some());
+    // The ticket login that follows adds it, diskless, with a key of its own.
+    let ticket = t
+        .farm
+        .issue_boot_ticket(mac)
+        .await
+        .unwrap()
+        .expect("a ticket");
+    let g = login_ticket(&t.farm, mac, &ticket).await.unwrap();
+    let key = g.device_secret.expect("a new key");
     let d = t.farm.device_by_mac(mac).await.unwrap().unwrap();
     assert!(d.diskless.0);
-    let g2 = login(&t.farm, mac, &key, true).await.unwrap();
+    let g2 = login(&t.farm, mac, &key).await.unwrap();
     assert!(g2.device_secret.is_none());
 }
 
@@ -218,45 +239,45 @@ async fn no_vdisk_no_version_and_a_missing_file_are_refused_with_reasons(t: Test
     );
 }
 
-async fn the_farm_key_logs_a_diskless_device_in_at_every_boot_only(t: TestFarm) {
+async fn a_ticket_logs_a_diskless_device_in_once_and_one_with_a_disk_never(t: TestFarm) {
     let fx = fixture(&t).await;
-    let key = t.secrets.farm_key_hex.clone();
     let (diskless, disk) = ("52:54:00:00:00:04", "52:54:00:00:00:05");
     add(&t, &fx, diskless, Some(fx.vdisk), true).await;
     let id = add(&t, &fx, disk, Some(fx.vdisk), false).await;
-    let first = login(&t.farm, diskless, &key, false).await.unwrap();
-    let secret = first
-        .device_secret
-        .clone()
-        .expect("enrolled at the first login");
-    let again = login(&t.farm, diskless, &key, false).await.unwrap();
-    assert!(
-        again.device_secret.is_none(),
-        "no new secret after the first"
-    );
-    // Its own secret works too.
-    login(&t.farm, diskless, &secret, false).await.unwrap();
-    // Not diskless: the farm key enrols it once, then is refused (issue 18), even when
-    // the login says diskless.
-    login(&t.farm, disk, &key, false).await.unwrap();
-    for claim in [false, true] {
-        let e = login(&t.farm, disk, &key, claim).await.unwrap_err();
-        assert_eq!(e.kind(), Kind::Unauthenticated);
-    }
-    // Made diskless by an administrator, it is logged in by the farm key again.
+    let ticket = t.farm.issue_boot_ticket(diskless).await.unwrap().unwrap();
+    let first = login_ticket(&t.farm, diskless, &ticket).await.unwrap();
+    let key = first.device_secret.clone().expect("a key for this boot");
+    // Single use.
+    let e = login_ticket(&t.farm, diskless, &ticket).await.unwrap_err();
+    assert_eq!(e.kind(), Kind::Unauthenticated);
+    // The key of this boot logs it in again; the next boot's ticket makes a new one.
+    login(&t.farm, diskless, &key).await.unwrap();
+    let next = t.farm.issue_boot_ticket(diskless).await.unwrap().unwrap();
+    let second = login_ticket(&t.farm, diskless, &next).await.unwrap();
+    assert_ne!(second.device_secret.as_deref(), Some(key.as_str()));
+    let e = login(&t.farm, diskless, &key).await.unwrap_err();
+    assert_eq!(e.kind(), Kind::Unauthenticated, "the last boot's key");
+    // A ticket of one MAC is nothing for another.
+    let other = t.farm.issue_boot_ticket(diskless).await.unwrap().unwrap();
+    let e = login_ticket(&t.farm, disk, &other).await.unwrap_err();
+    assert_eq!(e.kind(), Kind::Unauthenticated);
+    // With a disk: no ticket in its boot script, and none accepted, even one of its MAC
+    // from when it was diskless.
+    assert_eq!(t.farm.issue_boot_ticket(disk).await.unwrap(), None);
     let p = DevicePatch {
         diskless: Some(true),
         ..DevicePatch::default()
     };
-    assert!(
-        t.farm
-            .update_device(id, &p, ADMIN)
-            .await
-            .unwrap()
-            .diskless
-            .0
-    );
-    login(&t.farm, disk, &key, false).await.unwrap();
+    t.farm.update_device(id, &p, ADMIN).await.unwrap();
+    let old = t.farm.issue_boot_ticket(disk).await.unwrap().unwrap();
+    let p = DevicePatch {
+        diskless: Some(false),
+        ..DevicePatch::default()
+    };
+    t.farm.update_device(id, &p, ADMIN).await.unwrap();
+    let e = login_ticket(&t.farm, disk, &old).await.unwrap_err();
+    assert_eq!(e.kind(), Kind::Unauthenticated);
+    assert_eq!(t.farm.list_sessions(None, None).await.unwrap().total, 1);
 }
 
 async fn vdisk_boot_overrides_are_checked_and_kept(t: TestFarm) {
@@ -302,6 +323,6 @@ dual_tests!(
     a_known_device_boots_its_vdisk_s_version_with_login_s_rules,
     an_unknown_mac_is_refused_or_planned_for_auto_add_without_a_row,
     no_vdisk_no_version_and_a_missing_file_are_refused_with_reasons,
-    the_farm_key_logs_a_diskless_device_in_at_every_boot_only,
+    a_ticket_logs_a_diskless_device_in_once_and_one_with_a_disk_never,
     vdisk_boot_overrides_are_checked_and_kept,
 );

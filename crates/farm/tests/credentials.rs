@@ -107,6 +107,8 @@ async fn fixture(t: &TestFarm) -> i64 {
         name: "lab".into(),
         auto_add: true,
         default_vdisk_id: Some(vdisk),
+        auto_add_max: None,
+        auto_add_per_minute: None,
     };
     f.create_collection(&c, ADMIN).await.unwrap().id
 }
@@ -114,7 +116,7 @@ async fn fixture(t: &TestFarm) -> i64 {
 /// A login of `mac` proving with `key_hex`.
 async fn login_with(farm: &Farm, mac: &str, key_hex: &str) -> farm::Result<LoginGrant> {
     let c = farm
-        .challenge(&ChallengeRequest { mac: mac.into() })
+        .challenge(&ChallengeRequest { mac: mac.into() }, None)
         .await?;
     let hmac = proof(key_hex, &c.nonce, mac)?;
     let r = LoginRequest {
@@ -122,8 +124,56 @@ async fn login_with(farm: &Farm, mac: &str, key_hex: &str) -> farm::Result<Login
         nonce: c.nonce,
         hmac,
         diskless: false,
+        ticket: None,
     };
     farm.login(&r, None).await
+}
+
+/// A device of `mac` an administrator made (with a disk), and its first key from a reset.
+async fn enrolled(t: &TestFarm, mac: &str) -> (i64, String) {
+    let coll = t.farm.list_collections(None, None).await.unwrap().items[0].id;
+    let vdisk = t.farm.list_vdisks(None, None).await.unwrap().items[0].id;
+    let d = NewDevice {
+        collection_id: coll,
+        mac: mac.into(),
+        name: format!("pc-{}", mac.replace(':', "")),
+        device_type: Some(DeviceType::Production),
+        vdisk_id: Some(vdisk),
+        cache_mode: None,
+        ram_bytes: None,
+        pinned_version: None,
+        diskless: false,
+    };
+    let id = t.farm.create_device(&d, ADMIN).await.unwrap().id;
+    let c = t.farm.reset_device_credential(id, ADMIN).await.unwrap();
+    (id, c.device_secret)
+}
+
+/// HMAC-SHA256 (RFC 2104) of a key of at most 64 bytes: how device keys were derived from
+/// the farm key before issue 30.
+fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    let mut k = [0u8; 64];
+    k[..key.len()].copy_from_slice(key);
+    let pad = |b: u8| k.iter().map(|x| x ^ b).collect::<Vec<u8>>();
+    let inner = sha2::Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(msg)
+        .finalize();
+    sha2::Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize()
+        .into()
+}
+
+/// The key the farm derived for `mac` at `generation` before issue 30 (hex).
+fn derived_key(farm_key_hex: &str, mac: &str, generation: i64) -> String {
+    let msg = format!("ferry device key\0{mac}\0{generation}");
+    hex::encode(hmac_sha256(
+        &hex::decode(farm_key_hex).unwrap(),
+        msg.as_bytes(),
+    ))
 }
 
 async fn actions(t: &TestFarm) -> Vec<String> {
@@ -214,10 +264,13 @@ async fn an_old_farm_s_key_moves_out_of_the_database_at_open(t: TestFarm) {
         "a CA is made for the moved farm"
     );
     assert_db_holds_no_key(&t, &key_hex).await;
-    // Logins work with the moved key, and opening again changes nothing.
+    // Logins work (with a device's own key: the moved farm key logs nothing in), and
+    // opening again changes nothing.
     fixture(&t).await;
-    let g = login_with(&t.farm, MAC, &key_hex).await.unwrap();
-    assert!(g.device_secret.is_some());
+    let (_, key) = enrolled(&t, MAC).await;
+    login_with(&t.farm, MAC, &key).await.unwrap();
+    let e = login_with(&t.farm, MAC, &key_hex).await.unwrap_err();
+    assert_eq!(e.kind(), Kind::Unauthenticated);
     drop(Farm::open(&config).await.unwrap());
 }
 
@@ -233,29 +286,41 @@ async fn another_farm_s_secrets_are_refused_at_open(t: TestFarm) {
     assert!(e.to_string().contains("another farm's key"), "{e}");
 }
 
-async fn the_farm_key_enrols_a_device_once_then_only_its_secret_logs_it_in(t: TestFarm) {
+async fn neither_the_farm_key_nor_a_key_derived_from_it_logs_anyone_in(t: TestFarm) {
     fixture(&t).await;
     let farm_key = t.secrets.farm_key_hex.clone();
-    let g = login_with(&t.farm, MAC, &farm_key).await.unwrap();
-    let secret = g
-        .device_secret
-        .clone()
-        .expect("enrolment returns the secret");
-    assert_eq!(secret.len(), 64);
-    assert_ne!(secret, farm_key);
+    // An unknown MAC: a proof adds nothing (auto-add is the boot ticket's), whatever key.
     let e = login_with(&t.farm, MAC, &farm_key).await.unwrap_err();
-    assert_eq!(e.kind(), Kind::Unauthenticated);
+    assert_eq!(e.kind(), Kind::Forbidden);
+    assert!(t.farm.device_by_mac(MAC).await.unwrap().is_none());
+    let (id, secret) = enrolled(&t, MAC).await;
+    assert_eq!(secret.len(), 64);
+    for generation in 1..=3 {
+        let old = derived_key(&farm_key, MAC, generation);
+        assert_ne!(old, secret, "the key is not the farm key's derivation");
+        let e = login_with(&t.farm, MAC, &old).await.unwrap_err();
+        assert_eq!(
+            e.kind(),
+            Kind::Unauthenticated,
+            "derived, generation {generation}"
+        );
+    }
+    let e = login_with(&t.farm, MAC, &farm_key).await.unwrap_err();
+    assert_eq!(e.kind(), Kind::Unauthenticated, "the farm key itself");
     let g = login_with(&t.farm, MAC, &secret).await.unwrap();
-    assert_eq!(g.device_secret, None, "the secret is shown once");
-    // One device's secret is no other's: it neither logs in nor enrols another MAC.
+    assert_eq!((g.device.id, g.device_secret), (id, None));
+    // One device's secret is no other's; two devices' keys differ.
     let other = "aa:bb:cc:00:01:02";
+    let (_, other_secret) = enrolled(&t, other).await;
+    assert_ne!(other_secret, secret);
     let e = login_with(&t.farm, other, &secret).await.unwrap_err();
     assert_eq!(e.kind(), Kind::Unauthenticated);
-    // An administrator-made device is enrolled by its first farm-key login too.
+    login_with(&t.farm, other, &other_secret).await.unwrap();
+    // A device that never had a key is logged in by nothing.
     let d = NewDevice {
         collection_id: g.device.collection_id,
-        mac: other.into(),
-        name: "pc2".into(),
+        mac: "aa:bb:cc:00:01:03".into(),
+        name: "pc3".into(),
         device_type: Some(DeviceType::Production),
         vdisk_id: Some(g.vdisk_id),
         cache_mode: None,
@@ -264,43 +329,27 @@ async fn the_farm_key_enrols_a_device_once_then_only_its_secret_logs_it_in(t: Te
         diskless: false,
     };
     t.farm.create_device(&d, ADMIN).await.unwrap();
-    let g2 = login_with(&t.farm, other, &farm_key).await.unwrap();
-    assert!(g2.device_secret.is_some());
-    assert_ne!(g2.device_secret, Some(secret));
-    let enrolments = actions(&t)
-        .await
-        .iter()
-        .filter(|a| *a == "device.enrol")
-        .count();
-    assert_eq!(enrolments, 2);
+    for key in [&farm_key, &derived_key(&farm_key, "aa:bb:cc:00:01:03", 1)] {
+        let e = login_with(&t.farm, "aa:bb:cc:00:01:03", key)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), Kind::Unauthenticated);
+    }
 }
 
 async fn a_reset_credential_invalidates_the_old_secret(t: TestFarm) {
     fixture(&t).await;
-    let g = login_with(&t.farm, MAC, &t.secrets.farm_key_hex)
-        .await
-        .unwrap();
-    let old = g.device_secret.unwrap();
+    let (id, old) = enrolled(&t, MAC).await;
+    let g = login_with(&t.farm, MAC, &old).await.unwrap();
     let c = t
         .farm
         .reset_device_credential(g.device.id, ADMIN)
         .await
         .unwrap();
-    assert_eq!(
-        (c.device_id, c.generation, c.mac.as_str()),
-        (g.device.id, 2, MAC)
-    );
+    assert_eq!((c.device_id, c.generation, c.mac.as_str()), (id, 2, MAC));
     assert_ne!(c.device_secret, old);
     let e = login_with(&t.farm, MAC, &old).await.unwrap_err();
     assert_eq!(e.kind(), Kind::Unauthenticated);
-    let e = login_with(&t.farm, MAC, &t.secrets.farm_key_hex)
-        .await
-        .unwrap_err();
-    assert_eq!(
-        e.kind(),
-        Kind::Unauthenticated,
-        "a reset device is not enrolled again"
-    );
     login_with(&t.farm, MAC, &c.device_secret).await.unwrap();
     assert!(
         actions(&t)
@@ -372,9 +421,8 @@ fn handshake(
 
 async fn every_login_carries_a_device_certificate_a_farm_server_accepts(t: TestFarm) {
     fixture(&t).await;
-    let g = login_with(&t.farm, MAC, &t.secrets.farm_key_hex)
-        .await
-        .unwrap();
+    let (_, key) = enrolled(&t, MAC).await;
+    let g = login_with(&t.farm, MAC, &key).await.unwrap();
     let tls = g.tls.expect("a farm with a CA issues a device certificate");
     let ttl = tls.not_after_ms - t.farm.now_ms();
     let day = i64::try_from(pki::DEVICE_CERT_VALIDITY.as_millis()).unwrap();
@@ -432,7 +480,7 @@ dual_tests!(
     the_database_holds_no_farm_key_and_the_secrets_dir_does,
     an_old_farm_s_key_moves_out_of_the_database_at_open,
     another_farm_s_secrets_are_refused_at_open,
-    the_farm_key_enrols_a_device_once_then_only_its_secret_logs_it_in,
+    neither_the_farm_key_nor_a_key_derived_from_it_logs_anyone_in,
     a_reset_credential_invalidates_the_old_secret,
     every_login_carries_a_device_certificate_a_farm_server_accepts,
     administrator_certificates_name_the_admin_and_are_audited,

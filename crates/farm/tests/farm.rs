@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::TestFarm;
+use common::{Credential, TestFarm};
 use farm::input::{
     DevicePatch, MergeRequest, NewCollection, NewDevice, NewServer, NewSite, NewStore, NewVDisk,
     SettingsPatch,
@@ -51,6 +51,8 @@ async fn fixture(t: &TestFarm) -> Fixture {
         name: "lab".into(),
         auto_add: false,
         default_vdisk_id: None,
+        auto_add_max: None,
+        auto_add_per_minute: None,
     };
     let collection = f.create_collection(&c, ADMIN).await.unwrap().id;
     Fixture {
@@ -79,20 +81,12 @@ async fn add_device(t: &TestFarm, fx: &Fixture, mac: &str, ty: DeviceType) -> i6
 async fn login(t: &TestFarm, mac: &str) -> farm::Result<farm::login::LoginGrant> {
     let c = t
         .farm
-        .challenge(&ChallengeRequest { mac: mac.into() })
+        .challenge(&ChallengeRequest { mac: mac.into() }, None)
         .await?;
-    let hmac = proof(&t.login_key(mac), &c.nonce, mac)?;
+    let how = t.credential(mac).await;
     let g = t
         .farm
-        .login(
-            &LoginRequest {
-                mac: mac.into(),
-                nonce: c.nonce,
-                hmac,
-                diskless: false,
-            },
-            None,
-        )
+        .login(&TestFarm::request(mac, &how, &c.nonce), None)
         .await?;
     t.keep_secret(mac, g.device_secret.as_deref());
     Ok(g)
@@ -473,22 +467,26 @@ async fn login_with_a_wrong_proof_or_reused_nonce_is_refused(t: TestFarm) {
     let mac = "aa:bb:cc:00:00:20";
     let c = t
         .farm
-        .challenge(&ChallengeRequest { mac: mac.into() })
+        .challenge(&ChallengeRequest { mac: mac.into() }, None)
         .await
         .unwrap();
+    let Credential::Key(key) = t.credential(mac).await else {
+        panic!("a known device proves with a key");
+    };
     let wrong = proof(&"00".repeat(32), &c.nonce, mac).unwrap();
     let r = LoginRequest {
         mac: mac.into(),
         nonce: c.nonce.clone(),
         hmac: wrong,
         diskless: false,
+        ticket: None,
     };
     assert_eq!(
         t.farm.login(&r, None).await.unwrap_err().kind(),
         Kind::Unauthenticated
     );
     // The nonce was used up by the failed attempt.
-    let right = proof(&t.secrets.farm_key_hex, &c.nonce, mac).unwrap();
+    let right = proof(&key, &c.nonce, mac).unwrap();
     let r = LoginRequest { hmac: right, ..r };
     assert_eq!(
         t.farm.login(&r, None).await.unwrap_err().kind(),
@@ -510,6 +508,8 @@ async fn unknown_device_is_refused_or_auto_added(t: TestFarm) {
         name: "auto".into(),
         auto_add: true,
         default_vdisk_id: Some(fx.vdisk),
+        auto_add_max: None,
+        auto_add_per_minute: None,
     };
     t.farm.create_collection(&c, ADMIN).await.unwrap();
     let g = login(&t, "aa:bb:cc:00:00:30").await.unwrap();

@@ -180,18 +180,23 @@ impl Api {
     }
 
     pub async fn login(&self, mac: &str) -> (StatusCode, Value) {
-        let (s, c) = self
-            .raw(
-                Method::POST,
-                "/api/v1/login/challenge",
-                None,
-                Some(&json!({"mac": mac}).to_string()),
-            )
-            .await;
-        assert_eq!(s, StatusCode::OK, "{c}");
-        let nonce = c["nonce"].as_str().unwrap();
-        let hmac = farm::login::proof(&self.t.login_key(mac), nonce, mac).unwrap();
-        let body = json!({"mac": mac, "nonce": nonce, "hmac": hmac}).to_string();
+        let how = self.t.credential(mac).await;
+        let nonce = match how {
+            crate::common::Credential::Key(_) => {
+                let (s, c) = self
+                    .raw(
+                        Method::POST,
+                        "/api/v1/login/challenge",
+                        None,
+                        Some(&json!({"mac": mac}).to_string()),
+                    )
+                    .await;
+                assert_eq!(s, StatusCode::OK, "{c}");
+                c["nonce"].as_str().unwrap().to_string()
+            }
+            crate::common::Credential::Ticket(_) => String::new(),
+        };
+        let body = serde_json::to_string(&TestFarm::request(mac, &how, &nonce)).unwrap();
         let (s, g) = self
             .raw(Method::POST, "/api/v1/login", None, Some(&body))
             .await;

@@ -17,7 +17,6 @@ pub const SIZE: u64 = 64 * MIB;
 pub struct Farm {
     pub dir: tempfile::TempDir,
     pub token: String,
-    pub key_file: PathBuf,
 }
 
 impl Farm {
@@ -35,7 +34,6 @@ impl Farm {
         .unwrap();
         let f = Farm {
             token: init["admin_token"].as_str().unwrap().to_string(),
-            key_file: PathBuf::from(init["farm_key_file"].as_str().unwrap()),
             dir,
         };
         std::fs::create_dir_all(f.store()).unwrap();
@@ -89,6 +87,26 @@ impl Farm {
         }
     }
 
+    /// A file holding `mac`'s device secret for a target whose state directory is `state`:
+    /// a new one from `ferry device credential` unless `state` holds one already (whose
+    /// file it is then).
+    pub fn device_secret(&self, api: &str, mac: &str, state: &std::path::Path) -> PathBuf {
+        let kept = state.join(format!(
+            "device-{}.secret",
+            mac.to_lowercase().replace(':', "-")
+        ));
+        if kept.exists() {
+            return kept;
+        }
+        let v = self.json(api, &["device", "credential", mac]);
+        let file = self
+            .dir
+            .path()
+            .join(format!("{}.secret", mac.replace(':', "-")));
+        std::fs::write(&file, v["device_secret"].as_str().unwrap()).unwrap();
+        file
+    }
+
     /// `ferry target` of device `mac` logged in through `api`, exporting `NAME.sock`.
     pub fn target(&self, api: &str, mac: &str, name: &str) -> (Proc, PathBuf) {
         self.target_with(api, mac, name, &[])
@@ -99,13 +117,12 @@ impl Farm {
         let socket = self.dir.path().join(format!("{name}.sock"));
         let overflow = self.dir.path().join(format!("overflow-{name}"));
         std::fs::create_dir_all(&overflow).unwrap();
+        let state = self.dir.path().join(format!("state-{name}"));
+        let secret = self.device_secret(api, mac, &state);
         let mut cmd = ferry();
         cmd.args(["target", "--server", api, "--device", mac])
-            .args(["--farm-key", path_str(&self.key_file)])
-            .args([
-                "--state-dir",
-                path_str(&self.dir.path().join(format!("state-{name}"))),
-            ])
+            .args(["--device-secret", path_str(&secret)])
+            .args(["--state-dir", path_str(&state)])
             .arg(format!("--export=unix:{}", path_str(&socket)))
             .args(["--overflow", path_str(&overflow)])
             .args(extra);

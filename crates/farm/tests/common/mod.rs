@@ -11,6 +11,15 @@ use farm::{Farm, FarmConfig, InitSecrets};
 /// The PostgreSQL database the tests connect to first (the role needs CREATEDB).
 pub const PG_URL_DEFAULT: &str = "postgres://ferry:ferry@127.0.0.1:5432/ferry_test";
 
+/// How a test device logs in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// A device secret (hex).
+    Key(String),
+    /// A boot's login ticket.
+    Ticket(String),
+}
+
 /// Which backend a test runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Which {
@@ -69,20 +78,54 @@ pub fn config_of(dir: &std::path::Path, db_url: Option<String>) -> FarmConfig {
 }
 
 impl TestFarm {
-    /// The key `mac` proves its login with (hex): its device secret once enrolled (kept by
-    /// [`TestFarm::keep_secret`]), else the farm key.
-    pub fn login_key(&self, mac: &str) -> String {
-        let mac = farm::validate::mac(mac)
-            .map(|m| m.to_string())
-            .unwrap_or_default();
-        let secrets = self.device_secrets.lock().unwrap();
-        secrets
-            .get(&mac)
-            .cloned()
-            .unwrap_or_else(|| self.secrets.farm_key_hex.clone())
+    /// How `mac` logs in: its device secret (kept by [`TestFarm::keep_secret`], else a new
+    /// one an administrator's reset makes now), or, for a MAC the farm does not know, a
+    /// boot ticket when the farm would add it (else a key of no device).
+    pub async fn credential(&self, mac: &str) -> Credential {
+        let Ok(norm) = farm::validate::mac(mac).map(|m| m.to_string()) else {
+            return Credential::Key("00".repeat(32));
+        };
+        if let Some(k) = self.device_secrets.lock().unwrap().get(&norm).cloned() {
+            return Credential::Key(k);
+        }
+        match self.farm.device_by_mac(&norm).await.unwrap() {
+            Some(d) => {
+                let c = self
+                    .farm
+                    .reset_device_credential(d.id, "test")
+                    .await
+                    .unwrap();
+                self.keep_secret(mac, Some(&c.device_secret));
+                Credential::Key(c.device_secret)
+            }
+            None => match self.farm.issue_boot_ticket(&norm).await.unwrap() {
+                Some(t) => Credential::Ticket(t),
+                None => Credential::Key("00".repeat(32)),
+            },
+        }
     }
 
-    /// Keeps the device secret of an enrolling grant (`device_secret`, if any) for `mac`.
+    /// The login request of `mac` with `credential`, for the challenge's `nonce`.
+    pub fn request(mac: &str, credential: &Credential, nonce: &str) -> farm::login::LoginRequest {
+        match credential {
+            Credential::Key(k) => farm::login::LoginRequest {
+                mac: mac.into(),
+                nonce: nonce.into(),
+                hmac: farm::login::proof(k, nonce, mac).unwrap_or_default(),
+                diskless: false,
+                ticket: None,
+            },
+            Credential::Ticket(t) => farm::login::LoginRequest {
+                mac: mac.into(),
+                nonce: String::new(),
+                hmac: String::new(),
+                diskless: true,
+                ticket: Some(t.clone()),
+            },
+        }
+    }
+
+    /// Keeps the device secret of a grant (`device_secret`, if any) for `mac`.
     pub fn keep_secret(&self, mac: &str, device_secret: Option<&str>) {
         if let (Ok(mac), Some(s)) = (farm::validate::mac(mac), device_secret) {
             let mut secrets = self.device_secrets.lock().unwrap();
@@ -98,13 +141,29 @@ impl TestFarm {
 
 /// A new initialized farm on `which`, or `None` when the test is skipped.
 pub async fn open(which: Which) -> Option<TestFarm> {
+    open_clocked(which, None).await
+}
+
+/// [`open`] on a simulated clock (at the system's now), which the test moves.
+pub async fn open_sim(which: Which) -> Option<(TestFarm, farm::SimClock)> {
+    use farm::Clock as _;
+    let clock = farm::SimClock::new(farm::SystemClock.now_ms());
+    let t = open_clocked(which, Some(clock.clone())).await?;
+    Some((t, clock))
+}
+
+async fn open_clocked(which: Which, clock: Option<farm::SimClock>) -> Option<TestFarm> {
     let dir = tempfile::tempdir().unwrap();
     let db_url = match which {
         Which::Sqlite => None,
         Which::Postgres => Some(fresh_pg_database().await?),
     };
     let config = config_of(dir.path(), db_url.clone());
-    let farm = Farm::open(&config).await.expect("open farm");
+    let farm = match clock {
+        Some(c) => Farm::open_with_clock(&config, Arc::new(c)).await,
+        None => Farm::open(&config).await,
+    }
+    .expect("open farm");
     let secrets = farm.init("test").await.expect("init farm");
     Some(TestFarm {
         farm: Arc::new(farm),

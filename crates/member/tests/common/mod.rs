@@ -164,6 +164,8 @@ impl Sim {
             name: "lab".into(),
             auto_add: false,
             default_vdisk_id: None,
+            auto_add_max: None,
+            auto_add_per_minute: None,
         };
         let collection = farm.create_collection(&c, ADMIN).await.unwrap().id;
         Sim {
@@ -266,15 +268,29 @@ impl Sim {
             None => (&self.farm, None),
         };
         let c = farm
-            .challenge(&ChallengeRequest { mac: mac.into() })
+            .challenge(&ChallengeRequest { mac: mac.into() }, None)
             .await
             .unwrap();
-        let hmac = proof(&self.secrets.farm_key_hex, &c.nonce, mac).unwrap();
+        // The device's own key, as an administrator's reset gives it.
+        let d = self
+            .farm
+            .device_by_mac(mac)
+            .await
+            .unwrap()
+            .expect("a device");
+        let key = self
+            .farm
+            .reset_device_credential(d.id, ADMIN)
+            .await
+            .unwrap()
+            .device_secret;
+        let hmac = proof(&key, &c.nonce, mac).unwrap();
         let r = LoginRequest {
             mac: mac.into(),
             nonce: c.nonce,
             hmac,
             diskless: true,
+            ticket: None,
         };
         farm.login(&r, server).await.unwrap()
     }
