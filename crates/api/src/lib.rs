@@ -256,7 +256,6 @@ pub async fn serve_tls(
     serve_in(listener, state, Some(tls), Listen::api_default(), shutdown).await
 }
 
-
 /// [`serve_tls`] with `tls`, else [`serve`] (plain HTTP, loopback only).
 ///
 /// # Errors

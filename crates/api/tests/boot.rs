@@ -404,7 +404,7 @@ async fn nothing_the_boot_port_serves_logs_in_as_another_device(t: TestFarm) {
     );
     for mac in [other, disk] {
         for c in &candidates {
-            let r = if let Some(_) = c.strip_prefix("ft_") {
+            let r = if c.starts_with("ft_") {
                 farm::login::LoginRequest {
                     mac: mac.into(),
                     nonce: String::new(),
