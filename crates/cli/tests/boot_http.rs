@@ -169,9 +169,16 @@ fn a_diskless_device_s_boot_script_and_kernel_come_from_the_boot_port() {
         "kernel /boot/files/52-54-00-12-34-56/1/0/kernel initrd=initrd boot=ferry \
          ip=${{netX/ip}}::${{netX/gateway}}:${{netX/netmask}}:::off:${{netX/dns}} \
          BOOTIF=01-${{netX/mac:hexhyp}} ferry.api=https://10.0.2.2:{api} ferry.mac={MAC} ferry.vdisk=golden \
-         ferry.version=0 root=/dev/nbd0 panic=30 console=ttyS0,115200 || goto failed"
+         ferry.version=0 ferry.ticket=ft_"
     );
-    assert!(script.contains(&want), "{script}");
+    // The device is diskless: its boot carries a one-time login ticket (64 hex digits).
+    let at = script.find(&want).unwrap_or_else(|| panic!("{script}")) + want.len();
+    let (ticket, rest) = script[at..].split_at(64);
+    assert!(ticket.bytes().all(|b| b.is_ascii_hexdigit()), "{script}");
+    assert!(
+        rest.starts_with(" root=/dev/nbd0 panic=30 console=ttyS0,115200 || goto failed"),
+        "{script}"
+    );
     let files = format!("{base}/boot/files/52-54-00-12-34-56/1/0");
     let (code, got) = curl(&format!("{files}/kernel"));
     assert_eq!(code, "200");

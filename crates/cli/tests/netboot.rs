@@ -7,8 +7,10 @@
 //! Two tests, each with a farm and a golden image of its own, run beside each other; within
 //! each the steps run in order, each naming itself when it fails. The first test:
 //! 1. a production device boots version 1 to multi-user and writes a file (and 64 MiB, past
-//!    its 16 MiB of RAM, into the overflow disk);
-//! 2. after a power cycle the file is gone, and the boot agent read the version's boot set
+//!    its 16 MiB of RAM, into the overflow disk); it logs in with its boot's ticket and keeps
+//!    its new key in its TPM (swtpm, QEMU's `tpm-tis`);
+//! 2. after a power cycle the file is gone, the boot logged in with the TPM's key (its
+//!    script carries no ticket any more), and the boot agent read the version's boot set
 //!    ahead of the kernel (this and the boots after it start the test OS's small init,
 //!    `guest::QUICK_INIT`, not systemd);
 //! 3. a new version is made, changed and promoted: the next boot runs it;
@@ -247,6 +249,29 @@ impl Drop for Farm {
 
 /// One machine: a MAC, a blank overflow disk, its console log.
 fn machine(dir: &Path, farm: &Farm, mac: &str, tag: &str) -> guest::Running {
+    qemu(dir, farm, mac, tag)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start machine {tag}: {e}"))
+}
+
+/// [`machine`] with a TPM 2.0 (`tpm-tis`) whose chip state is `dir/tpm`, kept from boot to
+/// boot as a machine's own TPM is. The TPM must be dropped after the machine is killed.
+fn machine_with_tpm(
+    dir: &Path,
+    farm: &Farm,
+    mac: &str,
+    tag: &str,
+) -> (guest::Running, guest::Swtpm) {
+    let tpm = guest::Swtpm::start(&dir.join("tpm")).expect("start swtpm");
+    let vm = qemu(dir, farm, mac, tag)
+        .tpm(&tpm)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start machine {tag}: {e}"));
+    (vm, tpm)
+}
+
+/// The machine `tag` of `mac`: network boot from `farm`, a 256 MiB overflow disk.
+fn qemu(dir: &Path, farm: &Farm, mac: &str, tag: &str) -> guest::Qemu {
     let overflow = dir.join(format!("overflow-{tag}.raw"));
     let f = std::fs::File::create(&overflow).unwrap();
     f.set_len(256 << 20).unwrap();
@@ -256,8 +281,6 @@ fn machine(dir: &Path, farm: &Farm, mac: &str, tag: &str) -> guest::Running {
         .bootfile(&farm.bootfile())
         .disk(&overflow)
         .network_boot()
-        .spawn()
-        .unwrap_or_else(|e| panic!("start machine {tag}: {e}"))
 }
 
 fn booted(vm: &mut guest::Running, step: &str, version: &str) -> guest::TestOutput {
@@ -428,8 +451,21 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     add_device(&farm, mac1, "pc1", "debian");
 
     // 1. First boot: multi-user, a file written, 64 MiB past the RAM into the overflow.
-    let mut vm = machine(dir, &farm, mac1, "first");
+    //    The machine has a TPM: its ticket login's new key goes into it, and the farm is
+    //    told (so it issues this device no more tickets).
+    let (mut vm, tpm) = machine_with_tpm(dir, &farm, mac1, "first");
     let out = booted(&mut vm, "first boot", "v1");
+    assert!(
+        vm.log()
+            .contains("the device key is kept in this machine's TPM now"),
+        "first boot: the key went into the TPM: {}",
+        vm.log()
+    );
+    assert!(
+        vm.log().contains("ferry.ticket=ft_"),
+        "first boot: the kernel's command line shows the script's ticket: {}",
+        vm.log()
+    );
     assert!(
         out.text.contains("WRITTEN-BEFORE=no"),
         "first boot: {}",
@@ -447,6 +483,7 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
         "64 MiB past 16 MiB of RAM reached the overflow disk: {status}"
     );
     vm.kill();
+    drop(tpm);
 
     // From here on the boots' subject is the boot path, not systemd (the first boot
     // reached multi-user): the test OS's small init runs the test script and prints the
@@ -455,9 +492,21 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
 
     // 2. Power cycle: the file is gone. The first boot's reads are the version's boot
     //    set in the farm, and the boot agent reads it ahead of this boot's kernel.
+    //    Its boot script has no ticket now: the key in its TPM logs it in.
     let set = wait_boot_set(&farm, "debian@0");
-    let mut vm = machine(dir, &farm, mac1, "second");
+    let (mut vm, tpm) = machine_with_tpm(dir, &farm, mac1, "second");
     let out = booted(&mut vm, "second boot", "v1");
+    assert!(
+        vm.log()
+            .contains("logged in with the key kept in this machine's TPM"),
+        "second boot: the TPM's key logged it in: {}",
+        vm.log()
+    );
+    assert!(
+        !vm.log().contains("ferry.ticket="),
+        "no ticket in a TPM-bound device's boot: {}",
+        vm.log()
+    );
     assert!(
         out.text.contains("WRITTEN-BEFORE=no"),
         "second boot kept a write: {}",
@@ -482,6 +531,7 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     );
     println!("second boot: prefetch {prefetch}, cache {cache}");
     vm.kill();
+    drop(tpm);
 
     // 3. A new version, changed (its /etc/ferry-version says v2) and promoted to
     //    production: the next boot of the production device runs it.
@@ -497,15 +547,17 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     json(&farm, &["version", "promote", "1", "--vdisk", "debian"]);
     let p = json(&farm, &["version", "promote", "1", "--vdisk", "debian"]);
     assert_eq!(p["access"], "production", "{p}");
-    let mut vm = machine(dir, &farm, mac1, "promoted");
+    // The device keeps its key in its TPM since the first boot: each boot has it.
+    let (mut vm, tpm) = machine_with_tpm(dir, &farm, mac1, "promoted");
     booted(&mut vm, "after the promotion", "v2");
     vm.kill();
+    drop(tpm);
 
     // 4. Two servers; the one the machine streams from is killed once its root is
     //    attached, before the kernel mounts it: the boot (init, the test script, `ferry`
     //    read from the root) completes from the other.
     farm.start_server("s2");
-    let mut vm = machine(dir, &farm, mac1, "failover");
+    let (mut vm, tpm) = machine_with_tpm(dir, &farm, mac1, "failover");
     if let Err(e) = vm.wait_for("ferry-boot: /dev/nbd0 is", BOOT_WAIT) {
         panic!("failover: the agent never attached: {e}");
     }
@@ -517,6 +569,7 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     );
     booted(&mut vm, "failover", "v2");
     vm.kill();
+    drop(tpm);
 }
 
 /// The small init of the test OS on the serial console.

@@ -10,6 +10,8 @@
 //! * [`Qemu`]: `qemu-system-x86_64` (TCG) with the serial console in a log file, user
 //!   networking (bootfile, TFTP, host forwards), virtio disks, direct kernel boot or `-boot n`
 //!   through the NIC's iPXE ROM; [`Running::wait_for`] waits for a line on the console.
+//! * [`Swtpm`]: a TPM 2.0 for a machine (`swtpm`, QEMU's `tpm-tis` device), its state in a
+//!   directory that outlives the boot.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -35,10 +37,12 @@
 mod cmd;
 mod image;
 mod qemu;
+mod swtpm;
 
 use std::path::PathBuf;
 use std::process::Command;
 
+pub use swtpm::Swtpm;
 pub use image::{
     DEFAULT_DISK_BYTES, GuestImage, ImageBuilder, PARTITION_START, PartitionTable, boot_files,
 };
@@ -89,9 +93,10 @@ while :; do sleep 3600; done
 pub const DIRECT_BOOT_ARGS: &str = "console=ttyS0 rw";
 
 /// The external tools the harness runs (Debian packages: qemu-system-x86, debootstrap,
-/// e2fsprogs, fdisk, tar, util-linux).
+/// e2fsprogs, fdisk, tar, util-linux, swtpm).
 pub const TOOLS: &[&str] = &[
     "qemu-system-x86_64",
+    "swtpm",
     "debootstrap",
     "mkfs.ext4",
     "sfdisk",

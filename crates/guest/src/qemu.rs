@@ -117,6 +117,12 @@ impl Qemu {
         self
     }
 
+    /// A TPM 2.0 (`tpm-tis`) backed by `tpm`, which must run until the machine stops.
+    pub fn tpm(mut self, tpm: &crate::Swtpm) -> Self {
+        self.extra.extend(tpm.qemu_args());
+        self
+    }
+
     /// Any other argument for qemu-system-x86_64, appended as given.
     pub fn arg(mut self, arg: &str) -> Self {
         self.extra.push(arg.to_owned());
