@@ -222,6 +222,7 @@ impl Listen {
                 connections_max,
                 per_address_max,
                 loopback_exempt: false,
+                evict_for_newcomers: true,
             }),
             limits,
         }

@@ -6,19 +6,32 @@
 //! never a file per waiting client. An admitted connection holds a [`Ticket`] that gives
 //! its place back when dropped.
 //!
+//! A full listener with `evict_for_newcomers` (the HTTP listeners) makes room for an
+//! address that holds fewer connections than another: the address holding the most loses
+//! its oldest connection, whose holder awaits [`Ticket::evicted`] and closes it. So a flood
+//! from many addresses fills the listener but cannot keep a new client out, and a flooder
+//! never gains a place by it (it is the heaviest, or becomes it). At most
+//! [`EVICTIONS_PENDING_MAX`] evicted connections may be closing at once, so the listener
+//! holds at most that many over its cap, for the moment a close takes.
+//!
 //! A loopback address counts like any other client unless the gate is built with
 //! `loopback_exempt` (the NBD listener's `trust_loopback`: a kernel or qemu client on the
 //! server itself). A unix-socket client (no address) counts against the listener's cap
 //! only.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
+use tokio::sync::Notify;
+
 use crate::throttle::Throttle;
+
+/// Most evicted connections a gate waits on at once (see the module docs).
+pub const EVICTIONS_PENDING_MAX: usize = 16;
 
 /// Default per-address cap of the farm API: a device needs one or two connections (its
 /// login, its reports), an operator's console a few more.
@@ -40,6 +53,10 @@ pub struct GateConfig {
     pub per_address_max: usize,
     /// Whether a loopback address is exempt from `per_address_max`.
     pub loopback_exempt: bool,
+    /// Whether a full listener closes the oldest connection of the address holding the
+    /// most to admit one from an address holding fewer (see the module docs). Only for a
+    /// listener whose connections await [`Ticket::evicted`].
+    pub evict_for_newcomers: bool,
 }
 
 /// Why a connection was refused.
@@ -77,12 +94,49 @@ pub struct GateStats {
     pub timed_out: u64,
     /// Failed `accept` calls (out of files, ...).
     pub accept_errors: u64,
+    /// Connections closed to make room for an address holding fewer.
+    pub evicted: u64,
 }
 
 #[derive(Debug, Default)]
 struct Open {
     total: usize,
     by_addr: HashMap<IpAddr, usize>,
+    /// The evictable connections of each address, oldest first: ticket id and its signal.
+    queues: HashMap<IpAddr, VecDeque<(u64, Arc<Notify>)>>,
+    /// Tickets told to go and not yet dropped.
+    evicting: HashSet<u64>,
+    next_id: u64,
+}
+
+impl Open {
+    /// Tells the oldest connection of the address holding the most evictable ones to go,
+    /// when that is more than `newcomer` holds plus one; false when nothing may go.
+    fn evict_for(&mut self, newcomer: IpAddr) -> bool {
+        if self.evicting.len() >= EVICTIONS_PENDING_MAX {
+            return false;
+        }
+        let have = self.by_addr.get(&newcomer).copied().unwrap_or(0);
+        let Some((held, heaviest)) = self
+            .queues
+            .iter()
+            .map(|(ip, q)| (q.len(), *ip))
+            .max()
+        else {
+            return false;
+        };
+        if held <= have + 1 {
+            return false;
+        }
+        let queue = self.queues.get_mut(&heaviest).expect("chosen from the map");
+        let (id, signal) = queue.pop_front().expect("held > 0");
+        if queue.is_empty() {
+            self.queues.remove(&heaviest);
+        }
+        signal.notify_one();
+        self.evicting.insert(id);
+        true
+    }
 }
 
 /// One listener's connection budget. See the module docs.
@@ -94,6 +148,7 @@ pub struct Gate {
     refused_full: AtomicU64,
     timed_out: AtomicU64,
     accept_errors: AtomicU64,
+    evicted: AtomicU64,
     /// One refusal line per window, the rest counted into the next.
     refusal_log: Throttle,
     /// One accept-error line per window.
@@ -122,6 +177,7 @@ impl Gate {
             refused_full: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
             accept_errors: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
             refusal_log: Throttle::default(),
             error_log: Throttle::default(),
         })
@@ -176,17 +232,35 @@ impl Gate {
             }
         }
         if open.total >= self.config.connections_max {
-            return Err(Refusal::ListenerFull {
-                max: self.config.connections_max,
-            });
+            let room = self.config.evict_for_newcomers
+                && counted.is_some_and(|ip| open.evict_for(ip));
+            if !room {
+                return Err(Refusal::ListenerFull {
+                    max: self.config.connections_max,
+                });
+            }
+            self.evicted.fetch_add(1, Ordering::Relaxed);
         }
         open.total += 1;
+        let id = open.next_id;
+        open.next_id += 1;
+        let mut evicted = None;
         if let Some(ip) = counted {
             *open.by_addr.entry(ip).or_insert(0) += 1;
+            if self.config.evict_for_newcomers {
+                let signal = Arc::new(Notify::new());
+                open.queues
+                    .entry(ip)
+                    .or_default()
+                    .push_back((id, Arc::clone(&signal)));
+                evicted = Some(signal);
+            }
         }
         Ok(Ticket {
             gate: Arc::clone(self),
             ip: counted,
+            id,
+            evicted,
         })
     }
 
@@ -217,12 +291,22 @@ impl Gate {
             refused_full: self.refused_full.load(Ordering::Relaxed),
             timed_out: self.timed_out.load(Ordering::Relaxed),
             accept_errors: self.accept_errors.load(Ordering::Relaxed),
+            evicted: self.evicted.load(Ordering::Relaxed),
         }
     }
 
-    fn give_back(&self, ip: Option<IpAddr>) {
+    fn give_back(&self, ip: Option<IpAddr>, id: u64) {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         open.total -= 1;
+        if !open.evicting.remove(&id)
+            && let Some(ip) = ip
+            && let Some(q) = open.queues.get_mut(&ip)
+        {
+            q.retain(|(t, _)| *t != id);
+            if q.is_empty() {
+                open.queues.remove(&ip);
+            }
+        }
         if let Some(ip) = ip
             && let Some(n) = open.by_addr.get_mut(&ip)
         {
@@ -240,6 +324,9 @@ pub struct Ticket {
     gate: Arc<Gate>,
     /// The address it counts against, if any.
     ip: Option<IpAddr>,
+    id: u64,
+    /// Signalled when the gate wants the place back (`evict_for_newcomers`).
+    evicted: Option<Arc<Notify>>,
 }
 
 impl Ticket {
@@ -247,11 +334,21 @@ impl Ticket {
     pub fn gate(&self) -> &Arc<Gate> {
         &self.gate
     }
+
+    /// Completes when the gate has chosen this connection to make room for a newcomer
+    /// (see the module docs): its holder then closes it. Never completes on a gate without
+    /// `evict_for_newcomers`.
+    pub async fn evicted(&self) {
+        match &self.evicted {
+            Some(signal) => signal.notified().await,
+            None => std::future::pending().await,
+        }
+    }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.gate.give_back(self.ip);
+        self.gate.give_back(self.ip, self.id);
     }
 }
 
@@ -266,7 +363,7 @@ type Family = (
 /// Appends the counters of `gates` to a Prometheus text page, one series per listener.
 pub fn render_metrics(gates: &[&Gate], out: &mut String) {
     use std::fmt::Write as _;
-    let series: [Family; 6] = [
+    let series: [Family; 7] = [
         (
             "ferry_listener_connections",
             "gauge",
@@ -303,6 +400,12 @@ pub fn render_metrics(gates: &[&Gate], out: &mut String) {
             "Failed accept calls (out of open files, ...).",
             |s| s.accept_errors,
         ),
+        (
+            "ferry_listener_evicted_total",
+            "counter",
+            "Connections closed to admit an address holding fewer (a full listener).",
+            |s| s.evicted,
+        ),
     ];
     for (name, kind, help, value) in series {
         let _ = writeln!(out, "# HELP {name} {help}");
@@ -324,6 +427,7 @@ mod tests {
             connections_max,
             per_address_max,
             loopback_exempt,
+            evict_for_newcomers: false,
         })
     }
 
@@ -386,5 +490,89 @@ mod tests {
         render_metrics(&[&g], &mut text);
         assert!(text.contains("ferry_listener_connections{listener=\"test\"} 1\n"));
         assert!(text.contains("ferry_listener_refused_address_total{listener=\"test\"} 1\n"));
+    }
+
+    fn evicting(connections_max: usize, per_address_max: usize) -> Arc<Gate> {
+        Gate::new(GateConfig {
+            name: "test",
+            connections_max,
+            per_address_max,
+            loopback_exempt: false,
+            evict_for_newcomers: true,
+        })
+    }
+
+    /// Whether `t` has been told to go (the signal is a stored permit: no wait needed).
+    async fn told(t: &Ticket) -> bool {
+        tokio::select! {
+            biased;
+            () = t.evicted() => true,
+            () = std::future::ready(()) => false,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_listener_closes_the_heaviest_address_s_oldest_for_a_newcomer() {
+        let g = evicting(4, 8);
+        let a: Vec<Ticket> = (0..4)
+            .map(|_| g.try_admit(ip("192.0.2.1")).unwrap())
+            .collect();
+        // A newcomer gets in; the flooder's oldest connection is told to go, no other.
+        let b = g.try_admit(ip("192.0.2.2")).unwrap();
+        assert!(told(&a[0]).await);
+        for t in &a[1..] {
+            assert!(!told(t).await);
+        }
+        assert!(!told(&b).await);
+        // The flooder gains nothing by it: it still holds the most.
+        assert_eq!(
+            g.try_admit(ip("192.0.2.1")).unwrap_err(),
+            Refusal::ListenerFull { max: 4 }
+        );
+        // The newcomer's second connection evicts again (3 evictable against its 1 + 1).
+        let b2 = g.try_admit(ip("192.0.2.2")).unwrap();
+        assert!(told(&a[1]).await);
+        // Two each: nobody holds more than a newcomer plus one.
+        let mut a = a;
+        drop(a.drain(..2));
+        assert_eq!(
+            g.try_admit(ip("192.0.2.2")).unwrap_err(),
+            Refusal::ListenerFull { max: 4 }
+        );
+        let s = g.stats();
+        assert_eq!((s.open, s.evicted, s.refused_full), (4, 2, 2));
+        drop((a, b, b2));
+        assert_eq!(g.stats().open, 0);
+        assert!(g.open.lock().unwrap().queues.is_empty());
+    }
+
+    #[tokio::test]
+    async fn evictions_waiting_to_close_are_bounded() {
+        let n = EVICTIONS_PENDING_MAX * 2 + 2;
+        let g = evicting(n, n);
+        let held: Vec<Ticket> = (0..n)
+            .map(|_| g.try_admit(ip("192.0.2.1")).unwrap())
+            .collect();
+        // Newcomers from fresh addresses, while no evicted connection has closed yet.
+        let mut admitted = Vec::new();
+        for i in 0..EVICTIONS_PENDING_MAX + 5 {
+            if let Ok(t) = g.try_admit(Some(IpAddr::from([198, 51, 100, i as u8]))) {
+                admitted.push(t);
+            }
+        }
+        assert_eq!(admitted.len(), EVICTIONS_PENDING_MAX);
+        assert_eq!(g.stats().open as usize, n + EVICTIONS_PENDING_MAX);
+        // Once they close, room is made again.
+        drop(held);
+        assert!(g.try_admit(ip("203.0.113.1")).is_ok());
+        assert_eq!(g.open.lock().unwrap().evicting.len(), 0);
+    }
+
+    #[test]
+    fn a_gate_without_eviction_never_evicts() {
+        let g = gate(1, 1, false);
+        let _a = g.try_admit(ip("192.0.2.1")).unwrap();
+        assert!(g.try_admit(ip("192.0.2.2")).is_err());
+        assert_eq!(g.stats().evicted, 0);
     }
 }

@@ -129,6 +129,7 @@ impl Conn {
         };
         let hs = tokio::select! {
             () = self.stop.cancelled() => return,
+            () = self.ticket.evicted() => return,
             r = tokio::time::timeout(self.limits.handshake_timeout, acceptor.accept(tcp)) => r,
         };
         match hs {
@@ -161,6 +162,12 @@ impl Conn {
         tokio::pin!(conn);
         let r = tokio::select! {
             r = conn.as_mut() => r,
+            // The gate made room with this connection for another address's (its
+            // address holds the most): closed at once, mid-request or not.
+            () = self.ticket.evicted() => {
+                tracing::debug!(peer = %self.peer, "HTTP connection closed for a newcomer");
+                return;
+            }
             () = self.stop.cancelled() => {
                 conn.as_mut().graceful_shutdown();
                 match tokio::time::timeout(SHUTDOWN_DRAIN, conn.as_mut()).await {

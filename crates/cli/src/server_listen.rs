@@ -112,6 +112,8 @@ fn gate(name: &'static str, connections_max: usize, per_address_max: usize) -> A
         // Loopback is a client like any other on the HTTP listeners: nothing on this
         // machine needs more than a per-address cap's worth of them.
         loopback_exempt: false,
+        // Served by `budget::http::serve`, which closes an evicted connection.
+        evict_for_newcomers: true,
     })
 }
 

@@ -111,6 +111,8 @@ impl Listener {
             connections_max: config.max_connections,
             per_address_max: config.max_connections_per_address,
             loopback_exempt: config.trust_loopback,
+            // An NBD client is a running device: never closed for another.
+            evict_for_newcomers: false,
         });
         Ok(Listener {
             tcp,

@@ -64,6 +64,7 @@ pub fn default_gate() -> Arc<budget::Gate> {
         connections_max: CONNECTIONS_MAX,
         per_address_max: budget::METRICS_PER_ADDRESS_MAX,
         loopback_exempt: false,
+        evict_for_newcomers: true,
     })
 }
 
@@ -87,7 +88,12 @@ pub async fn serve_metrics_in(
             let (stream, peer, ticket) = budget::accept(&listener, &gate).await;
             let app = app.clone();
             tokio::spawn(async move {
-                if let Err(e) = serve_connection(stream, app).await {
+                let r = tokio::select! {
+                    r = serve_connection(stream, app) => r,
+                    // Closed to admit an address holding fewer (the gate's eviction).
+                    () = ticket.evicted() => Ok(()),
+                };
+                if let Err(e) = r {
                     if e.kind() == std::io::ErrorKind::TimedOut {
                         ticket.gate().note_timeout();
                     }
