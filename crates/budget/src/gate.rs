@@ -117,12 +117,7 @@ impl Open {
             return false;
         }
         let have = self.by_addr.get(&newcomer).copied().unwrap_or(0);
-        let Some((held, heaviest)) = self
-            .queues
-            .iter()
-            .map(|(ip, q)| (q.len(), *ip))
-            .max()
-        else {
+        let Some((held, heaviest)) = self.queues.iter().map(|(ip, q)| (q.len(), *ip)).max() else {
             return false;
         };
         if held <= have + 1 {
@@ -232,8 +227,8 @@ impl Gate {
             }
         }
         if open.total >= self.config.connections_max {
-            let room = self.config.evict_for_newcomers
-                && counted.is_some_and(|ip| open.evict_for(ip));
+            let room =
+                self.config.evict_for_newcomers && counted.is_some_and(|ip| open.evict_for(ip));
             if !room {
                 return Err(Refusal::ListenerFull {
                     max: self.config.connections_max,

@@ -42,11 +42,11 @@ mod swtpm;
 use std::path::PathBuf;
 use std::process::Command;
 
-pub use swtpm::Swtpm;
 pub use image::{
     DEFAULT_DISK_BYTES, GuestImage, ImageBuilder, PARTITION_START, PartitionTable, boot_files,
 };
 pub use qemu::{DEFAULT_MAC, DEFAULT_MEMORY_MIB, Qemu, Running, TestOutput, test_output};
+pub use swtpm::Swtpm;
 
 /// The marker `ferry-marker.service` writes on ttyS0 after multi-user.target, followed by
 /// `version=<contents of /etc/ferry-version>`.
