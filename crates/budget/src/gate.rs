@@ -7,10 +7,12 @@
 //! its place back when dropped.
 //!
 //! A full listener with `evict_for_newcomers` (the HTTP listeners) makes room for an
-//! address that holds fewer connections than another: the address holding the most loses
-//! its oldest connection, whose holder awaits [`Ticket::evicted`] and closes it. So a flood
-//! from many addresses fills the listener but cannot keep a new client out, and a flooder
-//! never gains a place by it (it is the heaviest, or becomes it). At most
+//! address that holds fewer connections than another: the address holding the most (of
+//! several, the one with the oldest connection) loses its oldest connection, whose holder
+//! awaits [`Ticket::evicted`] and closes it. So a flood from many addresses fills the
+//! listener but cannot keep a new client out (a device's request is then the newest, the
+//! last one a tie evicts), and a flooder never holds more than a newcomer can take from it.
+//! At most
 //! [`EVICTIONS_PENDING_MAX`] evicted connections may be closing at once, so the listener
 //! holds at most that many over its cap, for the moment a close takes.
 //!
@@ -19,6 +21,7 @@
 //! server itself). A unix-socket client (no address) counts against the listener's cap
 //! only.
 
+use std::cmp::Reverse;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::net::IpAddr;
@@ -110,17 +113,26 @@ struct Open {
 }
 
 impl Open {
-    /// Tells the oldest connection of the address holding the most evictable ones to go,
-    /// when that is more than `newcomer` holds plus one; false when nothing may go.
+    /// Tells the oldest connection of the address holding the most evictable ones (of
+    /// several, the one whose oldest is oldest) to go, when that is more than `newcomer`
+    /// holds; false when nothing may go.
     fn evict_for(&mut self, newcomer: IpAddr) -> bool {
         if self.evicting.len() >= EVICTIONS_PENDING_MAX {
             return false;
         }
         let have = self.by_addr.get(&newcomer).copied().unwrap_or(0);
-        let Some((held, heaviest)) = self.queues.iter().map(|(ip, q)| (q.len(), *ip)).max() else {
+        let heaviest = self
+            .queues
+            .iter()
+            .filter_map(|(ip, q)| {
+                q.front()
+                    .map(|(oldest, _)| (q.len(), Reverse(*oldest), *ip))
+            })
+            .max();
+        let Some((held, _, heaviest)) = heaviest else {
             return false;
         };
-        if held <= have + 1 {
+        if held <= have {
             return false;
         }
         let queue = self.queues.get_mut(&heaviest).expect("chosen from the map");
@@ -570,4 +582,20 @@ mod tests {
         assert!(g.try_admit(ip("192.0.2.2")).is_err());
         assert_eq!(g.stats().evicted, 0);
     }
+
+    #[tokio::test]
+    async fn when_every_address_holds_one_a_newcomer_takes_the_oldest_place() {
+        let g = evicting(3, 4);
+        let held: Vec<Ticket> = (1..=3)
+            .map(|i| g.try_admit(Some(IpAddr::from([192, 0, 2, i]))).unwrap())
+            .collect();
+        let device = g.try_admit(ip("198.51.100.7")).unwrap();
+        assert!(told(&held[0]).await);
+        assert!(!told(&held[1]).await && !told(&held[2]).await);
+        // Another newcomer takes the next oldest, never the device's newer place.
+        let _other = g.try_admit(ip("198.51.100.8")).unwrap();
+        assert!(told(&held[1]).await);
+        assert!(!told(&device).await);
+    }
 }
+

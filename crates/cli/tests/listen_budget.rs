@@ -222,7 +222,17 @@ fn boot_port_flood_under_1024_files_leaves_nbd_api_and_metrics_serving() {
 
     // A device from an address of its own boots meanwhile: the full boot port closes the
     // oldest connection of an address holding the most to make room for it.
-    let line = http_get(boot, "/boot/ipxe").expect("a device's boot script during the flood");
+    let line = http_get(boot, "/boot/ipxe").unwrap_or_else(|e| {
+        panic!(
+            "a device's boot script during the flood: {e}\n{}\n{}",
+            scrape(metrics)
+                .lines()
+                .filter(|l| l.starts_with("ferry_listener"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            proc.log_text()
+        )
+    });
     assert!(line.contains(" 200 "), "during the flood: {line}");
 
     // Every other listener still accepts and serves.
