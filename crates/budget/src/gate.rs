@@ -58,7 +58,8 @@ pub struct GateConfig {
     pub loopback_exempt: bool,
     /// Whether a full listener closes the oldest connection of the address holding the
     /// most to admit one from an address holding fewer (see the module docs). Only for a
-    /// listener whose connections await [`Ticket::evicted`].
+    /// listener whose connections await [`Ticket::evicted`], until they [`Ticket::settle`]
+    /// (NBD: once negotiated, a device's connection is never closed for another).
     pub evict_for_newcomers: bool,
 }
 
@@ -342,6 +343,33 @@ impl Ticket {
         &self.gate
     }
 
+    /// Takes this connection out of the gate's choice for eviction for good (an NBD
+    /// connection that finished its handshake). False when the gate chose it already: the
+    /// caller closes it as [`Ticket::evicted`] says.
+    pub fn settle(&mut self) -> bool {
+        if self.evicted.is_none() {
+            return true;
+        }
+        let mut open = self
+            .gate
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if open.evicting.contains(&self.id) {
+            return false;
+        }
+        if let Some(ip) = self.ip
+            && let Some(q) = open.queues.get_mut(&ip)
+        {
+            q.retain(|(t, _)| *t != self.id);
+            if q.is_empty() {
+                open.queues.remove(&ip);
+            }
+        }
+        self.evicted = None;
+        true
+    }
+
     /// Completes when the gate has chosen this connection to make room for a newcomer
     /// (see the module docs): its holder then closes it. Never completes on a gate without
     /// `evict_for_newcomers`.
@@ -597,5 +625,21 @@ mod tests {
         assert!(told(&held[1]).await);
         assert!(!told(&device).await);
     }
-}
 
+    #[tokio::test]
+    async fn a_settled_connection_is_never_evicted() {
+        let g = evicting(2, 4);
+        let mut device = g.try_admit(ip("192.0.2.1")).unwrap();
+        assert!(device.settle());
+        let _half = g.try_admit(ip("192.0.2.1")).unwrap();
+        // The address's settled connection is not a candidate: the newcomer takes the other.
+        let _newcomer = g.try_admit(ip("198.51.100.1")).unwrap();
+        assert!(!told(&device).await);
+        // Chosen before it settled: settling says so.
+        let g = evicting(1, 4);
+        let mut late = g.try_admit(ip("192.0.2.1")).unwrap();
+        let _n = g.try_admit(ip("198.51.100.1")).unwrap();
+        assert!(!late.settle());
+        assert!(told(&late).await);
+    }
+}

@@ -111,8 +111,9 @@ impl Listener {
             connections_max: config.max_connections,
             per_address_max: config.max_connections_per_address,
             loopback_exempt: config.trust_loopback,
-            // An NBD client is a running device: never closed for another.
-            evict_for_newcomers: false,
+            // A connection still in its handshake (half-open STARTTLS included) may be
+            // closed for a newcomer; a negotiated one (a running device) never is.
+            evict_for_newcomers: true,
         });
         Ok(Listener {
             tcp,
@@ -235,14 +236,14 @@ impl Accept {
 
     /// Serves an admitted connection on its own task; its ticket is given back when it
     /// ends.
-    fn spawn<S: Socket>(&self, sock: S, peer: Peer, ticket: Ticket) {
+    fn spawn<S: Socket>(&self, sock: S, peer: Peer, mut ticket: Ticket) {
         let ctx = Arc::clone(&self.ctx);
         let shutdown = Shutdown::new(self.notify_shutdown.subscribe());
         let complete = self.complete_tx.clone();
         let closed = Arc::clone(&self.closed);
         tokio::spawn(async move {
             ctx.metrics.connection_opened();
-            handle(sock, &ctx, shutdown, peer).await;
+            handle(sock, &ctx, shutdown, peer, &mut ticket).await;
             // The place is free before the close is counted: whoever sees the count may
             // connect again at once.
             drop(ticket);
@@ -283,11 +284,22 @@ enum Ready<S: Socket> {
 }
 
 /// One connection: handshake (TLS included, all within `handshake_timeout`), then
-/// transmission.
-async fn handle<S: Socket>(sock: S, ctx: &Arc<ConnCtx>, mut shutdown: Shutdown, mut peer: Peer) {
+/// transmission. During the handshake the gate may close it for a newcomer (`ticket`'s
+/// eviction); once negotiated it is settled and never is.
+async fn handle<S: Socket>(
+    sock: S,
+    ctx: &Arc<ConnCtx>,
+    mut shutdown: Shutdown,
+    mut peer: Peer,
+    ticket: &mut Ticket,
+) {
     let timeout = ctx.config.handshake_timeout;
     let hs = tokio::select! {
         () = shutdown.recv() => return,
+        () = ticket.evicted() => {
+            tracing::debug!(%peer, "closing a connection in its handshake for a newcomer");
+            return;
+        }
         r = tokio::time::timeout(timeout, handshake(sock, ctx, &mut peer)) => r,
     };
     let ready = match hs {
@@ -304,6 +316,9 @@ async fn handle<S: Socket>(sock: S, ctx: &Arc<ConnCtx>, mut shutdown: Shutdown, 
         }
         Ok(Ok(r)) => r,
     };
+    if !ticket.settle() {
+        return;
+    }
     match ready {
         Ready::Abort => {}
         Ready::Plain(r, w, n) => transmission::serve(r, w, n, ctx, shutdown, &peer).await,
