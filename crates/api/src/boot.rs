@@ -159,21 +159,6 @@ pub fn router(state: BootState) -> Router {
         .with_state(state)
 }
 
-/// Serves [`router`] in plain HTTP on `listener` until `shutdown` completes (on any
-/// address: the boot routes carry public boot data only).
-///
-/// # Errors
-/// I/O errors of the listener.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    state: BootState,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-}
-
 /// Answers 503 when [`REQUESTS_MAX`] requests are under way.
 async fn bounded(State(s): State<BootState>, req: Request, next: Next) -> Response {
     let Ok(_permit) = Arc::clone(&s.requests).try_acquire_owned() else {

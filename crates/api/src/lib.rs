@@ -13,7 +13,8 @@
 //! boot_sets.rs a version's boot set: summary, clear; a device fetches its own (session)
 //! tls.rs      plain HTTP on loopback only (HTTPS and every listener bound: the budget crate)
 //! boot.rs     the network boot routes (plain HTTP, no credentials, boot data only):
-//!             boot::router, boot::serve, BootState, BootCounters
+//!             boot::router (served behind a budget gate: `ferry server --boot-listen`),
+//!             BootState, BootCounters
 //! boot_script.rs  the iPXE scripts (pure): chain, per device, refusal
 //! boot_cache.rs   DATA/boot-cache/: boot files per version file state
 //! boot_versions.rs each version's located boot files, found once per version file state

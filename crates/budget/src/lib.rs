@@ -30,7 +30,7 @@ mod throttle;
 
 pub use accept::accept;
 pub use gate::{
-    API_PER_ADDRESS_MAX, BOOT_PER_ADDRESS_MAX, Gate, GateConfig, GateStats,
+    API_PER_ADDRESS_MAX, BOOT_PER_ADDRESS_MAX, EVICTIONS_PENDING_MAX, Gate, GateConfig, GateStats,
     METRICS_PER_ADDRESS_MAX, Refusal, Ticket, render_metrics,
 };
 pub use throttle::LOG_WINDOW;
