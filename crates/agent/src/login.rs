@@ -368,17 +368,7 @@ pub fn login_as(
     let mac = parse_mac(mac)?;
     let client = Client::new(&base, ca_pem)?;
     let at = client.at(mac);
-    let body = ChallengeRequest {
-        mac: mac.to_string(),
-    };
-    let challenge = at.challenge(&body)?;
-    let body = LoginRequest {
-        mac: mac.to_string(),
-        hmac: contract::login::proof(key, &challenge.nonce, mac),
-        nonce: challenge.nonce,
-        diskless,
-        ticket: None,
-    };
+    let body = at.proof_of(key, diskless)?;
     let g: contract::login::LoginGrant<DeviceRef> = at.post("login", LOGIN_PATH, &body)?;
     grant_of(g, mac, &base, &client.shown)
 }
@@ -433,17 +423,7 @@ pub fn bind_tpm(
     let mac = parse_mac(mac)?;
     let client = Client::new(&base, ca_pem)?;
     let at = client.at(mac);
-    let body = ChallengeRequest {
-        mac: mac.to_string(),
-    };
-    let challenge = at.challenge(&body)?;
-    let body = LoginRequest {
-        mac: mac.to_string(),
-        hmac: contract::login::proof(key, &challenge.nonce, mac),
-        nonce: challenge.nonce,
-        diskless: true,
-        ticket: None,
-    };
+    let body = at.proof_of(key, true)?;
     let _: serde_json::Value = at.post("tpm", contract::login::TPM_BIND_PATH, &body)?;
     Ok(())
 }
@@ -666,6 +646,19 @@ struct Post<'a> {
 }
 
 impl Post<'_> {
+    /// A login request proving `key`: a challenge's nonce and the proof of it.
+    fn proof_of(&self, key: &[u8], diskless: bool) -> Result<LoginRequest, LoginError> {
+        let mac = self.mac.to_string();
+        let challenge = self.challenge(&ChallengeRequest { mac: mac.clone() })?;
+        Ok(LoginRequest {
+            hmac: contract::login::proof(key, &challenge.nonce, self.mac),
+            nonce: challenge.nonce,
+            mac,
+            diskless,
+            ticket: None,
+        })
+    }
+
     /// A challenge, asked again (a few times, with pauses) while the farm answers 429.
     fn challenge(&self, body: &ChallengeRequest) -> Result<Challenge, LoginError> {
         let mut pause = CHALLENGE_BUSY_PAUSE;
