@@ -24,36 +24,40 @@ const BOOT_LOAD_ADDRESS: u16 = 0x7C00;
 const BOOT_CODE_OFFSET: usize = 0x3E;
 
 /// The demo's boot program: 16-bit real mode, at [`BOOT_CODE_OFFSET`] of the sector the BIOS
-/// loads at 0x7C00. It prints a line on the first serial port (COM1, 0x3F8), reads sector 1
-/// of its disk (`int 13h` AH=42h, the boot drive's number kept from DL), prints that sector's
-/// first line (the version's mark), then a last line, and halts; a failed read prints why.
-/// Assembled by GNU as from (`.code16`; the zero immediates are the data addresses that
-/// [`boot_sector`] patches in, at [`BOOT_CODE_PATCHES`]):
+/// loads at 0x7C00. It prints a line through the BIOS console (`int 10h` teletype, which
+/// SeaBIOS mirrors to the serial port under `-nographic`), reads sector 1 of its disk
+/// (`int 13h` AH=42h, the boot drive's number kept from DL), prints that sector's first line
+/// (the version's mark), then a last line, and halts with interrupts on; a failed read prints
+/// why. One output path keeps the lines whole: SeaBIOS's serial console flushes its own last
+/// characters ("Booting from Hard Disk...") lazily from the timer, and bytes written to COM1
+/// directly landed in the middle of them. Assembled by GNU as from (`.code16`; the zero
+/// immediates are the data addresses that [`boot_sector`] patches in, at
+/// [`BOOT_CODE_PATCHES`]):
 ///
 /// ```text
 /// start:  cli; xor %ax,%ax; mov %ax,%ds; mov %ax,%es; mov %ax,%ss; mov $0x7c00,%sp; sti
 ///         mov %dl,drive;  mov $banner,%si; call print
 ///         mov $0x42,%ah;  mov drive,%dl;   mov $dap,%si; int $0x13; jc fail
 ///         mov $0x7e00,%si; call print;     mov $halted,%si; call print
-/// halt:   cli; hlt; jmp halt
+/// halt:   hlt; jmp halt                                         # the timer still ticks
 /// fail:   mov $failed,%si; call print; jmp halt
 /// print:  lodsb; cmp $0x20,%al; jb eol; call putc; jmp print    # a line ends below ' '
 /// eol:    mov $0x0d,%al; call putc; mov $0x0a,%al               # then CR LF
-/// putc:   mov $0x3f8,%dx; out %al,(%dx); ret
+/// putc:   mov $0x0e,%ah; mov $0x0007,%bx; int $0x10; ret
 /// ```
-const BOOT_CODE: [u8; 0x52] = [
+const BOOT_CODE: [u8; 0x54] = [
     0xFA, 0x31, 0xC0, 0x8E, 0xD8, 0x8E, 0xC0, 0x8E, 0xD0, 0xBC, 0x00, 0x7C, 0xFB, // setup
     0x88, 0x16, 0x00, 0x00, // mov %dl,drive
-    0xBE, 0x00, 0x00, 0xE8, 0x25, 0x00, // mov $banner,%si; call print
+    0xBE, 0x00, 0x00, 0xE8, 0x24, 0x00, // mov $banner,%si; call print
     0xB4, 0x42, 0x8A, 0x16, 0x00, 0x00, // mov $0x42,%ah; mov drive,%dl
-    0xBE, 0x00, 0x00, 0xCD, 0x13, 0x72, 0x10, // mov $dap,%si; int $0x13; jc fail
-    0xBE, 0x00, 0x7E, 0xE8, 0x12, 0x00, // mov $0x7e00,%si; call print
-    0xBE, 0x00, 0x00, 0xE8, 0x0C, 0x00, // mov $halted,%si; call print
-    0xFA, 0xF4, 0xEB, 0xFC, // halt: cli; hlt; jmp halt
-    0xBE, 0x00, 0x00, 0xE8, 0x02, 0x00, 0xEB, 0xF4, // fail
+    0xBE, 0x00, 0x00, 0xCD, 0x13, 0x72, 0x0F, // mov $dap,%si; int $0x13; jc fail
+    0xBE, 0x00, 0x7E, 0xE8, 0x11, 0x00, // mov $0x7e00,%si; call print
+    0xBE, 0x00, 0x00, 0xE8, 0x0B, 0x00, // mov $halted,%si; call print
+    0xF4, 0xEB, 0xFD, // halt: hlt; jmp halt
+    0xBE, 0x00, 0x00, 0xE8, 0x02, 0x00, 0xEB, 0xF5, // fail
     0xAC, 0x3C, 0x20, 0x72, 0x05, 0xE8, 0x09, 0x00, 0xEB, 0xF6, // print
     0xB0, 0x0D, 0xE8, 0x02, 0x00, 0xB0, 0x0A, // eol
-    0xBA, 0xF8, 0x03, 0xEE, 0xC3, // putc
+    0xB4, 0x0E, 0xBB, 0x07, 0x00, 0xCD, 0x10, 0xC3, // putc
 ];
 
 /// The data [`BOOT_CODE`] names, in the order laid out after it.
@@ -73,7 +77,7 @@ const BOOT_CODE_PATCHES: [(usize, BootData); 6] = [
     (0x1B, BootData::Drive),
     (0x1E, BootData::Dap),
     (0x2B, BootData::Halted),
-    (0x35, BootData::Failed),
+    (0x34, BootData::Failed),
 ];
 
 /// What the demo machine prints first, from its boot sector.
@@ -81,7 +85,7 @@ pub const BOOT_BANNER: &str = "Ferry demo: this machine booted vDisk demo throug
 
 /// The demo vDisk's boot sector: an x86 short jump, the OEM name `FERRYDEM`, the boot
 /// program of [`BOOT_CODE`] with its data, and the 0x55 0xAA signature. QEMU boots it
-/// (`-nographic`: the program writes to COM1) and shows which version's sector 1 it read.
+/// (`-nographic`: SeaBIOS mirrors its console to the serial port) and shows which version's sector 1 it read.
 pub fn boot_sector() -> Vec<u8> {
     let mut s = vec![0u8; 512];
     s[..3].copy_from_slice(&[0xEB, 0x3C, 0x90]); // jmp short start; nop
@@ -239,7 +243,7 @@ mod tests {
         };
         assert_eq!(line(at(0x12)), BOOT_BANNER);
         assert!(line(at(0x2B)).starts_with("Halted."));
-        assert!(line(at(0x35)).contains("failed"));
+        assert!(line(at(0x34)).contains("failed"));
         // The disk address packet: 16 bytes, one sector to 0000:7E00 from LBA 1.
         let dap = at(0x1E);
         assert_eq!(s[dap], 0x10);
