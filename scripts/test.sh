@@ -285,6 +285,14 @@ times_report() {
 }
 trap times_report EXIT
 
+# The sample vectors live beside the repository (../shared/vectors, as CI checks it out) or
+# where FERRY_VECTORS names: say so before building rather than after 30 failed tests.
+vectors_dir="${FERRY_VECTORS:-../shared/vectors}"
+if [[ ! -f "$vectors_dir/README.md" ]]; then
+    echo "test.sh: the sample vectors are not at $vectors_dir (clone beside shared/, or set FERRY_VECTORS to shared/vectors)" >&2
+    exit 2
+fi
+
 step "installing what the tests need"
 install_apt_packages
 install_rust_tools

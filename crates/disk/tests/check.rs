@@ -124,12 +124,11 @@ fn leaked_space_is_reported_and_freed() {
 fn dirty_log_sample_is_replayed_by_repair() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("dirty.vhdx");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/vectors/qemu-iotest-dirtylog-10G-4M.vhdx.bz2");
+    let src = testkit::vectors_dir().join("qemu-iotest-dirtylog-10G-4M.vhdx.bz2");
     let out = Command::new("bzip2").arg("-dc").arg(&src).output().unwrap();
     assert!(
         out.status.success(),
-        "bzip2 -dc {} failed (is shared/ beside the repository?)",
+        "bzip2 -dc {} failed (is shared/ beside the repository, or FERRY_VECTORS set?)",
         src.display()
     );
     std::fs::write(&p, out.stdout).unwrap();

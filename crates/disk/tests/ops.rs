@@ -19,7 +19,6 @@ use sha2::{Digest, Sha256};
 use vhdx::bat;
 
 const MIB: u64 = 1 << 20;
-const VECTORS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/vectors");
 
 fn new_vhdx(path: &Path, size: u64, block_size: u32) {
     let f = std::fs::File::create_new(path).unwrap();
@@ -347,7 +346,7 @@ fn convert_chain_without_flatten_converts_every_layer() {
 fn convert_vhd_vector_to_raw_matches_its_known_digest() {
     let dir = tempfile::tempdir().unwrap();
     let raw = dir.path().join("ext2.raw");
-    let src = Path::new(VECTORS).join("dfvfs-ext2.vhd");
+    let src = testkit::vectors_dir().join("dfvfs-ext2.vhd");
     convert(&src, &raw, &ConvertOptions::default(), &NoProgress).unwrap();
     let got = sha256_hex(&std::fs::read(&raw).unwrap());
     assert_eq!(
@@ -364,7 +363,7 @@ fn convert_vhd_chain_to_a_vhdx_chain_keeps_its_content() {
         ("dfvfs-image.vhd", "image.vhd"),
         ("dfvfs-image-differential.vhd", "image-differential.vhd"),
     ] {
-        std::fs::copy(Path::new(VECTORS).join(from), dir.path().join(to)).unwrap();
+        std::fs::copy(testkit::vectors_dir().join(from), dir.path().join(to)).unwrap();
     }
     let out = dir.path().join("out").join("image-differential.vhdx");
     std::fs::create_dir(out.parent().unwrap()).unwrap();

@@ -15,11 +15,10 @@ use vhdx::Guid;
 use vhdx::vhd::footer::{FEATURE_RESERVED, FILE_FORMAT_VERSION, FIXED_DATA_OFFSET};
 use vhdx::vhd::{DiskType, Footer};
 
-const VECTORS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/vectors");
 const MIB: u64 = 1 << 20;
 
 fn vector(name: &str) -> PathBuf {
-    Path::new(VECTORS).join(name)
+    testkit::vectors_dir().join(name)
 }
 
 /// Decompresses `name.bz2` from the vectors into `dir` with `bzip2 -dc`.
@@ -228,7 +227,7 @@ fn fat_differential_names_its_parent_relative_first() {
         vec![guid("5fa21a55-f394-aa4d-9958-1951a67d5540")]
     );
     let expected = vec![
-        Path::new(VECTORS).join("fat-parent.vhd"),
+        testkit::vectors_dir().join("fat-parent.vhd"),
         PathBuf::from("/Projects/dfvfs/test_data/fat-parent.vhd"),
     ];
     assert_eq!(parent_ref.paths, expected);

@@ -38,6 +38,19 @@ pub use probe::{
 };
 pub use sim_disk::{CrashModel, LEN_MAX, SECTOR_BYTES, SimDisk};
 
+/// The environment variable that names the sample vectors' directory when the repository is
+/// not checked out beside `shared/` (as CI does it).
+pub const VECTORS_VAR: &str = "FERRY_VECTORS";
+
+/// The shared sample images (`shared/vectors`, see its README): `FERRY_VECTORS` when set,
+/// else `../shared/vectors` beside the repository.
+pub fn vectors_dir() -> std::path::PathBuf {
+    std::env::var_os(VECTORS_VAR).map_or_else(
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/vectors"),
+        std::path::PathBuf::from,
+    )
+}
+
 /// The environment variable that fixes the seed of a simulation test.
 pub const SEED_VAR: &str = "SIM_SEED";
 

@@ -515,12 +515,9 @@ pub fn open_err(path: &Path) -> Error {
 // Files and vectors
 // ---------------------------------------------------------------------------------------------
 
-/// The shared sample images (see their README).
+/// The shared sample images (see their README; [`testkit::vectors_dir`]).
 pub fn vectors_dir() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/vectors"
-    ))
+    testkit::vectors_dir()
 }
 
 /// A vector's path.
