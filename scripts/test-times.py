@@ -5,7 +5,9 @@ after the tests, passed or not, so a slow test shows up in every run).
     scripts/test-times.py target/nextest/ci/junit.xml [N]
 
 A binary's time is the sum of its tests' times (they may have run beside other binaries'
-tests); the wall-clock span of the whole run is printed too.
+tests); the wall-clock span of the whole run is printed too. A crate's merged integration
+binary (`tests/it/main.rs`, nextest's `CRATE::it`) is counted per module, as the binary each
+module was before (`farm::it::balance`), so the list names what is slow.
 """
 
 import sys
@@ -26,16 +28,18 @@ def main() -> int:
     per_binary = {}
     tests = 0
     for suite in root.iter("testsuite"):
-        total = 0.0
-        count = 0
+        binary = suite.get("name", "?")
         for case in suite.iter("testcase"):
-            total += float(case.get("time", "0") or 0)
-            count += 1
-        tests += count
-        per_binary[suite.get("name", "?")] = (total, count)
+            name = binary
+            if binary.endswith("::it"):
+                name = f"{binary}::{case.get('name', '?').split('::')[0]}"
+            total, count = per_binary.get(name, (0.0, 0))
+            per_binary[name] = (total + float(case.get("time", "0") or 0), count + 1)
+            tests += 1
     wall = float(root.get("time", "0") or 0)
     ranked = sorted(per_binary.items(), key=lambda kv: kv[1][0], reverse=True)
-    print(f"test-times: {tests} tests in {len(per_binary)} binaries, {wall:.0f} s wall clock")
+    binaries = len({n.removesuffix("::" + n.split("::")[-1]) if "::it::" in n else n for n in per_binary})
+    print(f"test-times: {tests} tests in {binaries} binaries, {wall:.0f} s wall clock")
     print(f"the {min(top, len(ranked))} slowest binaries (sum of their tests' times):")
     for name, (total, count) in ranked[:top]:
         print(f"  {total:8.1f} s  {count:4d} tests  {name}")

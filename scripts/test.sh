@@ -83,7 +83,7 @@ for entry in "${TEST_TOOLS[@]}"; do
     [[ " ${APT_PACKAGES[*]} " == *" $pkg "* ]] || APT_PACKAGES+=("$pkg")
 done
 
-# The farm tests' PostgreSQL (crates/farm/tests/common): a role that may create databases,
+# The farm tests' PostgreSQL (crates/farm/tests/it/common): a role that may create databases,
 # and a database to connect to first. FERRY_TEST_PG_URL overrides the URL the tests use.
 PG_ROLE=ferry
 PG_PASSWORD=ferry

@@ -3,7 +3,7 @@
 //! ```text
 //!   iPXE ── GET /boot/ipxe ─────────────► chain /boot/ipxe/${netX/mac:hexhyp}
 //!        ── GET /boot/ipxe/{mac} ───────► Farm::boot_plan ─► kernel/initrd/boot script,
-//!                                         or a refusal script (reason, sleep, poweroff)
+//!                                         or a refusal script (reason, exit to firmware)
 //!        ── GET /boot/files/{mac}/{vdisk}/{version}/kernel|initrd
 //!                                    ───► Farm::boot_plan(mac) names that version?
 //!                                         no ─► 404

@@ -17,8 +17,8 @@ use farm::validate::boot_arg_char;
 
 /// How many times a refusal is printed (the console must show it among firmware output).
 pub const REFUSAL_REPEAT: usize = 5;
-/// How long a refused machine waits, reason on screen, before it powers off.
-pub const REFUSAL_SLEEP_SECS: u32 = 30;
+/// What a refused machine prints last, before its script exits to the firmware.
+pub const HANDED_BACK: &str = "Ferry: giving this machine back to its firmware";
 /// The longest reason printed, in characters.
 pub const REASON_CHARS_MAX: usize = 400;
 /// The most characters of a MAC as a machine sent it that a refusal (or a log line) shows:
@@ -52,17 +52,21 @@ pub const DROPPED_IMAGE_ARGS: [&str; 7] = [
 
 /// The script every machine fetches first (`GET /boot/ipxe`): it chains the script of its
 /// own MAC, relative to where it came from (iPXE expands `${netX/mac:hexhyp}`, the MAC of
-/// the interface it booted from, as `aa-bb-cc-dd-ee-ff`).
+/// the interface it booted from, as `aa-bb-cc-dd-ee-ff`). A refusal script exits with 0
+/// after its reason, so that this one adds no second reason; only a script that never came
+/// (no answer, an HTTP error) takes the `failed` branch. Either way the script ends and
+/// iPXE gives the machine back to its firmware, which tries its next boot device.
 pub fn chain_script() -> String {
-    "#!ipxe\n\
-     echo Ferry: asking the farm what ${netX/mac} boots\n\
-     chain --autofree /boot/ipxe/${netX/mac:hexhyp} || goto failed\n\
-     exit\n\
-     :failed\n\
-     echo Ferry: this machine cannot boot: the boot server did not answer for ${netX/mac}\n\
-     sleep 30\n\
-     poweroff || exit 1\n"
-        .to_string()
+    format!(
+        "#!ipxe\n\
+         echo Ferry: asking the farm what ${{netX/mac}} boots\n\
+         chain --autofree /boot/ipxe/${{netX/mac:hexhyp}} || goto failed\n\
+         exit\n\
+         :failed\n\
+         echo Ferry: this machine cannot boot: no boot script came from the boot server for ${{netX/mac}}\n\
+         echo {HANDED_BACK}\n\
+         exit 1\n"
+    )
 }
 
 /// `s` reduced to characters an iPXE `echo` prints as they are: ASCII letters, digits,
@@ -270,9 +274,10 @@ pub fn device_script(s: &DeviceScript<'_>) -> Result<String, ScriptError> {
     Ok(out)
 }
 
-/// The refusal script: the reason printed [`REFUSAL_REPEAT`] times, a pause of
-/// [`REFUSAL_SLEEP_SECS`], then power off (or, where iPXE has no `poweroff`, exit to the
-/// firmware). No loop.
+/// The refusal script: the reason printed [`REFUSAL_REPEAT`] times, then [`HANDED_BACK`]
+/// and `exit 0`: the script that chained it ends too, and iPXE gives the machine back to its
+/// firmware at once (its next boot device: a local disk, or the firmware's own message).
+/// No pause, no loop, no second reason.
 pub fn refusal_script(reason: &str) -> String {
     let mut out = String::from("#!ipxe\n");
     push_refusal_lines(&mut out, reason);
@@ -288,12 +293,8 @@ fn push_refusal_lines(out: &mut String, reason: &str) {
         out.push_str(&line);
         out.push('\n');
     }
-    let _ = writeln!(
-        out,
-        "echo Ferry: powering off in {REFUSAL_SLEEP_SECS} seconds"
-    );
-    let _ = writeln!(out, "sleep {REFUSAL_SLEEP_SECS}");
-    out.push_str("poweroff || exit 1\n");
+    let _ = writeln!(out, "echo {HANDED_BACK}");
+    out.push_str("exit 0\n");
 }
 
 #[cfg(test)]
@@ -353,7 +354,7 @@ mod tests {
             r.lines().filter(|l| l.starts_with("echo ")).count(),
             REFUSAL_REPEAT + 1
         );
-        assert!(r.ends_with("sleep 30\npoweroff || exit 1\n"));
+        assert!(r.ends_with(&format!("echo {HANDED_BACK}\nexit 0\n")), "{r}");
     }
 
     #[test]

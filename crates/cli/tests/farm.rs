@@ -6,7 +6,7 @@
 //! skipped with a printed reason, except under `CI=true`, where scripts/test.sh installs them
 //! (schemathesis in a venv; FERRY_SCHEMATHESIS names its executable).
 
-#[path = "../../farm/tests/common/mod.rs"]
+#[path = "../../farm/tests/it/common/mod.rs"]
 mod common;
 
 use std::net::TcpStream;

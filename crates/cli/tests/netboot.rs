@@ -18,9 +18,10 @@
 //!
 //! The second (its boots all start the small init):
 //! 5. four machines boot at once;
-//! 6. bad paths end in a message on the console, not a hang: an unknown MAC, a login
-//!    ticket not of this boot (forged, or used already), a server unreachable, a deleted
-//!    version.
+//! 6. bad paths end in one true reason on the console and the machine given back, not a
+//!    hang: an unknown MAC and a deleted version (iPXE exits to the firmware at once), a
+//!    login ticket not of this boot (forged, or used already) and a server unreachable (the
+//!    initramfs reboots after `panic=`).
 //!
 //! The image holds no secret (issue 30): `install-initramfs` puts only the farm's CA into
 //! it, and each diskless boot logs in with the one-time ticket of its own boot script.
@@ -35,6 +36,7 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::console::{one_reason, stops};
 use common::{Proc, ferry, free_port, path_str};
 use serde_json::Value;
 
@@ -610,10 +612,11 @@ fn four_machines_boot_at_once_and_bad_paths_end_in_a_message() {
     drop(vms);
 
     // 6. Bad paths: a message on the console, never a hang.
-    // An unknown MAC: iPXE says why and powers the machine off.
+    // An unknown MAC: iPXE says why, once, and gives the machine back to its firmware.
     let mut vm = machine(dir, &farm, "52:54:00:f0:00:99", "unknown");
     expect_message(&mut vm, "unknown MAC", "Ferry: this machine cannot boot");
     stops(&mut vm, "unknown MAC");
+    one_reason(&vm, "unknown MAC", "ferry device add 52:54:00:f0:00:99");
     // A vDisk of its own, whose boot overrides change per step.
     std::fs::copy(
         farm.store().join("debian.vhdx"),
@@ -628,10 +631,12 @@ fn four_machines_boot_at_once_and_bad_paths_end_in_a_message() {
     let bad_mac = "52:54:00:f0:00:05";
     add_device(&farm, bad_mac, "bad1", "bad");
     // A login ticket not of this boot (forged, or used already) after the script's own.
+    // Refused inside the initramfs, the machine reboots after `panic=` (30 s by default; the
+    // vDisk's own `panic=1` comes later on the command line and wins).
     set_cmdline(
         &farm,
         "bad",
-        &format!("console=ttyS0 ferry.ticket={STALE_TICKET}"),
+        &format!("console=ttyS0 panic=1 ferry.ticket={STALE_TICKET}"),
     );
     let mut vm = machine(dir, &farm, bad_mac, "stale-ticket");
     expect_message(
@@ -641,14 +646,16 @@ fn four_machines_boot_at_once_and_bad_paths_end_in_a_message() {
     );
     expect_message(&mut vm, "stale ticket", "used or expired ticket");
     expect_message(&mut vm, "stale ticket", "Ferry: this machine cannot boot");
-    vm.kill();
+    reboots(&mut vm, "stale ticket");
+    one_reason(&vm, "stale ticket", "used or expired ticket");
     // The farm's API unreachable.
     // A short login wait (ferry.login_wait=, 60 s by default) ends the attempt sooner.
-    let unreachable = "console=ttyS0 ferry.api=https://10.0.2.2:9 ferry.login_wait=5";
+    let unreachable = "console=ttyS0 panic=1 ferry.api=https://10.0.2.2:9 ferry.login_wait=5";
     set_cmdline(&farm, "bad", unreachable);
     let mut vm = machine(dir, &farm, bad_mac, "unreachable");
     expect_message(&mut vm, "unreachable", "(server unreachable)");
-    vm.kill();
+    reboots(&mut vm, "unreachable");
+    one_reason(&vm, "unreachable", "(server unreachable)");
     // The version's file deleted from the store.
     std::fs::remove_file(farm.store().join("bad.vhdx")).unwrap();
     let mut vm = machine(dir, &farm, bad_mac, "deleted");
@@ -658,6 +665,19 @@ fn four_machines_boot_at_once_and_bad_paths_end_in_a_message() {
         "Ferry: this machine cannot boot",
     );
     stops(&mut vm, "deleted version");
+    one_reason(&vm, "deleted version", "bad.vhdx");
+}
+
+/// A machine refused inside the initramfs reboots (initramfs-tools' `panic` with `panic=N`),
+/// so its firmware tries again (the next boot gets a new ticket); it is then killed.
+fn reboots(vm: &mut guest::Running, step: &str) {
+    expect_message(
+        vm,
+        step,
+        "Rebooting automatically due to panic= boot argument",
+    );
+    expect_message(vm, step, "reboot: Restarting system");
+    vm.kill();
 }
 
 /// The agent's status the guest's test script printed (`STATUS=` JSON).
@@ -692,25 +712,6 @@ fn wait_boot_set(farm: &Farm, target: &str) -> Value {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-}
-
-/// After a refusal the machine stops trying: it powers off, or (an iPXE built without
-/// `poweroff`, as Debian's ipxe-qemu 1.0.0+git-20190125 is) iPXE exits to the firmware,
-/// which finds nothing else to boot.
-fn stops(vm: &mut guest::Running, step: &str) {
-    for _ in 0..600 {
-        if vm.log().contains("No bootable device") {
-            vm.kill();
-            return;
-        }
-        if vm.wait_exit(Duration::from_secs(1)).is_ok() {
-            return;
-        }
-    }
-    panic!(
-        "{step}: the machine neither powered off nor ended in the firmware: {}",
-        vm.log()
-    );
 }
 
 fn expect_message(vm: &mut guest::Running, step: &str, text: &str) {

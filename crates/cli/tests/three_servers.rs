@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-#[path = "../../farm/tests/common/mod.rs"]
+#[path = "../../farm/tests/it/common/mod.rs"]
 mod pg;
 
 use common::{Proc, ferry, free_port, path_str};

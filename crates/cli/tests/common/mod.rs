@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use interop::run_ok;
 
+pub mod console;
 pub mod farm;
 pub mod moto;
 

@@ -1,7 +1,7 @@
 //! NBD_OPT_STARTTLS with a rustls client: the upgrade, the client certificate the export
 //! source sees, TLS-required mode, selective TLS, and the protocol errors around STARTTLS.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -8,7 +8,7 @@
 //! allocator's, not connection state. Memory itself is not asserted here (it depends on the
 //! allocator and the machine); live objects are.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

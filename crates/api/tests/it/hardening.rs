@@ -4,10 +4,9 @@
 //! session's export name; an unknown device's login leaves nothing behind. Issue 30: boot
 //! file overrides outside `/boot` are refused.
 
-#[path = "../../farm/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! draining server is named after every other live one; a session's server follows what
 //! its status reports name; bad ratings and unknown servers are refused.
 
-mod common;
+use crate::common;
 
 use common::TestFarm;
 use farm::balance::{RATING_MAX, SessionServer};

@@ -1,7 +1,7 @@
 //! The repository, the version lifecycle (with real vDisk files in the store) and device
 //! login, each run against SQLite and PostgreSQL.
 
-mod common;
+use crate::common;
 
 use common::{Credential, TestFarm};
 use farm::input::{

@@ -3,7 +3,7 @@
 //! devices that a boot's one-time ticket logs in at every boot (and ones with a disk it
 //! never does), and the per-vDisk boot overrides.
 
-mod common;
+use crate::common;
 
 use common::TestFarm;
 use farm::boot::{BootPlan, BootTarget, RefusalKind};

@@ -2,10 +2,9 @@
 //! happy path of a farm, device login, and every bad-input case of issue 5 item 8, each
 //! checked for its status, its message, and that nothing changed.
 
-#[path = "../../farm/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
-mod support;
+use crate::support;
 
 use axum::http::{Method, StatusCode};
 use common::TestFarm;

@@ -4,7 +4,7 @@
 //! bytes, formatted as the server's log would be. One test: it installs the process-wide
 //! subscriber that counts the server's log lines and bytes.
 
-mod common;
+use crate::common;
 
 use std::fmt::Write as _;
 use std::sync::Arc;

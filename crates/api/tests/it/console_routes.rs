@@ -3,8 +3,7 @@
 //! version, access mode and reported counters) and `POST /api/v1/status/report` with its
 //! refusals.
 
-#[path = "../../farm/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
 use api::AppState;
 use axum::body::Body;

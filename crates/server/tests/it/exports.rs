@@ -383,7 +383,7 @@ fn persistent_flushed_writes_survive_a_crash() {
     let fx = Fixture::new();
     let status = Command::new(std::env::current_exe().unwrap())
         .args([
-            "crash_child_writes_flushes_and_aborts",
+            "exports::crash_child_writes_flushes_and_aborts",
             "--exact",
             "--ignored",
         ])

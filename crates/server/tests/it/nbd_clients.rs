@@ -3,7 +3,7 @@
 //!
 //! A missing tool skips a test on a developer's machine and fails it under `CI=true`.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 

@@ -3,7 +3,7 @@
 //! its collection's bounds; a boot ticket is single use, expires, and is refused for a
 //! device with a disk and for one bound to its TPM; a reset key revokes the old one.
 
-mod common;
+use crate::common;
 
 use std::net::IpAddr;
 use std::time::Duration;

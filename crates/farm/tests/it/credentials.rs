@@ -5,7 +5,7 @@
 //! server of the farm accepts and reads the device from; administrator and server
 //! certificates come from the same CA.
 
-mod common;
+use crate::common;
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::PermissionsExt as _;

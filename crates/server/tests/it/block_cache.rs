@@ -3,7 +3,7 @@
 //! a byte model (property), block status passes through, a boot storm reads each block
 //! of the store once, and one cold read over NBD probes the cache once.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};

@@ -3,7 +3,7 @@
 //! when too large, dropped with their version, and named to servers when their version is
 //! the newest in production.
 
-mod common;
+use crate::common;
 
 use common::TestFarm;
 use farm::Kind;

@@ -1,7 +1,7 @@
 //! Resource bounds: revocation, the idle and request timeouts, the per-address cap, and the
 //! global cap that closes late clients rather than blocking the accept loop.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::net::TcpStream;

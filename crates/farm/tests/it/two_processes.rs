@@ -3,7 +3,7 @@
 //! advisory lock, or an flock beside the SQLite file), so exactly one new version is made
 //! and the other answers a clean conflict, never a half-made chain.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

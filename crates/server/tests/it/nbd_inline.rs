@@ -4,7 +4,7 @@
 //! one write, so that path serves most of them, mixed with requests it must leave to the
 //! slow path (uncached reads, flush, errors found by validation), and check every reply.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};

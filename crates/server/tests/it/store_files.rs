@@ -3,7 +3,7 @@
 //! once with an error (no thread waits on a FIFO), refusals read the same whether or not
 //! the outside path exists, and healthy exports keep opening.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

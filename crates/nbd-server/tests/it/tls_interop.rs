@@ -3,7 +3,7 @@
 //! server in TLS-required mode; and a plaintext client refused by it. A missing tool fails
 //! the test under `CI=true` and skips it (with the reason) otherwise.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

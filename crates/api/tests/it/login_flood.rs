@@ -5,10 +5,9 @@
 //! carries the client address the listener accepted (`ConnectInfo<SocketAddr>`, which the budgeted listeners give every request); the flood is bounded
 //! (200 requests, one after another).
 
-#[path = "../../farm/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
-mod support;
+use crate::support;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;

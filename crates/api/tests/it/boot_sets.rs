@@ -4,10 +4,9 @@
 //! device fetches the encoded set of the version its session boots, and an unknown or
 //! malformed session name is refused.
 
-#[path = "../../farm/tests/common/mod.rs"]
-mod common;
+use crate::common;
 
-mod support;
+use crate::support;
 
 use axum::http::{Method, StatusCode};
 use bootset::{BootSet, Identity, Recorder};

@@ -2,7 +2,7 @@
 //! closed connection), be counted by `NbdMetrics::protocol_error` where it broke the
 //! protocol, and leave the server serving others with bounded memory.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::net::TcpStream;
