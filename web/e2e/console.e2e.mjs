@@ -30,6 +30,7 @@ const TOKEN = env('FERRY_TOKEN');
 const VDISK = env('FERRY_VDISK');
 const MAC = env('FERRY_DEVICE_MAC');
 const SERVER = env('FERRY_SERVER');
+const GONE_SERVER = env('FERRY_GONE_SERVER');
 const SITE = env('FERRY_SITE');
 const COLLECTION = env('FERRY_COLLECTION');
 const OUT = env('FERRY_OUT');
@@ -189,6 +190,22 @@ try {
   await tree2.getByRole('button', { name: `Drain server ${SERVER}`, exact: true }).waitFor();
   check(!(await tree2.innerText()).includes('draining'), 'the drain ended');
   await shot('farm-drain');
+
+  step = 'farm tree: remove a gone server';
+  check((await tree2.innerText()).includes(GONE_SERVER), 'the gone server is in the tree');
+  check(await tree2.getByRole('button', { name: `Remove server ${SERVER}`, exact: true })
+    .count() === 0, 'a running server has no Remove button');
+  await tree2.getByRole('button', { name: `Remove server ${GONE_SERVER}`, exact: true }).click();
+  await page.waitForFunction((name) => !document.getElementById('farm-tree').innerText
+    .includes(name), GONE_SERVER, { timeout: TIMEOUT_MS });
+  const left = await page.evaluate(async () => {
+    const r = await fetch('/api/v1/servers', {
+      headers: { Authorization: `Bearer ${sessionStorage.getItem('ferry.token')}` },
+    });
+    return (await r.json()).items.map((x) => x.name);
+  });
+  check(!left.includes(GONE_SERVER) && left.includes(SERVER),
+    `the farm removed the gone server and kept the running one (left: ${left.join(', ')})`);
 
   step = 'log out';
   await page.click('#logout');

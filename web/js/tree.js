@@ -1,6 +1,8 @@
 // The farm tree: sites → servers and device collections → devices; stores → vDisks. A
 // server shows its rating and whether it drains, with a button that drains it (logins name
-// it last and it moves its devices to their next servers) or ends the drain.
+// it last and it moves its devices to their next servers) or ends the drain; a silent
+// server (no heartbeat for a minute) has a button that removes it from the farm, and so
+// from every device's server list (the farm refuses to remove a running one).
 
 import { all, call } from './api.js';
 import { badge, h, fill } from './dom.js';
@@ -17,17 +19,35 @@ async function toggleDrain(s) {
   }
 }
 
+/** Removes the silent server `s` from the farm, then draws the tree again. */
+async function removeServer(s) {
+  clearError();
+  try {
+    await call('DELETE', `/servers/${s.id}`);
+    await showTree();
+  } catch (e) {
+    showError(e);
+  }
+}
+
 function serverLabel(s, now) {
+  const silent = now - s.heartbeat_at_ms >= 60000;
   return h('span', {},
     kind('server'), s.name, ' ', h('span', { class: 'muted' }, s.address), ' ',
-    now - s.heartbeat_at_ms < 60000 ? badge('alive', 'ok') : badge('silent', 'bad'), ' ',
+    silent ? badge('silent', 'bad') : badge('alive', 'ok'), ' ',
     h('span', { class: 'muted' }, `rating ${s.rating}`), ' ',
     s.draining ? badge('draining', 'bad') : null, ' ',
     h('button', {
       type: 'button', class: s.draining ? null : 'danger',
       'aria-label': `${s.draining ? 'Undrain' : 'Drain'} server ${s.name}`,
       onclick: () => toggleDrain(s),
-    }, s.draining ? 'Undrain' : 'Drain'));
+    }, s.draining ? 'Undrain' : 'Drain'),
+    silent ? ' ' : null,
+    silent ? h('button', {
+      type: 'button', class: 'danger',
+      'aria-label': `Remove server ${s.name}`,
+      onclick: () => removeServer(s),
+    }, 'Remove') : null);
 }
 
 function node(label, children, open = true) {

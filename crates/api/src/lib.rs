@@ -77,7 +77,7 @@ pub struct AppState {
         routes::get_farm, routes::patch_farm, routes::list_audit,
         routes::list_tokens, routes::create_token, routes::delete_token,
         routes::list_sites, routes::create_site, routes::get_site, routes::delete_site,
-        routes::list_servers, routes::register_server, routes::get_server, routes::patch_server, routes::heartbeat,
+        routes::list_servers, routes::register_server, routes::get_server, routes::patch_server, routes::delete_server, routes::heartbeat,
         routes::list_stores, routes::create_store, routes::get_store, routes::delete_store,
         routes::list_store_paths, routes::set_store_path,
         routes::list_collections, routes::create_collection, routes::get_collection,
@@ -130,7 +130,12 @@ pub fn router(state: AppState) -> Router {
         .route("/sites", get(r::list_sites).post(r::create_site))
         .route("/sites/{id}", get(r::get_site).delete(r::delete_site))
         .route("/servers", get(r::list_servers).post(r::register_server))
-        .route("/servers/{id}", get(r::get_server).patch(r::patch_server))
+        .route(
+            "/servers/{id}",
+            get(r::get_server)
+                .patch(r::patch_server)
+                .delete(r::delete_server),
+        )
         .route("/servers/{id}/heartbeat", post(r::heartbeat))
         .route("/stores", get(r::list_stores).post(r::create_store))
         .route("/stores/{id}", get(r::get_store).delete(r::delete_store))

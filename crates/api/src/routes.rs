@@ -205,7 +205,8 @@ pub async fn list_servers(
     Ok(Json(s.farm.list_servers(q.limit, q.offset).await?))
 }
 
-/// Registers a server (again: updates the one of that name).
+/// Registers a server: by its uid (a name another uid holds is refused, 409), or, without
+/// one, by its name.
 #[utoipa::path(post, path = "/api/v1/servers", tag = "servers", request_body = NewServer,
     responses((status = 200, body = Server), Errors))]
 pub async fn register_server(
@@ -239,6 +240,20 @@ pub async fn patch_server(
     ApiJson(b): ApiJson<ServerPatch>,
 ) -> ApiResult<Json<Server>> {
     Ok(Json(s.farm.set_server(id, &b, &c.name).await?))
+}
+
+/// Removes a server that is gone (no heartbeat for a minute; a running one is refused,
+/// 409): it leaves every device's server list.
+#[utoipa::path(delete, path = "/api/v1/servers/{id}", tag = "servers",
+    params(("id" = i64, Path, description = "server id")),
+    responses((status = 204, description = "removed"), Errors))]
+pub async fn delete_server(
+    Operator(c): Operator,
+    State(s): State<AppState>,
+    ApiPath(id): ApiPath<i64>,
+) -> ApiResult<StatusCode> {
+    s.farm.remove_server(id, &c.name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// A server's heartbeat.

@@ -16,6 +16,7 @@
 //! size.rs        "10G", "512M", "32MiB" parsing
 //! farm.rs        `ferry farm init|serve|vdisk|server|token|session|audit|settings`
 //! farm_objects.rs `ferry site|store|collection|device|version` over the farm's REST API
+//! farm_servers.rs `ferry farm server list|register|heartbeat|remove|set`
 //! farm_client.rs the blocking API client, --api/--token/--json, table rendering
 //! ```
 //!
@@ -42,6 +43,7 @@ mod copy;
 mod farm;
 mod farm_client;
 mod farm_objects;
+mod farm_servers;
 mod progress;
 mod quickstart;
 mod quickstart_machine;

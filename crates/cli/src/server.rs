@@ -96,6 +96,11 @@ pub struct Args {
     /// This server's name in the farm (default: the host name).
     #[arg(long, value_name = "NAME", requires = "farm")]
     pub server_name: Option<String>,
+    /// This server's own state in the farm: its identity (`server-id`, made at the first
+    /// start, 0600) and a lock that one `ferry server` at a time holds (default:
+    /// FARM-DIR/servers/NAME). A second server started with the same state is refused.
+    #[arg(long, value_name = "DIR", requires = "farm")]
+    pub state_dir: Option<PathBuf>,
     /// The NBD address devices are told to use (default: the NBD listen address).
     #[arg(long, value_name = "HOST:PORT", requires = "farm")]
     pub advertise: Option<String>,
@@ -195,6 +200,12 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
             let nbd = probe.resolve().ok().and_then(|r| r.nbd.nbd_listen);
             let advertise = crate::server_farm::advertised(a.advertise.as_deref(), nbd);
             let name = a.server_name.clone().unwrap_or_else(host_name);
+            farm::validate::name("--server-name", &name)?;
+            let state = a
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| dir.join("servers").join(&name));
+            let uid = crate::server_farm::identity(&state, &name)?;
             if bucket.is_some() {
                 anyhow::bail!(
                     "with --farm, a bucket store is configured in the farm \
@@ -208,6 +219,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
                 config.store.dir.as_deref(),
                 a.site,
                 &name,
+                &uid,
                 &advertise,
             ))?;
             if let Some(url) = farm_bucket {

@@ -125,8 +125,77 @@ pub async fn tls_material(handle: &FarmHandle) -> anyhow::Result<crate::server_t
     })
 }
 
+/// The file in a server's state directory that holds its identity.
+const IDENTITY_FILE: &str = "server-id";
+/// The file in a server's state directory that a running server holds locked.
+const LOCK_FILE: &str = "lock";
+
+/// This server's identity in the farm, kept in `state` (made 0700): the uid in
+/// [`IDENTITY_FILE`] (16 random bytes in hex, made at the first start, 0600). The state's
+/// [`LOCK_FILE`] is locked for the life of the process (the kernel lets it go at exit, a
+/// SIGKILL too), so two servers never run on one identity.
+///
+/// # Errors
+/// Another server holds the lock, or the state cannot be made or read.
+pub fn identity(state: &Path, name: &str) -> anyhow::Result<String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state)
+        .with_context(|| format!("make the server's state directory {}", state.display()))?;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(state.join(LOCK_FILE))
+        .with_context(|| format!("open {}", state.join(LOCK_FILE).display()))?;
+    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => anyhow::bail!(
+            "another `ferry server` runs with the state directory {} (server name {name:?}): \
+             give this one its own --server-name, or its own --state-dir",
+            state.display()
+        ),
+        Err(e) => {
+            return Err(e).with_context(|| format!("lock {}", state.join(LOCK_FILE).display()));
+        }
+    }
+    // Held until the process exits.
+    std::mem::forget(lock);
+    let path = state.join(IDENTITY_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let uid = text.trim().to_string();
+            farm::servers::check_uid(&uid)
+                .with_context(|| format!("{} is not a server identity", path.display()))?;
+            Ok(uid)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let uid = hex::encode(rand::random::<[u8; 16]>());
+            let tmp = state.join(format!("{IDENTITY_FILE}.new"));
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .mode(0o600)
+                .open(&tmp)
+                .with_context(|| format!("create {}", tmp.display()))?;
+            writeln!(f, "{uid}")?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)
+                .with_context(|| format!("keep the identity in {}", path.display()))?;
+            Ok(uid)
+        }
+        Err(e) => Err(e).with_context(|| format!("read {}", path.display())),
+    }
+}
+
 /// Opens the farm in `data` (SQLite there, or `db`), finds the store to serve (`store`, or
-/// the farm's first store), and registers this server as `name` at `advertise` in `site`.
+/// the farm's first store), and registers this server (identity `uid`, see [`identity`]) as
+/// `name` at `advertise` in `site`.
 /// Returns the handle, the store's directory and, for a bucket store, its bucket URL (the
 /// directory is then the server's tier of it).
 ///
@@ -138,6 +207,7 @@ pub async fn open(
     store: Option<&Path>,
     site: Option<i64>,
     name: &str,
+    uid: &str,
     advertise: &str,
 ) -> anyhow::Result<(FarmHandle, PathBuf, Option<String>)> {
     let config = farm::FarmConfig {
@@ -176,6 +246,7 @@ pub async fn open(
                 site_id,
                 name: name.to_string(),
                 address: advertise.to_string(),
+                uid: Some(uid.to_string()),
             },
             "ferry-server",
         )

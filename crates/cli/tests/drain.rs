@@ -260,3 +260,53 @@ fn a_server_that_joins_takes_its_share_without_a_new_login() {
     s2.stop();
     s1.stop();
 }
+
+/// Issue 31: a second server started with a name the farm already has is refused, never
+/// merged into the first's row: on the same farm directory by the state directory's lock,
+/// with a state directory of its own by the farm (the name belongs to another identity).
+/// The first keeps its row, its identity is kept 0600 in its state directory, and
+/// `ferry farm server remove` refuses it while it runs.
+#[test]
+fn a_second_server_with_the_same_name_is_refused_not_merged() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let f = Farm::init();
+    let (_s1, api1, _) = f.server("pvs1");
+    let uid_file = f.data().join("servers/pvs1/server-id");
+    let mode = std::fs::metadata(&uid_file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{}", uid_file.display());
+    let second = |extra: &[&str]| {
+        let out = ferry()
+            .args(["server", "--farm", path_str(&f.data())])
+            .args(["--store", path_str(&f.store()), "--server-name", "pvs1"])
+            .arg("--metrics-listen=")
+            .arg(format!("--nbd-listen=127.0.0.1:{}", common::free_port()))
+            .arg(format!("--api-listen=127.0.0.1:{}", common::free_port()))
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "a second pvs1 started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = second(&[]);
+    assert!(
+        err.contains("another `ferry server` runs with the state directory"),
+        "{err}"
+    );
+    let own = f.dir.path().join("other-state");
+    let err = second(&["--state-dir", path_str(&own)]);
+    assert!(
+        err.contains("there is already a server named \"pvs1\"") && err.contains("--server-name"),
+        "{err}"
+    );
+    let servers = f.json(&api1, &["farm", "server", "list"]);
+    let items = servers["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{servers}");
+    let id = items[0]["id"].as_i64().unwrap().to_string();
+    let out = ferry()
+        .args(["farm", "server", "remove", &id])
+        .args(["--api", &api1, "--token", &f.token])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("is running"), "{err}");
+}

@@ -62,13 +62,16 @@ pub struct NewSite {
     pub description: String,
 }
 
-/// A server registering itself (again: registering an existing name updates it).
+/// A server registering itself. With `uid`, its identity: registering again with that uid
+/// updates its row (name, address, site); another uid with a name already taken is refused.
+/// Without one (an older server), registering an existing name updates that row unless the
+/// row belongs to a server with a uid.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewServer {
     /// The site it serves.
     pub site_id: i64,
-    /// Unique name.
+    /// Unique name, a label (`--server-name`, by default the host name).
     #[schema(
         min_length = 1,
         max_length = 200,
@@ -77,6 +80,11 @@ pub struct NewServer {
     pub name: String,
     /// Where devices reach its NBD service (`host:port`).
     pub address: String,
+    /// The server's identity: random, made once and kept in its state directory (16 to 64
+    /// lowercase hex digits).
+    #[serde(default)]
+    #[schema(min_length = 16, max_length = 64, pattern = r"^[0-9a-f]+$")]
+    pub uid: Option<String>,
 }
 
 /// What an administrator may change of a server (`PATCH /servers/{id}`): its weight in load

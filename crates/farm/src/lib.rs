@@ -13,6 +13,7 @@
 //! validate.rs   checks of untrusted input: names, MACs, sizes, store paths, pages
 //! confine.rs    the store-root rule: store paths, store dirs and chains stay inside
 //! repo.rs       row helpers; settings, tokens, audit, sites, servers, stores
+//! servers.rs    servers' identities: registration by the uid each keeps, removal
 //! devices.rs    collections, devices, sessions
 //! vdisks.rs     vDisks: import or create, change, remove (image library)
 //! lifecycle.rs  versions: new, promote, revert, delete, merge, boot version (image library)
@@ -57,6 +58,7 @@ pub mod publish;
 pub mod publisher;
 pub mod repo;
 pub mod secrets;
+pub mod servers;
 pub mod sessions;
 pub mod tickets;
 pub mod validate;

@@ -13,7 +13,7 @@ use sqlx::any::AnyRow;
 use crate::confine;
 use crate::db::{Farm, audit, hash_secret};
 use crate::error::{FarmError, Result};
-use crate::input::{NewServer, NewSite, NewStore, NewToken, SettingsPatch, StorePath};
+use crate::input::{NewSite, NewStore, NewToken, SettingsPatch, StorePath};
 use crate::model::{AuditEntry, FarmSettings, Page, Server, Site, Store, StorePathOverride, Token};
 use crate::validate;
 
@@ -310,61 +310,6 @@ impl Farm {
     pub async fn server(&self, id: i64) -> Result<Server> {
         let cols = crate::balance::SERVER_COLUMNS;
         self.one("servers", cols, "server", id).await
-    }
-
-    /// Registers a server, or updates the one of that name (its site and address).
-    ///
-    /// # Errors
-    /// [`crate::Kind::InvalidInput`]; [`crate::Kind::NotFound`] for an unknown site.
-    pub async fn register_server(&self, s: &NewServer, actor: &str) -> Result<Server> {
-        validate::name("name", &s.name)?;
-        validate::text("address", &s.address)?;
-        if s.address.is_empty() {
-            return Err(FarmError::invalid("address must not be empty"));
-        }
-        self.site(s.site_id).await?;
-        let now = self.now_ms();
-        let mut tx = self.pool.begin().await?;
-        let existing: Option<i64> = sqlx::query_scalar("SELECT id FROM servers WHERE name = $1")
-            .bind(&s.name)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let id = if let Some(id) = existing {
-            sqlx::query(
-                "UPDATE servers SET site_id = $1, address = $2, heartbeat_at_ms = $3 \
-                 WHERE id = $4",
-            )
-            .bind(s.site_id)
-            .bind(&s.address)
-            .bind(now)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-            id
-        } else {
-            sqlx::query_scalar(
-                "INSERT INTO servers (site_id, name, address, registered_at_ms, heartbeat_at_ms) \
-                 VALUES ($1, $2, $3, $4, $4) RETURNING id",
-            )
-            .bind(s.site_id)
-            .bind(&s.name)
-            .bind(&s.address)
-            .bind(now)
-            .fetch_one(&mut *tx)
-            .await?
-        };
-        audit(
-            &mut tx,
-            now,
-            actor,
-            "server.register",
-            "server",
-            &id.to_string(),
-            &json!(s),
-        )
-        .await?;
-        tx.commit().await?;
-        self.server(id).await
     }
 
     /// Records a heartbeat of a server (not audited: it is not a change of configuration).

@@ -413,7 +413,56 @@ async fn bad_input_is_refused_and_changes_nothing(t: TestFarm) {
     assert!(dir.join("golden.1.avhdx").exists());
 }
 
+/// Issue 31: `DELETE /servers/{id}` names who may remove a server (an outsider 401, a
+/// read-only token 403) and refuses a running one (409, nothing removed); a second server
+/// registering a name another uid holds is refused (409) instead of merged.
+async fn removing_a_server_checks_who_asks_and_refuses_a_running_one(t: TestFarm) {
+    let a = Api::new(t);
+    let site = a
+        .ok(Method::POST, "/api/v1/sites", Some(json!({"name": "hq"})))
+        .await;
+    let server = |name: &str, uid: &str| json!({"site_id": site["id"], "name": name, "address": "10.0.0.1:10809", "uid": uid});
+    let s = a
+        .ok(
+            Method::POST,
+            "/api/v1/servers",
+            Some(server("pvs1", "aaaaaaaaaaaaaaaa")),
+        )
+        .await;
+    let uri = format!("/api/v1/servers/{}", s["id"]);
+    let (st, _) = a.raw(Method::DELETE, &uri, None, None).await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED);
+    let ro = a
+        .ok(
+            Method::POST,
+            "/api/v1/tokens",
+            Some(json!({"name": "viewer", "role": "read_only"})),
+        )
+        .await;
+    let (st, _) = a
+        .raw(Method::DELETE, &uri, ro["secret"].as_str(), None)
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+    let (st, v) = a.raw(Method::DELETE, &uri, Some(&a.admin()), None).await;
+    assert_eq!(st, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("is running"), "{v}");
+    a.ok(Method::GET, &uri, None).await;
+    let body = server("pvs1", "bbbbbbbbbbbbbbbb").to_string();
+    let (st, v) = a
+        .raw(
+            Method::POST,
+            "/api/v1/servers",
+            Some(&a.admin()),
+            Some(&body),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{v}");
+    let total = a.ok(Method::GET, "/api/v1/servers", None).await["total"].as_i64();
+    assert_eq!(total, Some(1));
+}
+
 dual_tests!(
+    removing_a_server_checks_who_asks_and_refuses_a_running_one,
     a_device_credential_reset_over_the_api_replaces_its_secret,
     farm_flow_and_login,
     openapi_document_describes_every_route,

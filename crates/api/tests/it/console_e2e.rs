@@ -26,6 +26,9 @@ use sha2::{Digest as _, Sha256};
 const MAC: &str = "52:54:00:12:34:56";
 const VDISK: &str = "golden";
 const SERVER: &str = "pvs-1";
+/// A server that registered two minutes ago and is silent since: the console offers to
+/// remove it (issue 31).
+const GONE_SERVER: &str = "pvs-gone";
 /// Where `SERVER` is registered: the NBD address login hands the device, which a target
 /// reports as the server it streams from.
 const SERVER_ADDRESS: &str = "127.0.0.1:10809";
@@ -125,10 +128,27 @@ impl Client {
     }
 }
 
-/// The farm the browser sees: a site with a heartbeating server, a store with the demo
-/// vDisk, a collection with one production device. Returns the vDisk's id.
-async fn populate(c: &Client) -> i64 {
+/// The farm's clock in this test: the system's, moved back while the gone server registers.
+#[derive(Debug, Default)]
+struct Shifted(std::sync::atomic::AtomicI64);
+
+impl farm::Clock for Shifted {
+    fn now_ms(&self) -> i64 {
+        farm::SystemClock.now_ms() + self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The farm the browser sees: a site with a heartbeating server and a gone one, a store with
+/// the demo vDisk, a collection with one production device. Returns the vDisk's id.
+async fn populate(c: &Client, clock: &Shifted) -> i64 {
     let site = c.post("/sites", json!({"name": SITE})).await;
+    clock.0.store(-120_000, std::sync::atomic::Ordering::SeqCst);
+    c.post(
+        "/servers",
+        json!({"site_id": site["id"], "name": GONE_SERVER, "address": "127.0.0.1:9"}),
+    )
+    .await;
+    clock.0.store(0, std::sync::atomic::Ordering::SeqCst);
     let server = c
         .post(
             "/servers",
@@ -204,7 +224,10 @@ async fn console_in_chromium_logs_in_promotes_a_new_version_and_shows_a_connecte
         db_url: None,
         store_root: None,
     };
-    let farm = Farm::open(&config).await.expect("open farm");
+    let clock = Arc::new(Shifted::default());
+    let farm = Farm::open_with_clock(&config, clock.clone())
+        .await
+        .expect("open farm");
     let secrets = farm.init("e2e").await.expect("init farm");
     let state = AppState {
         farm: Arc::new(farm),
@@ -231,7 +254,7 @@ async fn console_in_chromium_logs_in_promotes_a_new_version_and_shows_a_connecte
     let made = admin
         .post("/tokens", json!({"name": TOKEN_NAME, "role": "operator"}))
         .await;
-    let vdisk_id = populate(&admin).await;
+    let vdisk_id = populate(&admin, &clock).await;
     let export_name = device_login(&admin).await;
     report_counters(Arc::new(admin), export_name);
 
@@ -244,6 +267,7 @@ async fn console_in_chromium_logs_in_promotes_a_new_version_and_shows_a_connecte
         .env("FERRY_VDISK", VDISK)
         .env("FERRY_DEVICE_MAC", MAC)
         .env("FERRY_SERVER", SERVER)
+        .env("FERRY_GONE_SERVER", GONE_SERVER)
         .env("FERRY_SITE", SITE)
         .env("FERRY_COLLECTION", COLLECTION)
         .env("FERRY_OUT", &out)

@@ -28,6 +28,7 @@ async fn fixture(t: &TestFarm) -> (Vec<Server>, i64, i64) {
             site_id: site,
             name: format!("srv{i}"),
             address: format!("10.0.0.{i}:10809"),
+            uid: None,
         };
         let s = f.register_server(&s, ADMIN).await.unwrap();
         assert_eq!(s.rating, farm::balance::DEFAULT_RATING);

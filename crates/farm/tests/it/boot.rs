@@ -33,6 +33,7 @@ async fn fixture(t: &TestFarm) -> Fx {
         site_id: site,
         name: "srv1".into(),
         address: "10.0.2.2:10809".into(),
+        uid: None,
     };
     f.register_server(&server, ADMIN).await.unwrap();
     let store = NewStore {

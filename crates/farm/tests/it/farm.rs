@@ -129,6 +129,7 @@ async fn crud_and_audit(t: TestFarm) {
         site_id: fx.site,
         name: "srv1".into(),
         address: "10.0.0.1:10809".into(),
+        uid: None,
     };
     let srv = f.register_server(&s, ADMIN).await.unwrap();
     let s2 = NewServer {

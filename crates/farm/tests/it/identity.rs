@@ -18,7 +18,7 @@ const ADMIN: &str = "admin";
 
 /// A site, a store, a vDisk "golden" and a collection adding at most `max` devices, `per_minute`
 /// a minute; returns (collection, vdisk).
-async fn fixture(t: &TestFarm, max: i64, per_minute: i64) -> (i64, i64) {
+pub(crate) async fn fixture(t: &TestFarm, max: i64, per_minute: i64) -> (i64, i64) {
     let f = &t.farm;
     let site = NewSite {
         name: "hq".into(),
@@ -51,7 +51,7 @@ async fn fixture(t: &TestFarm, max: i64, per_minute: i64) -> (i64, i64) {
     (f.create_collection(&c, ADMIN).await.unwrap().id, vdisk)
 }
 
-async fn device(t: &TestFarm, coll: i64, vdisk: i64, mac: &str, diskless: bool) -> i64 {
+pub(crate) async fn device(t: &TestFarm, coll: i64, vdisk: i64, mac: &str, diskless: bool) -> i64 {
     let d = NewDevice {
         collection_id: coll,
         mac: mac.into(),
@@ -291,31 +291,6 @@ async fn a_ticket_is_single_use_expires_and_only_for_a_diskless_device_without_a
         let e = t.farm.update_settings(&p, ADMIN).await.unwrap_err();
         assert_eq!(e.kind(), Kind::InvalidInput, "{secs}");
     }
-}
-
-macro_rules! sim_tests {
-    ($($name:ident),+ $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    if let Some((t, c)) = $crate::common::open_sim($crate::common::Which::Sqlite).await {
-                        super::$name(t, c).await;
-                    }
-                }
-            )+
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    if let Some((t, c)) = $crate::common::open_sim($crate::common::Which::Postgres).await {
-                        super::$name(t, c).await;
-                    }
-                }
-            )+
-        }
-    };
 }
 
 sim_tests!(

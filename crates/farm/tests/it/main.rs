@@ -12,4 +12,5 @@ mod credentials;
 mod farm;
 mod identity;
 mod private_modes;
+mod servers;
 mod two_processes;

@@ -199,6 +199,7 @@ impl Sim {
             site_id: self.site,
             name: name.into(),
             address: format!("{name}.example:10809"),
+            uid: None,
         };
         let id = farm.register_server(&s, ADMIN).await.unwrap().id;
         let served = Arc::new(SimServed::default());

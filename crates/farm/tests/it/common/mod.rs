@@ -202,3 +202,31 @@ macro_rules! dual_tests {
         }
     };
 }
+
+/// Generates, for each named `async fn(TestFarm, SimClock)`, one test per backend on a
+/// simulated clock ([`open_sim`]): `sqlite::NAME` and `postgres::NAME`.
+#[macro_export]
+macro_rules! sim_tests {
+    ($($name:ident),+ $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some((t, c)) = $crate::common::open_sim($crate::common::Which::Sqlite).await {
+                        super::$name(t, c).await;
+                    }
+                }
+            )+
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some((t, c)) = $crate::common::open_sim($crate::common::Which::Postgres).await {
+                        super::$name(t, c).await;
+                    }
+                }
+            )+
+        }
+    };
+}
