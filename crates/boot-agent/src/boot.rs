@@ -130,6 +130,27 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// Where the overflow goes: the local disk (or directory) `named` (`ferry.overflow=`) when
+/// this machine has it, else `run_dir` (the initramfs's RAM), with the line that says so: an
+/// image made with `--overflow /dev/vda` boots on a machine without that disk, its
+/// overflow in RAM, as docs/netboot.md says.
+fn overflow_dir(named: Option<&Path>, run_dir: &Path) -> (PathBuf, Option<String>) {
+    match named {
+        Some(p) if p.exists() => (p.to_path_buf(), None),
+        Some(p) => (
+            run_dir.to_path_buf(),
+            Some(format!(
+                "the overflow disk {} (ferry.overflow=) is not in this machine: the overflow stays in RAM",
+                p.display()
+            )),
+        ),
+        None => (
+            run_dir.to_path_buf(),
+            Some("no local disk named for the overflow (ferry.overflow=): it stays in RAM".into()),
+        ),
+    }
+}
+
 fn reexec_marked() -> std::io::Error {
     use std::os::unix::process::CommandExt;
     match std::env::current_exe() {
@@ -186,14 +207,11 @@ fn boot(opts: &Opts) -> anyhow::Result<()> {
         );
     };
     if matches!(cfg.mode, CacheMode::RamOverflow | CacheMode::Disk) {
-        cfg.overflow_dir = Some(match &args.overflow {
-            Some(p) => p.clone(),
-            None => {
-                tracing::warn!(dir = %opts.run_dir.display(),
-                    "no local disk named for the overflow (ferry.overflow=): it stays in RAM");
-                opts.run_dir.clone()
-            }
-        });
+        let (dir, why) = overflow_dir(args.overflow.as_deref(), &opts.run_dir);
+        if let Some(why) = why {
+            eprintln!("ferry-boot: {why}");
+        }
+        cfg.overflow_dir = Some(dir);
     }
     eprintln!("ferry-boot: attaching {what}");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -556,5 +574,22 @@ mod tests {
         assert_eq!(prefetch_cache_bytes(Some(64 << 30)), PREFETCH_CACHE_MAX);
         let mem = mem_total_bytes().expect("this machine's MemTotal");
         assert!(mem > PREFETCH_CACHE_MIN, "{mem}");
+    }
+
+    #[test]
+    fn an_overflow_disk_this_machine_lacks_leaves_the_overflow_in_ram() {
+        let run = Path::new("/run/ferry");
+        let (dir, why) = overflow_dir(Some(Path::new("/dev/ferry-no-such-disk")), run);
+        assert_eq!(dir, run);
+        let why = why.expect("a line that says so");
+        assert!(
+            why.contains("/dev/ferry-no-such-disk") && why.contains("stays in RAM"),
+            "{why}"
+        );
+        let here = std::env::temp_dir();
+        assert_eq!(overflow_dir(Some(&here), run), (here.clone(), None));
+        let (dir, why) = overflow_dir(None, run);
+        assert_eq!(dir, run);
+        assert!(why.unwrap().contains("stays in RAM"));
     }
 }

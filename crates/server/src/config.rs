@@ -340,7 +340,29 @@ impl FerryConfig {
             });
         }
         let text = std::fs::read_to_string(path).map_err(read_err)?;
-        FerryConfig::parse(&text, path)
+        let base = path.parent().unwrap_or(Path::new("."));
+        Ok(FerryConfig::parse(&text, path)?.anchored(base))
+    }
+
+    /// The file's relative paths (`[store] dir`, `[write_cache] dir`, `[tls] dir`, `[nbd]
+    /// socket`) taken from `base`, the file's directory, as a reader of the file expects,
+    /// not from the working directory of whoever starts the server. Paths given on the
+    /// command line stay as given.
+    fn anchored(mut self, base: &Path) -> FerryConfig {
+        for p in [
+            &mut self.store.dir,
+            &mut self.write_cache.dir,
+            &mut self.tls.dir,
+            &mut self.nbd.socket,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+        self
     }
 
     /// Fills in the defaults and checks every value.
@@ -630,5 +652,22 @@ mod tests {
             .resolve()
             .unwrap_err();
         assert!(e.to_string().contains("nbd.max_connections"), "{e}");
+    }
+
+    #[test]
+    fn relative_paths_in_a_file_are_taken_from_the_file_s_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ferry.toml");
+        std::fs::write(
+            &path,
+            "[store]\ndir = \"store\"\n[write_cache]\ndir = \"../wc\"\n\
+             [tls]\ndir = \"/etc/ferry/tls\"\n[nbd]\nsocket = \"run/nbd.sock\"\n",
+        )
+        .unwrap();
+        let c = FerryConfig::load(&path).unwrap();
+        assert_eq!(c.store.dir, Some(dir.path().join("store")));
+        assert_eq!(c.write_cache.dir, Some(dir.path().join("../wc")));
+        assert_eq!(c.tls.dir, Some(PathBuf::from("/etc/ferry/tls")));
+        assert_eq!(c.nbd.socket, Some(dir.path().join("run/nbd.sock")));
     }
 }
