@@ -199,7 +199,6 @@ fn init(data: &DataArgs, name: &str, as_json: bool) -> anyhow::Result<ExitCode> 
     if as_json {
         print_json(&json!({
             "admin_token": secrets.admin_token,
-            "farm_key": secrets.farm_key_hex,
             "farm_key_file": key_path,
             "secrets_dir": secrets_dir,
             "ca_cert_file": ca_cert,
@@ -208,9 +207,10 @@ fn init(data: &DataArgs, name: &str, as_json: bool) -> anyhow::Result<ExitCode> 
     } else {
         outln!("created farm {name:?} in {}", data.data.display());
         outln!("admin token (shown once): {}", secrets.admin_token);
+        // The key itself is never printed (a terminal's scrollback, a CI log): it is in
+        // its 0600 file.
         outln!(
-            "farm key (it logs no device in; keep it with the secrets directory): {} (also in {})",
-            secrets.farm_key_hex,
+            "farm key (it logs no device in; keep it with the secrets directory): {}",
             key_path.display()
         );
         outln!(

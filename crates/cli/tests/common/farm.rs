@@ -24,14 +24,17 @@ impl Farm {
     pub fn init() -> Farm {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
-        let init: Value = serde_json::from_str(&run_ok(ferry().args([
-            "farm",
-            "init",
-            "--data",
-            path_str(&data),
-            "--json",
-        ])))
-        .unwrap();
+        let printed = run_ok(ferry().args(["farm", "init", "--data", path_str(&data), "--json"]));
+        let init: Value = serde_json::from_str(&printed).unwrap();
+        // The farm key stays in its 0600 file: `init` names the file, never prints the key.
+        let key_file = init["farm_key_file"]
+            .as_str()
+            .expect("the key's file named");
+        let key = std::fs::read_to_string(key_file).unwrap();
+        assert!(
+            key.trim().len() >= 32 && !printed.contains(key.trim()),
+            "{printed}"
+        );
         let f = Farm {
             token: init["admin_token"].as_str().unwrap().to_string(),
             dir,
