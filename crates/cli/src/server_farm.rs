@@ -224,6 +224,16 @@ pub async fn open(
             data.display()
         );
     }
+    // Before anything is made in the farm (a site, this server's row): a server needs a
+    // store to serve, and a new farm has none until one is added over the API.
+    if store.is_none() && farm.list_stores(Some(1), Some(0)).await?.items.is_empty() {
+        anyhow::bail!(
+            "the farm in {} has no store yet: start its API alone (`ferry farm serve --data \
+             {0}`), add a store (`ferry store add NAME --path DIR`), then start this server; \
+             or pass --store DIR",
+            data.display()
+        );
+    }
     let site_id = match site {
         Some(id) => id,
         None => {
@@ -256,9 +266,9 @@ pub async fn open(
         Some(dir) => (dir.to_path_buf(), bucket_of_dir(&farm, dir, me.id).await?),
         None => {
             let stores = farm.list_stores(Some(1), Some(0)).await?;
-            let first = stores.items.first().with_context(|| {
-                "the farm has no store yet: add one (`ferry store add NAME --path DIR`) or pass --store"
-            })?;
+            let first = stores.items.first().context(
+                "the farm's stores are gone: add one (`ferry store add NAME --path DIR`)",
+            )?;
             let bucket = (!first.bucket.is_empty()).then(|| first.bucket.clone());
             (farm.store_dir(first.id, Some(me.id)).await?, bucket)
         }

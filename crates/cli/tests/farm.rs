@@ -243,6 +243,42 @@ fn farm_init_twice_fails_and_serve_without_a_farm_fails() {
     ok(&["farm", "init", "--data", data], None);
     let out = run(&["farm", "init", "--data", data], None);
     assert!(String::from_utf8_lossy(&out.stderr).contains("already initialized"));
+    // Issue 31: a server started on the new farm, which has no store yet, says the start
+    // order that works, and leaves the farm as it was (no site, no server row).
+    let out = run(
+        &[
+            "server",
+            "--farm",
+            data,
+            "--metrics-listen=",
+            "--nbd-listen=127.0.0.1:0",
+            "--api-listen=127.0.0.1:0",
+        ],
+        None,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("has no store yet")
+            && err.contains("ferry farm serve")
+            && err.contains("ferry store add"),
+        "{err}"
+    );
+    let (sites, servers) = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let config = farm::FarmConfig {
+            data_dir: PathBuf::from(data),
+            db_url: None,
+            store_root: None,
+        };
+        let f = farm::Farm::open(&config).await.unwrap();
+        let sites = f.list_sites(None, None).await.unwrap().total;
+        (sites, f.list_servers(None, None).await.unwrap().total)
+    });
+    assert_eq!(
+        (sites, servers),
+        (0, 0),
+        "the failed start changed the farm"
+    );
     let empty = dir.path().join("empty");
     let out = run(
         &[
