@@ -15,36 +15,72 @@ pub const REPORT_EVERY: Duration = Duration::from_secs(2);
 /// that its failover list follows servers that joined or returned (every 10 s).
 pub const SERVERS_REFRESH_REPORTS: u64 = 5;
 
-/// Starts a thread that reports this device's counters to the farm API every [`REPORT_EVERY`] for the console's
-/// live status: bytes read and written, retries and the write cache's use, read from the
-/// agent's own control socket and posted to `/api/v1/status/report` with the session export
-/// as the credential, with the address of the server in use (the console's Server column). Failures are logged, never fatal: status is not the data path.
-/// With `refresh`, every [`SERVERS_REFRESH_REPORTS`]th report asks for the device's
-/// servers and offers their addresses to the agent's failover list.
+/// The farm API URLs reports go to, in order, and the one in use: a failed report moves to
+/// the next, so reports reach the farm while any of its APIs is up (a device logged in
+/// through one API keeps reporting when that one goes away).
+#[derive(Debug)]
+pub struct ReportUrls {
+    urls: Vec<reqwest::Url>,
+    at: usize,
+}
+
+impl ReportUrls {
+    /// The report URLs of the farm APIs `apis` (bad ones are logged and left out); `None`
+    /// when none is left.
+    pub fn new(apis: &[String]) -> Option<ReportUrls> {
+        let urls: Vec<reqwest::Url> = apis
+            .iter()
+            .filter_map(|api| {
+                login::parse_api_url(api)
+                    .and_then(|u| {
+                        u.join("api/v1/status/report")
+                            .map_err(|e| LoginError::BadUrl {
+                                url: api.clone(),
+                                reason: e.to_string(),
+                            })
+                    })
+                    .map_err(|e| tracing::warn!(error = %e, "no status reports to this API"))
+                    .ok()
+            })
+            .collect();
+        (!urls.is_empty()).then_some(ReportUrls { urls, at: 0 })
+    }
+
+    /// The URL the next report goes to.
+    pub fn current(&self) -> &reqwest::Url {
+        &self.urls[self.at]
+    }
+
+    /// The report to [`ReportUrls::current`] failed: the next one goes to the next API.
+    pub fn failed(&mut self) {
+        self.at = (self.at + 1) % self.urls.len();
+    }
+}
+
+/// Starts a thread that reports this device's counters to the farm every [`REPORT_EVERY`]
+/// for the console's live status: bytes read and written, retries and the write cache's
+/// use, read from the agent's own control socket and posted to `/api/v1/status/report` with
+/// the session export as the credential, with the address of the server in use (the
+/// console's Server column). Reports go to the first of `apis` that answers
+/// ([`ReportUrls`]: the one login used first); failures are counted and logged (the 1st,
+/// 2nd, 4th, ...), never fatal: status is not the data path. With `refresh`, every
+/// [`SERVERS_REFRESH_REPORTS`]th report asks for the device's servers and offers their
+/// addresses to the agent's failover list.
 pub fn start(
-    api: &str,
+    apis: &[String],
     ca: Option<String>,
     export_name: String,
     control: PathBuf,
     refresh: Option<Arc<ServerRefresh>>,
 ) {
-    let url = match login::parse_api_url(api).and_then(|u| {
-        u.join("api/v1/status/report")
-            .map_err(|e| LoginError::BadUrl {
-                url: api.to_string(),
-                reason: e.to_string(),
-            })
-    }) {
-        Ok(u) => u,
-        Err(e) => {
-            tracing::warn!(error = %e, "no status reports to the farm");
-            return;
-        }
+    let Some(mut urls) = ReportUrls::new(apis) else {
+        tracing::warn!(apis = %apis.join(","), "no status reports to the farm: no usable API URL");
+        return;
     };
     let spawned = std::thread::Builder::new()
         .name("ferry-target-report".into())
         .spawn(move || {
-            let client = match login::api_client(&url, ca.as_deref())
+            let client = match login::api_client(urls.current(), ca.as_deref())
                 .map_err(|e| e.to_string())
                 .and_then(|b| {
                     b.timeout(Duration::from_secs(5))
@@ -61,8 +97,16 @@ pub fn start(
             let mut reports = 0u64;
             loop {
                 std::thread::sleep(REPORT_EVERY);
-                let Ok(v) = crate::control::request(&control, "status") else {
-                    continue;
+                let v = match crate::control::request(&control, "status") {
+                    Ok(v) => v,
+                    Err(e) => {
+                        failures += 1;
+                        if failures.is_power_of_two() {
+                            tracing::warn!(failures, error = %e, control = %control.display(),
+                                "no status to report: the agent's control socket did not answer");
+                        }
+                        continue;
+                    }
                 };
                 let mut body = report_body(&export_name, &v);
                 reports += 1;
@@ -70,6 +114,7 @@ pub fn start(
                 if wanted {
                     body["servers_wanted"] = true.into();
                 }
+                let url = urls.current().clone();
                 let answer = client
                     .post(url.clone())
                     .json(&body)
@@ -85,8 +130,10 @@ pub fn start(
                 }
                 if !ok {
                     failures += 1;
+                    urls.failed();
                     if failures.is_power_of_two() {
-                        tracing::warn!(failures, %url, "status report to the farm failed");
+                        tracing::warn!(failures, %url, next = %urls.current(),
+                            "status report to the farm failed; the next goes to the next API");
                     }
                 }
             }
@@ -142,6 +189,28 @@ pub fn report_body(export_name: &str, v: &serde_json::Value) -> serde_json::Valu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_report_moves_to_the_next_api_and_comes_round() {
+        let apis = [
+            "https://a.example:8443".to_string(),
+            "not a url".to_string(),
+            "https://b.example:8443/".to_string(),
+        ];
+        let mut u = ReportUrls::new(&apis).expect("two usable URLs");
+        assert_eq!(
+            u.current().as_str(),
+            "https://a.example:8443/api/v1/status/report"
+        );
+        u.failed();
+        assert_eq!(
+            u.current().as_str(),
+            "https://b.example:8443/api/v1/status/report"
+        );
+        u.failed();
+        assert_eq!(u.current().host_str(), Some("a.example"));
+        assert!(ReportUrls::new(&["not a url".to_string()]).is_none());
+    }
 
     #[test]
     fn an_answer_s_addresses_come_in_its_order_and_bad_ones_are_dropped() {

@@ -363,7 +363,7 @@ fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig,
     let refresh = std::sync::Arc::new(agent::remote::ServerRefresh::default());
     cfg.refresh = Some(std::sync::Arc::clone(&refresh));
     agent::report::start(
-        &args.api[0],
+        &args.api,
         ca,
         grant.export_name.to_string(),
         cfg.control_socket.clone(),

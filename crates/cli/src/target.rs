@@ -158,7 +158,11 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
             }
             let (grant, api) = device_login(a, mac)?;
             let ca = farm_ca_pem(a);
-            reporter = Some((api.clone(), grant.export_name.to_string(), ca.clone()));
+            // Reports go to the API login used, then to the others in --server's order.
+            let apis: Vec<String> = std::iter::once(api.clone())
+                .chain(a.server.iter().filter(|u| **u != api).cloned())
+                .collect();
+            reporter = Some((apis, grant.export_name.to_string(), ca.clone()));
             let mut cfg = config_from_grant(&grant, export_socket.clone())?;
             cfg.relogin = Some(relogin(a, &grant));
             // The version's boot set, read ahead of the machine into the host read cache
@@ -201,10 +205,10 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    if let Some((api, export, ca)) = reporter {
+    if let Some((apis, export, ca)) = reporter {
         let refresh = Arc::new(agent::remote::ServerRefresh::default());
         cfg.refresh = Some(Arc::clone(&refresh));
-        start_reporter(&api, ca, export, cfg.control_socket.clone(), Some(refresh));
+        start_reporter(&apis, ca, export, cfg.control_socket.clone(), Some(refresh));
     }
     if let Some(dir) = export_socket.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;

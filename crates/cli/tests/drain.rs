@@ -310,3 +310,45 @@ fn a_second_server_with_the_same_name_is_refused_not_merged() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("is running"), "{err}");
 }
+
+/// Issue 31: a device's status reports survive the loss of the API it logged in through:
+/// `ferry target --server API1,API2` logs in through s1; s1 is killed; the device fails over
+/// to s2 for its reads, and its reports, failing at s1, go to s2's API, whose live status
+/// then shows the device's counters on s2 (counters are kept per API process: before, only
+/// s1's API ever saw them).
+#[test]
+fn status_reports_reach_another_api_when_the_login_one_is_gone() {
+    let f = Farm::init();
+    let (s1, api1, _) = server(&f, "s1");
+    f.objects(&api1, &[(MAC, "pc1")]);
+    let (_s2, api2, _) = server(&f, "s2");
+    let both = format!("{api1},{api2}");
+    let (_target, socket) = f.target_with(&api1, MAC, "pc1", &["--server", &both]);
+    s1.kill();
+    let client = reqwest::blocking::Client::new();
+    let deadline = Instant::now() + MOVE_WAIT;
+    loop {
+        // A read through the export, so the device fails over to s2.
+        let _ = status(&socket);
+        let v: Value = client
+            .get(format!("{api2}/api/v1/status"))
+            .bearer_auth(&f.token)
+            .send()
+            .and_then(|r| r.json())
+            .unwrap();
+        let server = v["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d["mac"] == MAC)
+            .map(|d| d["counters"]["server_name"].clone());
+        if server == Some(Value::from("s2")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "s2's API never saw pc1's reports: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
