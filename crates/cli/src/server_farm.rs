@@ -138,20 +138,17 @@ const LOCK_FILE: &str = "lock";
 /// # Errors
 /// Another server holds the lock, or the state cannot be made or read.
 pub fn identity(state: &Path, name: &str) -> anyhow::Result<String> {
-    use std::io::Write as _;
-    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(state)
+    use std::os::unix::fs::OpenOptionsExt as _;
+    // A private directory: 0700, its files written atomically 0600.
+    let dir = pki::CertDir::create(state)
         .with_context(|| format!("make the server's state directory {}", state.display()))?;
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .mode(0o600)
-        .open(state.join(LOCK_FILE))
-        .with_context(|| format!("open {}", state.join(LOCK_FILE).display()))?;
+        .open(dir.file(LOCK_FILE))
+        .with_context(|| format!("open {}", dir.file(LOCK_FILE).display()))?;
     match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => {}
         Err(rustix::io::Errno::WOULDBLOCK) => anyhow::bail!(
@@ -160,12 +157,12 @@ pub fn identity(state: &Path, name: &str) -> anyhow::Result<String> {
             state.display()
         ),
         Err(e) => {
-            return Err(e).with_context(|| format!("lock {}", state.join(LOCK_FILE).display()));
+            return Err(e).with_context(|| format!("lock {}", dir.file(LOCK_FILE).display()));
         }
     }
     // Held until the process exits.
     std::mem::forget(lock);
-    let path = state.join(IDENTITY_FILE);
+    let path = dir.file(IDENTITY_FILE);
     match std::fs::read_to_string(&path) {
         Ok(text) => {
             let uid = text.trim().to_string();
@@ -175,17 +172,7 @@ pub fn identity(state: &Path, name: &str) -> anyhow::Result<String> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let uid = hex::encode(rand::random::<[u8; 16]>());
-            let tmp = state.join(format!("{IDENTITY_FILE}.new"));
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .write(true)
-                .mode(0o600)
-                .open(&tmp)
-                .with_context(|| format!("create {}", tmp.display()))?;
-            writeln!(f, "{uid}")?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)
+            dir.write(IDENTITY_FILE, &format!("{uid}\n"))
                 .with_context(|| format!("keep the identity in {}", path.display()))?;
             Ok(uid)
         }
@@ -226,7 +213,16 @@ pub async fn open(
     }
     // Before anything is made in the farm (a site, this server's row): a server needs a
     // store to serve, and a new farm has none until one is added over the API.
-    if store.is_none() && farm.list_stores(Some(1), Some(0)).await?.items.is_empty() {
+    let first_store = match store {
+        Some(_) => None,
+        None => farm
+            .list_stores(Some(1), Some(0))
+            .await?
+            .items
+            .into_iter()
+            .next(),
+    };
+    if store.is_none() && first_store.is_none() {
         anyhow::bail!(
             "the farm in {} has no store yet: start its API alone (`ferry farm serve --data \
              {0}`), add a store (`ferry store add NAME --path DIR`), then start this server; \
@@ -262,16 +258,13 @@ pub async fn open(
         )
         .await
         .context("register this server in the farm")?;
-    let (store_dir, bucket) = match store {
-        Some(dir) => (dir.to_path_buf(), bucket_of_dir(&farm, dir, me.id).await?),
-        None => {
-            let stores = farm.list_stores(Some(1), Some(0)).await?;
-            let first = stores.items.first().context(
-                "the farm's stores are gone: add one (`ferry store add NAME --path DIR`)",
-            )?;
+    let (store_dir, bucket) = match (store, first_store) {
+        (Some(dir), _) => (dir.to_path_buf(), bucket_of_dir(&farm, dir, me.id).await?),
+        (None, Some(first)) => {
             let bucket = (!first.bucket.is_empty()).then(|| first.bucket.clone());
             (farm.store_dir(first.id, Some(me.id)).await?, bucket)
         }
+        (None, None) => unreachable!("refused above: no --store and no store in the farm"),
     };
     Ok((
         FarmHandle {
