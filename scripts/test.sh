@@ -46,7 +46,7 @@ TEST_TOOLS=(
     # boot service and TFTP clients, certificates
     curl=curl tftp=tftp-hpa openssl=openssl
     # disks of the boot-file and boot tests
-    mkfs.ext4=e2fsprogs mkfs.ext2=e2fsprogs sfdisk=fdisk cpio=cpio
+    mkfs.ext4=e2fsprogs mkfs.ext2=e2fsprogs e2fsck=e2fsprogs dumpe2fs=e2fsprogs sfdisk=fdisk cpio=cpio
     # the QEMU boot tests (crates/guest): the machine, the test OS's build
     qemu-system-x86_64=qemu-system-x86 debootstrap=debootstrap strip=binutils
     # the console's end-to-end test: Debian's headless Chromium driven from node

@@ -82,6 +82,9 @@ pub struct AgentConfig {
     /// Newer server lists from the farm, taken at the next failover (see
     /// [`crate::remote::ServerRefresh`]); the status reporter offers them.
     pub refresh: Option<Arc<crate::remote::ServerRefresh>>,
+    /// Where [`run`] makes this agent's status readable in-process, for the status
+    /// reporter ([`crate::report::StatusFeed`]).
+    pub status_feed: Option<Arc<crate::report::StatusFeed>>,
     /// The host read cache shared with the other agents of this host (local cache modes
     /// only); `None`: none (a prefetch then uses a private one).
     pub host_cache: Option<HostCacheConfig>,
@@ -151,6 +154,7 @@ impl AgentConfig {
             tls: None,
             relogin: None,
             refresh: None,
+            status_feed: None,
             host_cache: None,
             version_identity: None,
             boot_set: None,
@@ -505,6 +509,14 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future) -> Result<(), AgentErr
         .await
         .expect("building the agent does not panic")?;
     let agent = Arc::new(agent);
+    if let Some(feed) = &agent.cfg.status_feed {
+        // A weak handle: the feed lives in the agent's own configuration.
+        let weak = Arc::downgrade(&agent);
+        feed.set(Box::new(move || {
+            weak.upgrade()
+                .map(|a| serde_json::to_value(a.status()).unwrap_or_default())
+        }));
+    }
     let control_path = agent.cfg.control_socket.clone();
     let _ = std::fs::remove_file(&control_path);
     let control = UnixListener::bind(&control_path).map_err(|source| AgentError::Listen {

@@ -1,8 +1,10 @@
 //! Gives the agent's export to the Linux kernel's NBD driver as a block device
 //! (`/dev/nbdN`), the way `nbd-client` does: the agent connects to its own export socket,
 //! negotiates (without structured replies, which the driver does not read), and hands the
-//! connected socket to the driver with the `NBD_SET_*` ioctls; a thread then sits in
-//! `NBD_DO_IT` while the kernel sends its requests over that socket.
+//! connected socket to the driver: through the driver's netlink interface
+//! (`crate::nbd_netlink`), which nothing in the agent waits on, so no signal to the agent
+//! (systemd's shutdown sends every process SIGSTOP and SIGCONT) shuts the device down; on a
+//! kernel without it, with the `NBD_SET_*` ioctls and a thread that sits in `NBD_DO_IT`.
 //!
 //! ```text
 //!   ext4 / systemd ──► /dev/nbd0 (kernel NBD driver) ──unix socket──► agent export
@@ -69,6 +71,14 @@ pub enum KernelError {
         #[source]
         source: std::io::Error,
     },
+    /// The driver's netlink interface refused the socket (the device in use, say).
+    #[error("give {path} to the kernel through netlink: {reason}")]
+    Netlink {
+        /// The device node.
+        path: PathBuf,
+        /// The kernel's answer.
+        reason: String,
+    },
     /// An ioctl failed (the device is in use by another client, say).
     #[error("{what} on {path}: {source}")]
     Ioctl {
@@ -89,8 +99,12 @@ pub struct KernelDisk {
     pub device: PathBuf,
     /// What the export said about itself.
     pub info: ExportInfo,
-    /// The thread in `NBD_DO_IT`; it ends when the connection does.
-    pub thread: JoinHandle<Result<(), KernelError>>,
+    /// The thread in `NBD_DO_IT` (the ioctl interface); it ends when the connection does.
+    /// `None` through netlink, where no thread waits: the driver holds the socket.
+    pub thread: Option<JoinHandle<Result<(), KernelError>>>,
+    /// The agent's end of the socket the driver was given through netlink (kept open for
+    /// the device's life; the driver holds its own reference as well).
+    pub socket: Option<UnixStream>,
 }
 
 /// Connects to the agent's export at `socket` (export `export`, "" for the default),
@@ -108,6 +122,33 @@ pub fn attach(socket: &Path, export: &str, device: &Path) -> Result<KernelDisk, 
         negotiate_simple(&mut stream, export).map_err(|f| KernelError::Negotiate(f.to_string()))?;
     if !info.size.is_multiple_of(KERNEL_BLOCK_BYTES) {
         return Err(KernelError::Size(info.size));
+    }
+    if let Some(index) = device_index(device) {
+        match crate::nbd_netlink::connect(
+            index,
+            stream.as_raw_fd(),
+            info.size,
+            KERNEL_BLOCK_BYTES,
+            u64::from(info.flags),
+        ) {
+            Ok(()) => {
+                return Ok(KernelDisk {
+                    device: device.to_path_buf(),
+                    info,
+                    thread: None,
+                    socket: Some(stream),
+                });
+            }
+            Err(crate::nbd_netlink::NetlinkError::NoFamily) => {
+                tracing::info!("no nbd netlink interface in this kernel: the NBD ioctls instead");
+            }
+            Err(e) => {
+                return Err(KernelError::Netlink {
+                    path: device.to_path_buf(),
+                    reason: e.to_string(),
+                });
+            }
+        }
     }
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -157,8 +198,19 @@ pub fn attach(socket: &Path, export: &str, device: &Path) -> Result<KernelDisk, 
     Ok(KernelDisk {
         device: path,
         info,
-        thread,
+        thread: Some(thread),
+        socket: None,
     })
+}
+
+/// The `N` of a `/dev/nbdN` path.
+fn device_index(device: &Path) -> Option<u32> {
+    device
+        .file_name()?
+        .to_str()?
+        .strip_prefix("nbd")?
+        .parse()
+        .ok()
 }
 
 /// One `NBD_SET_*` ioctl with an integer argument.

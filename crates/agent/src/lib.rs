@@ -30,7 +30,9 @@
 //! The boot set comes from the farm after device login (`boot_set_fetch.rs`).
 //!
 //! `daemon.rs` runs it all with a control socket (`control.rs`) that answers `status` and
-//! `mark-booted`.
+//! `mark-booted`. `kernel.rs` gives the export to the kernel's NBD driver as `/dev/nbdN`
+//! (through its netlink interface, `nbd_netlink.rs`, or its ioctls); `report.rs` posts the
+//! agent's counters to the farm.
 
 #![warn(missing_docs)]
 
@@ -44,6 +46,7 @@ mod handshake;
 pub mod host_read;
 pub mod kernel;
 pub mod login;
+pub mod nbd_netlink;
 pub mod prefetch;
 pub mod remote;
 pub mod report;

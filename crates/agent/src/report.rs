@@ -2,8 +2,7 @@
 //! `/api/v1/status/report` every [`REPORT_EVERY`] for the console's live status, with its
 //! session export as the credential. Shared by `ferry target` and the boot agent.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::login::{self, LoginError};
@@ -57,9 +56,42 @@ impl ReportUrls {
     }
 }
 
+/// Reads the agent's status in its own process, for the reporter: filled by [`crate::run`]
+/// once the agent is built. Not through the control socket's path: after `switch_root` the
+/// boot agent's root is still the initramfs, whose `/run` the initramfs moved under the new
+/// root, so that path no longer leads to the socket from the agent itself (its reports
+/// stopped at `switch_root`, issue 31).
+#[derive(Default)]
+pub struct StatusFeed(OnceLock<StatusFn>);
+
+type StatusFn = Box<dyn Fn() -> Option<serde_json::Value> + Send + Sync>;
+
+impl StatusFeed {
+    /// Sets where the status comes from (the first call wins).
+    pub fn set(&self, status: StatusFn) {
+        let _ = self.0.set(status);
+    }
+
+    /// Whether the agent has set it.
+    pub fn is_set(&self) -> bool {
+        self.0.get().is_some()
+    }
+
+    /// The agent's status now; `None` before the agent runs or after it ended.
+    pub fn read(&self) -> Option<serde_json::Value> {
+        self.0.get().and_then(|f| f())
+    }
+}
+
+impl std::fmt::Debug for StatusFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("StatusFeed").field(&self.is_set()).finish()
+    }
+}
+
 /// Starts a thread that reports this device's counters to the farm every [`REPORT_EVERY`]
 /// for the console's live status: bytes read and written, retries and the write cache's
-/// use, read from the agent's own control socket and posted to `/api/v1/status/report` with
+/// use, read from the agent in this process (`feed`, which [`crate::run`] fills) and posted to `/api/v1/status/report` with
 /// the session export as the credential, with the address of the server in use (the
 /// console's Server column). Reports go to the first of `apis` that answers
 /// ([`ReportUrls`]: the one login used first); failures are counted and logged (the 1st,
@@ -70,7 +102,7 @@ pub fn start(
     apis: &[String],
     ca: Option<String>,
     export_name: String,
-    control: PathBuf,
+    feed: Arc<StatusFeed>,
     refresh: Option<Arc<ServerRefresh>>,
 ) {
     let Some(mut urls) = ReportUrls::new(apis) else {
@@ -97,16 +129,15 @@ pub fn start(
             let mut reports = 0u64;
             loop {
                 std::thread::sleep(REPORT_EVERY);
-                let v = match crate::control::request(&control, "status") {
-                    Ok(v) => v,
-                    Err(e) => {
+                let Some(v) = feed.read() else {
+                    // Not yet (the agent is still being built): nothing to say.
+                    if feed.is_set() {
                         failures += 1;
                         if failures.is_power_of_two() {
-                            tracing::warn!(failures, error = %e, control = %control.display(),
-                                "no status to report: the agent's control socket did not answer");
+                            tracing::warn!(failures, "no status to report: the agent has ended");
                         }
-                        continue;
                     }
+                    continue;
                 };
                 let mut body = report_body(&export_name, &v);
                 reports += 1;
@@ -141,6 +172,48 @@ pub fn start(
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "no status reports to the farm");
     }
+}
+
+/// Ends the session `export_name` at the farm (`POST /api/v1/device/session/end`): its
+/// machine shut down cleanly, its last write done. Tries each of `apis` in turn (each
+/// bounded by the login client's timeouts); returns the API that ended it, or why none did.
+///
+/// # Errors
+/// The last API's refusal or failure, naming it.
+pub fn end_session(apis: &[String], ca: Option<&str>, export_name: &str) -> Result<String, String> {
+    let mut last = String::from("no usable farm API URL");
+    for api in apis {
+        let attempt = login::parse_api_url(api)
+            .map_err(|e| e.to_string())
+            .and_then(|base| {
+                let url = base
+                    .join("api/v1/device/session/end")
+                    .map_err(|e| e.to_string())?;
+                let client = login::api_client(&base, ca)
+                    .map_err(|e| e.to_string())?
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                let r = client
+                    .post(url)
+                    .json(&serde_json::json!({ "export_name": export_name }))
+                    .send()
+                    .map_err(|e| e.to_string())?;
+                if r.status().is_success() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{}: {}",
+                        r.status(),
+                        r.text().unwrap_or_default().trim()
+                    ))
+                }
+            });
+        match attempt {
+            Ok(()) => return Ok(api.clone()),
+            Err(e) => last = format!("{api}: {e}"),
+        }
+    }
+    Err(last)
 }
 
 /// The servers of a report's answer (`{"servers": [{"address", "alive", "draining"}, …]}`),

@@ -59,6 +59,9 @@ pub const REQUESTS_MAX: usize = 64;
 pub const FILLS_MAX: usize = 2;
 /// The largest kernel or initramfs served.
 pub const BOOT_FILE_BYTES_MAX: u64 = 512 << 20;
+/// The most farm API URLs a boot script names (each is tried in turn at login and by the
+/// status reports; the kernel's command line is short).
+pub const SCRIPT_API_URLS_MAX: usize = 4;
 /// Refusals are logged at most once per this many milliseconds (the rest are counted).
 pub const REFUSAL_LOG_EVERY_MS: i64 = 10_000;
 
@@ -67,6 +70,11 @@ pub const REFUSAL_LOG_EVERY_MS: i64 = 10_000;
 pub struct BootConfig {
     /// The farm API URLs the scripts tell the agent (`https://HOST:PORT`).
     pub api_urls: Vec<String>,
+    /// True: after those, the scripts name the API URLs the other live servers of the
+    /// device's site registered (at most [`SCRIPT_API_URLS_MAX`] in all), so that the
+    /// device logs in and reports through another when this one goes away. False when the
+    /// administrator named the URLs (`--boot-api-url`).
+    pub site_apis: bool,
     /// The directory of cached boot files (made 0700 when missing).
     pub cache_dir: PathBuf,
     /// Where boot files come from.
@@ -145,6 +153,27 @@ impl BootState {
     /// Its counters.
     pub fn counters(&self) -> Arc<BootCounters> {
         Arc::clone(&self.counters)
+    }
+
+    /// The API URLs a script for a device of `collection_id` names: this server's, then
+    /// (with [`BootConfig::site_apis`]) those of its site's other live servers, at most
+    /// [`SCRIPT_API_URLS_MAX`]. A database error leaves this server's alone.
+    async fn api_urls(&self, collection_id: i64) -> Vec<String> {
+        let mut urls = self.config.api_urls.clone();
+        if self.config.site_apis {
+            match self.farm.site_api_urls(collection_id).await {
+                Ok(more) => {
+                    for u in more {
+                        if !urls.contains(&u) {
+                            urls.push(u);
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "the site's API URLs were not read"),
+            }
+        }
+        urls.truncate(SCRIPT_API_URLS_MAX.max(self.config.api_urls.len()));
+        urls
     }
 }
 
@@ -291,13 +320,14 @@ async fn device(State(s): State<BootState>, UrlPath(mac): UrlPath<String>) -> Re
         Ok(t) => t,
         Err(e) => return s.refuse(&mac, &format!("no login ticket for this boot: {e}")),
     };
+    let api_urls = s.api_urls(t.device.collection_id).await;
     let d = DeviceScript {
         mac: &t.device.mac,
         device: &name,
         vdisk_id: t.vdisk.id,
         vdisk: &t.vdisk.name,
         version: t.version.number,
-        api_urls: &s.config.api_urls,
+        api_urls: &api_urls,
         root: info.root,
         initrd: info.initrd,
         image_cmdline: info.cmdline.as_deref(),

@@ -11,6 +11,8 @@
 //!             login
 //! vdisks.rs   vDisks and the version lifecycle
 //! boot_sets.rs a version's boot set: summary, clear; a device fetches its own (session)
+//! status.rs   the live status (devices, sessions, counters shared between APIs); reports
+//! device_session.rs a device ends its own session (its machine shut down cleanly)
 //! tls.rs      plain HTTP on loopback only (HTTPS and every listener bound: the budget crate)
 //! boot.rs     the network boot routes (plain HTTP, no credentials, boot data only):
 //!             boot::router (served behind a budget gate: `ferry server --boot-listen`),
@@ -35,6 +37,7 @@ pub mod boot_sets;
 pub mod boot_source;
 mod boot_versions;
 pub mod console;
+pub mod device_session;
 pub mod error;
 pub mod extract;
 pub mod routes;
@@ -89,7 +92,7 @@ pub struct AppState {
         vdisks::list_vdisks, vdisks::create_vdisk, vdisks::get_vdisk, vdisks::patch_vdisk,
         vdisks::delete_vdisk, vdisks::list_versions, vdisks::new_version, vdisks::get_version,
         vdisks::promote, vdisks::revert, vdisks::delete_version, vdisks::merge,
-        status::status, status::report,
+        status::status, status::report, device_session::end,
         boot_sets::get_boot_set, boot_sets::clear_boot_set, boot_sets::device_boot_set,
     ),
     components(schemas(error::ErrorBody, status::ReportAnswer, boot_sets::BootSetInfo,
@@ -185,6 +188,7 @@ pub fn router(state: AppState) -> Router {
             get(boot_sets::get_boot_set).delete(boot_sets::clear_boot_set),
         )
         .route("/device/boot-set", post(boot_sets::device_boot_set))
+        .route("/device/session/end", post(device_session::end))
         .merge(status::routes())
         .fallback(not_found)
         .with_state(state);

@@ -7,8 +7,11 @@
 //!   console (every 2 s) ── GET /api/v1/status ──► devices ⋈ sessions ⋈ versions ⋈ board
 //! ```
 //!
-//! The board is in-process memory: counters are cumulative for one session and vanish with
-//! the process (a report after a restart starts them again). A report names its session by
+//! The board is in-process memory, shared through the database: each process writes a
+//! session's newest counters there at most every [`farm::counters::SHARE_EVERY_MS`] (at once
+//! when its server changed), and a snapshot shows, per session, the newer of its own board's
+//! entry and the shared one, so the status through any API of the farm shows every device
+//! (issue 31). Counters are cumulative for one session. A report names its session by
 //! its export name, the unguessable session-scoped secret that login gave the device; it
 //! needs no API token, like the login routes. Counters of an ended or replaced session are
 //! not shown, because an entry is shown only while its session id is the device's live one.
@@ -208,6 +211,45 @@ struct Entry {
     server_address: Option<String>,
     reported_at_ms: i64,
     counters: Counters,
+    /// When this process last wrote them to the database (0: not yet).
+    shared_at_ms: i64,
+}
+
+impl Entry {
+    fn shared(&self) -> farm::counters::SharedCounters {
+        let n = farm::counters::stored;
+        farm::counters::SharedCounters {
+            session_id: self.session_id.clone(),
+            server_id: self.server_id,
+            server_address: self.server_address.clone(),
+            reported_at_ms: self.reported_at_ms,
+            bytes_read: n(self.counters.bytes_read),
+            bytes_written: n(self.counters.bytes_written),
+            retries: n(self.counters.retries),
+            cache_used_bytes: n(self.counters.cache_used_bytes),
+            host_cache_hit_bytes: n(self.counters.host_cache_hit_bytes),
+            host_cache_server_bytes: n(self.counters.host_cache_server_bytes),
+        }
+    }
+
+    fn from_shared(c: &farm::counters::SharedCounters) -> Entry {
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Entry {
+            session_id: c.session_id.clone(),
+            server_id: c.server_id,
+            server_address: c.server_address.clone(),
+            reported_at_ms: c.reported_at_ms,
+            counters: Counters {
+                bytes_read: n(c.bytes_read),
+                bytes_written: n(c.bytes_written),
+                retries: n(c.retries),
+                cache_used_bytes: n(c.cache_used_bytes),
+                host_cache_hit_bytes: n(c.host_cache_hit_bytes),
+                host_cache_server_bytes: n(c.host_cache_server_bytes),
+            },
+            shared_at_ms: c.reported_at_ms,
+        }
+    }
 }
 
 /// The counters reported per device (see the module documentation).
@@ -304,11 +346,18 @@ pub async fn status(
             }
         }
     }
+    let shared: HashMap<String, farm::counters::SharedCounters> = farm
+        .shared_counters()
+        .await?
+        .into_iter()
+        .map(|c| (c.session_id.clone(), c))
+        .collect();
     let ctx = Ctx {
         vdisks: &vdisks,
         servers: &servers,
         access: &access,
         board: &board,
+        shared: &shared,
     };
     let items = devices
         .items
@@ -368,11 +417,13 @@ pub async fn report(
             format!("server_address is longer than {SERVER_ADDRESS_BYTES_MAX} bytes"),
         ));
     }
-    let entry = Entry {
+    let now = s.farm.now_ms();
+    let mut entry = Entry {
         session_id: session.id.clone(),
         server_id: r.server_id,
         server_address,
-        reported_at_ms: s.farm.now_ms(),
+        reported_at_ms: now,
+        shared_at_ms: 0,
         counters: Counters {
             bytes_read: r.bytes_read,
             bytes_written: r.bytes_written,
@@ -389,15 +440,23 @@ pub async fn report(
     };
     // Load balancing counts the device on the server it streams from now; the database is
     // written only when that changed since this session's last report to this process.
-    let unchanged = board.get(session.device_id, &session.id).is_some_and(|p| {
+    let previous = board.get(session.device_id, &session.id);
+    let unchanged = previous.as_ref().is_some_and(|p| {
         (p.server_id, &p.server_address) == (entry.server_id, &entry.server_address)
     });
     if let (Some(server), false) = (server, unchanged) {
         s.farm.note_session_server(&session.id, server).await?;
     }
+    // Shared with the farm's other APIs at most every SHARE_EVERY_MS, and at once when
+    // the device's server changed (a failover shows everywhere).
+    entry.shared_at_ms = previous.map_or(0, |p| p.shared_at_ms);
+    if !unchanged || now.saturating_sub(entry.shared_at_ms) >= farm::counters::SHARE_EVERY_MS {
+        s.farm.share_counters(&entry.shared()).await?;
+        entry.shared_at_ms = now;
+    }
     board.record(session.device_id, entry)?;
     if r.servers_wanted {
-        let servers = s.farm.device_servers(session.device_id).await?;
+        let servers = s.farm.session_servers(&session.id).await?;
         return Ok(Json(ReportAnswer { servers }).into_response());
     }
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -415,12 +474,24 @@ struct Ctx<'a> {
     servers: &'a [Server],
     access: &'a HashMap<(i64, i64), AccessMode>,
     board: &'a StatusBoard,
+    /// The counters the farm's API processes shared, by session id.
+    shared: &'a HashMap<String, farm::counters::SharedCounters>,
 }
 
 impl Ctx<'_> {
     fn device(&self, d: &Device, session: Option<&Session>) -> DeviceStatus {
         let vdisk = d.vdisk_id.and_then(|id| self.vdisks.get(&id));
-        let counters = session.and_then(|x| self.board.get(d.id, &x.id)).map(|e| {
+        // This process's newest, or the shared ones when another API had newer.
+        let counters = session.and_then(|x| {
+            let local = self.board.get(d.id, &x.id);
+            let shared = self.shared.get(&x.id).map(Entry::from_shared);
+            match (local, shared) {
+                (Some(l), Some(s)) if s.reported_at_ms > l.reported_at_ms => Some(s),
+                (Some(l), _) => Some(l),
+                (None, s) => s,
+            }
+        });
+        let counters = counters.map(|e| {
             let server = reported_server(self.servers, e.server_id, e.server_address.as_deref());
             Reported {
                 session_id: e.session_id,
@@ -523,6 +594,7 @@ mod tests {
                 bytes_read,
                 ..Counters::default()
             },
+            shared_at_ms: 0,
         }
     }
 
@@ -536,6 +608,7 @@ mod tests {
             heartbeat_at_ms: 0,
             rating: farm::balance::DEFAULT_RATING,
             draining: farm::model::Flag(false),
+            api_url: None,
         }
     }
 

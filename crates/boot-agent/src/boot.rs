@@ -182,6 +182,8 @@ fn boot(opts: &Opts) -> anyhow::Result<()> {
     .with_context(|| format!("chmod 0700 {}", opts.run_dir.display()))?;
     let _ = std::fs::remove_file(opts.run_dir.join("ready"));
     let _ = std::fs::remove_file(opts.run_dir.join("failed"));
+    let _ = std::fs::remove_file(opts.run_dir.join(crate::shutdown::ASKED));
+    let _ = std::fs::remove_file(opts.run_dir.join(crate::shutdown::DONE));
     let mut args = BootArgs::new();
     if opts.config.exists() {
         args.apply_config(
@@ -232,6 +234,19 @@ fn boot(opts: &Opts) -> anyhow::Result<()> {
         args.attach_wait.unwrap_or(ATTACH_PATIENCE),
     )?;
     let disk = agent::kernel::attach(&socket, "", &args.device)?;
+    // A clean shutdown ends the session (systemd's shutdown hook asks, once the root is
+    // read-only): the run directory is opened now, before switch_root moves it.
+    let end = cfg
+        .export_name
+        .as_ref()
+        .map(|e| crate::shutdown::SessionEnd {
+            apis: args.api.clone(),
+            ca: args.ca.as_ref().and_then(|p| read_limited(p).ok()),
+            export_name: e.to_string(),
+        });
+    if let Err(e) = crate::shutdown::watch(&opts.run_dir, end) {
+        eprintln!("ferry-boot: a clean shutdown will not end the session: {e}");
+    }
     std::fs::write(
         opts.run_dir.join("ready"),
         format!("{}\n", args.device.display()),
@@ -243,11 +258,14 @@ fn boot(opts: &Opts) -> anyhow::Result<()> {
         disk.info.size,
         cfg.mode.cli_name()
     );
-    match disk.thread.join() {
-        Ok(Ok(())) => tracing::warn!("the kernel let go of the NBD device"),
-        Ok(Err(e)) => tracing::error!(error = %e, "the kernel's NBD device stopped"),
-        Err(_) => tracing::error!("the NBD_DO_IT thread panicked"),
+    match disk.thread.map(std::thread::JoinHandle::join) {
+        // Through netlink the driver holds the socket: nothing to wait for.
+        None => {}
+        Some(Ok(Ok(()))) => tracing::warn!("the kernel let go of the NBD device"),
+        Some(Ok(Err(e))) => tracing::error!(error = %e, "the kernel's NBD device stopped"),
+        Some(Err(_)) => tracing::error!("the NBD_DO_IT thread panicked"),
     }
+    let _socket = disk.socket;
     // The export keeps running for anything still holding it; this process must not end
     // while the root file system may still be on it.
     loop {
@@ -362,11 +380,13 @@ fn farm_config(args: &BootArgs, socket: PathBuf) -> anyhow::Result<(AgentConfig,
     }
     let refresh = std::sync::Arc::new(agent::remote::ServerRefresh::default());
     cfg.refresh = Some(std::sync::Arc::clone(&refresh));
+    let feed = std::sync::Arc::new(agent::report::StatusFeed::default());
+    cfg.status_feed = Some(std::sync::Arc::clone(&feed));
     agent::report::start(
         &args.api,
         ca,
         grant.export_name.to_string(),
-        cfg.control_socket.clone(),
+        feed,
         Some(refresh),
     );
     Ok((cfg, what))

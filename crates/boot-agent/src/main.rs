@@ -19,6 +19,7 @@
 //! panics with (the kernel reboots after `panic=N`), never a silent hang.
 
 mod boot;
+mod shutdown;
 
 use std::process::ExitCode;
 

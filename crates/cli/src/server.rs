@@ -206,6 +206,15 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
                 .clone()
                 .unwrap_or_else(|| dir.join("servers").join(&name));
             let uid = crate::server_farm::identity(&state, &name)?;
+            // Where devices reach this server's API, as its boot scripts name it: the
+            // farm keeps it so that other servers' boot scripts name it too.
+            let api_url = crate::server_boot_http::api_urls(
+                a.boot_api_url.as_deref(),
+                &advertise,
+                a.api_listen,
+            )?
+            .into_iter()
+            .next();
             if bucket.is_some() {
                 anyhow::bail!(
                     "with --farm, a bucket store is configured in the farm \
@@ -218,9 +227,12 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
                 a.db.clone(),
                 config.store.dir.as_deref(),
                 a.site,
-                &name,
-                &uid,
-                &advertise,
+                &crate::server_farm::Me {
+                    name: &name,
+                    uid: &uid,
+                    advertise: &advertise,
+                    api_url: api_url.as_deref(),
+                },
             ))?;
             if let Some(url) = farm_bucket {
                 let tier = crate::server_bucket::open_at(&url, &store_dir, &a.bucket)?;
@@ -315,6 +327,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
                     &f.advertise,
                     a.api_listen,
                 )?,
+                site_apis: a.boot_api_url.is_none(),
                 cache_dir: data.join(crate::server_boot_http::BOOT_CACHE_DIR),
             },
         )),

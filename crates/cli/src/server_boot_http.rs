@@ -25,6 +25,8 @@ pub struct BootHttp {
     pub listen: SocketAddr,
     /// The farm API URLs the scripts name.
     pub api_urls: Vec<String>,
+    /// True unless `--boot-api-url` named them: the scripts add the site's other servers'.
+    pub site_apis: bool,
     /// The boot file cache.
     pub cache_dir: PathBuf,
 }
@@ -118,6 +120,7 @@ pub fn state(
         farm,
         Some(server_id),
         BootConfig {
+            site_apis: b.site_apis,
             api_urls: b.api_urls,
             cache_dir: b.cache_dir,
             source: Arc::new(BootfilesSource),

@@ -180,9 +180,21 @@ pub fn identity(state: &Path, name: &str) -> anyhow::Result<String> {
     }
 }
 
+/// Who this server is in the farm.
+#[derive(Debug, Clone, Copy)]
+pub struct Me<'a> {
+    /// Its name, a label (`--server-name`).
+    pub name: &'a str,
+    /// Its identity, kept in its state directory ([`identity`]).
+    pub uid: &'a str,
+    /// Where devices reach its NBD service.
+    pub advertise: &'a str,
+    /// Where devices reach its API, as its boot scripts name it.
+    pub api_url: Option<&'a str>,
+}
+
 /// Opens the farm in `data` (SQLite there, or `db`), finds the store to serve (`store`, or
-/// the farm's first store), and registers this server (identity `uid`, see [`identity`]) as
-/// `name` at `advertise` in `site`.
+/// the farm's first store), and registers this server (`me`) in `site`.
 /// Returns the handle, the store's directory and, for a bucket store, its bucket URL (the
 /// directory is then the server's tier of it).
 ///
@@ -193,10 +205,14 @@ pub async fn open(
     db: Option<String>,
     store: Option<&Path>,
     site: Option<i64>,
-    name: &str,
-    uid: &str,
-    advertise: &str,
+    me: &Me<'_>,
 ) -> anyhow::Result<(FarmHandle, PathBuf, Option<String>)> {
+    let Me {
+        name,
+        uid,
+        advertise,
+        api_url,
+    } = *me;
     let config = farm::FarmConfig {
         data_dir: data.to_path_buf(),
         db_url: db,
@@ -253,6 +269,7 @@ pub async fn open(
                 name: name.to_string(),
                 address: advertise.to_string(),
                 uid: Some(uid.to_string()),
+                api_url: api_url.map(str::to_string),
             },
             "ferry-server",
         )

@@ -208,7 +208,9 @@ fn agent(a: &RunArgs) -> anyhow::Result<ExitCode> {
     if let Some((apis, export, ca)) = reporter {
         let refresh = Arc::new(agent::remote::ServerRefresh::default());
         cfg.refresh = Some(Arc::clone(&refresh));
-        start_reporter(&apis, ca, export, cfg.control_socket.clone(), Some(refresh));
+        let feed = Arc::new(agent::report::StatusFeed::default());
+        cfg.status_feed = Some(Arc::clone(&feed));
+        start_reporter(&apis, ca, export, feed, Some(refresh));
     }
     if let Some(dir) = export_socket.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;

@@ -1,7 +1,9 @@
 //! `ferry target install-initramfs`: makes a golden image boot diskless from a farm. It
 //! installs the boot agent (`ferry-boot`, a static binary), Ferry's initramfs-tools hook
-//! and boot script (`boot=ferry`), and `/etc/ferry` (boot.conf and the farm's CA, never a
-//! secret: the boot port serves the initramfs to anyone) into a root file system: the running system's, or a mounted or unpacked image's (`--root`).
+//! and boot script (`boot=ferry`), systemd's shutdown hook (the session ends when the
+//! machine shuts down cleanly), and `/etc/ferry` (boot.conf and the farm's CA, never a
+//! secret: the boot port serves the initramfs to anyone) into a root file system: the
+//! running system's, or a mounted or unpacked image's (`--root`).
 //! Then `update-initramfs -u -k all` in that root (`--update` runs it) builds the
 //! initramfs the farm's boot service serves from the version itself.
 
@@ -16,6 +18,11 @@ use clap::Args as ClapArgs;
 const HOOK: &str = include_str!("../../../dist/initramfs-tools/hooks/ferry");
 /// The boot script, as shipped in `dist/initramfs-tools/scripts/ferry`.
 const SCRIPT: &str = include_str!("../../../dist/initramfs-tools/scripts/ferry");
+/// systemd's shutdown hook, as shipped in `dist/systemd-shutdown/ferry`: the agent ends the
+/// session once the machine's last write is done.
+const SHUTDOWN_HOOK: &str = include_str!("../../../dist/systemd-shutdown/ferry");
+/// Where systemd-shutdown runs it from.
+const SHUTDOWN_HOOK_IN_ROOT: &str = "usr/lib/systemd/system-shutdown/ferry";
 /// Where the hook looks for the agent inside the root.
 const AGENT_IN_ROOT: &str = "usr/lib/ferry/ferry-boot";
 /// The agent's file name beside `ferry` when `--agent` is not given.
@@ -96,6 +103,7 @@ pub fn run(a: &InstallArgs) -> anyhow::Result<ExitCode> {
         SCRIPT.as_bytes(),
         0o644,
     )?;
+    write(root, SHUTDOWN_HOOK_IN_ROOT, SHUTDOWN_HOOK.as_bytes(), 0o755)?;
     let etc = root.join("etc/ferry");
     std::fs::create_dir_all(&etc).with_context(|| format!("create {}", etc.display()))?;
     std::fs::set_permissions(&etc, std::fs::Permissions::from_mode(0o700))

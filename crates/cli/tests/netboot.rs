@@ -30,12 +30,18 @@
 //! the static boot agent (`FERRY_BOOT_AGENT`, or target/x86_64-unknown-linux-musl/
 //! boot-agent/ferry-boot as scripts/test.sh builds it). Under CI=true a missing one fails.
 
+#[path = "netboot_checks/mod.rs"]
+mod checks;
 mod common;
 
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use checks::{
+    agent_status, expect_message, farm_counters, reboots, serving_port, version_clean,
+    wait_boot_set,
+};
 use common::console::{one_reason, stops};
 use common::{Proc, ferry, free_port, path_str};
 use serde_json::Value;
@@ -55,6 +61,17 @@ const STALE_TICKET: &str = "ft_00112233445566778899aabbccddeeff00112233445566778
 const TICKET_SECS: &str = "600";
 /// The guest's script: whether the file of an earlier boot is there, then a write.
 const TEST_SCRIPT: &str = r#"#!/bin/sh
+if [ -e /var/lib/ferry-test/maintained ]; then echo MAINTAINED-BEFORE=yes; fi
+if grep -q ferrytest=maintain /proc/cmdline; then
+    # The maintenance boot: a change made from inside, then a poweroff from inside (a
+    # moment later, once this output is on the console).
+    echo v2 >/etc/ferry-version
+    mkdir -p /var/lib/ferry-test
+    echo maintained >/var/lib/ferry-test/maintained
+    echo MAINTAINED
+    systemd-run --on-active=3s --timer-property=AccuracySec=100ms systemctl poweroff >/dev/null 2>&1
+    exit 0
+fi
 if [ -e /var/lib/ferry-test/written ]; then echo WRITTEN-BEFORE=yes; else echo WRITTEN-BEFORE=no; fi
 mkdir -p /var/lib/ferry-test
 echo hello > /var/lib/ferry-test/written
@@ -424,7 +441,12 @@ fn set_cmdline(farm: &Farm, vdisk: &str, cmdline: &str) {
 
 /// A diskless production device of collection 1.
 fn add_device(farm: &Farm, mac: &str, name: &str, vdisk: &str) {
-    let kind = ["--type", "production", "--diskless"];
+    add_device_of(farm, mac, name, vdisk, "production");
+}
+
+/// A diskless device of type `kind` (production, test, maintenance).
+fn add_device_of(farm: &Farm, mac: &str, name: &str, vdisk: &str, kind: &str) {
+    let kind = ["--type", kind, "--diskless"];
     let a = [
         "device",
         "add",
@@ -484,6 +506,12 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
         status["overflow_bytes"].as_u64().unwrap_or(0) > 0,
         "64 MiB past 16 MiB of RAM reached the overflow disk: {status}"
     );
+    // Status does not go dark at switch_root: the 64 MiB written after it show in the
+    // farm's status (the boot agent reads its own status in-process, not through /run,
+    // which the initramfs moved under the new root).
+    farm_counters(&farm, &farm.api, mac1, "first boot", &vm, |c| {
+        c["bytes_written"].as_u64().unwrap_or(0) >= 64 << 20
+    });
     vm.kill();
     drop(tpm);
 
@@ -535,23 +563,62 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     vm.kill();
     drop(tpm);
 
-    // 3. A new version, changed (its /etc/ferry-version says v2) and promoted to
-    //    production: the next boot of the production device runs it.
+    // 3. Maintenance (issue 31): a new version, booted by a maintenance device to
+    //    multi-user with systemd, changed from inside (its /etc/ferry-version says v2), and
+    //    powered off from inside (`systemctl poweroff`). Every write reaches the version,
+    //    which is left clean (e2fsck -n; no journal to replay at the next boot); the
+    //    machine's session ends with its shutdown, so the version is promotable at once;
+    //    the production device's next boot runs it, with the change.
     let v = json(&farm, &["version", "new", "--vdisk", "debian"]);
     let file = farm
         .store()
         .join(v["file_name"].as_str().expect("version file name"));
-    let changed = dir.join("v2.raw");
-    std::fs::copy(&image.disk, &changed).unwrap();
-    set_version_file(&changed, image.fs_offset, "v2", dir);
-    write_changes(&image.disk, &changed, &file);
-    std::fs::remove_file(&changed).unwrap();
+    let mac2 = "52:54:00:f0:00:02";
+    add_device_of(&farm, mac2, "maint", "debian", "maintenance");
+    set_cmdline(&farm, "debian", "console=ttyS0 ferrytest=maintain");
+    let mut vm = machine(dir, &farm, mac2, "maintenance");
+    expect_message(&mut vm, "maintenance", "MAINTAINED");
+    if let Err(e) = vm.wait_exit(BOOT_WAIT) {
+        panic!("maintenance: the machine did not power off: {e}");
+    }
+    let log = vm.log();
+    println!("maintenance: powered off after {:?}", vm.elapsed());
+    assert!(
+        log.contains("ferry: session ended at the farm"),
+        "maintenance: the clean shutdown ended the session: {log}"
+    );
+    for bad in [
+        "shutting down sockets",
+        "I/O error",
+        "EXT4-fs error",
+        "NBD_DO_IT",
+    ] {
+        assert!(
+            !log.contains(bad),
+            "maintenance: {bad:?} at the shutdown: {log}"
+        );
+    }
+    // Promotable at once, with no `session end`; the promotion lets the version go.
     json(&farm, &["version", "promote", "1", "--vdisk", "debian"]);
+    version_clean(&farm, &file, image.fs_offset, image.fs_bytes, dir);
     let p = json(&farm, &["version", "promote", "1", "--vdisk", "debian"]);
     assert_eq!(p["access"], "production", "{p}");
+    set_cmdline(&farm, "debian", &quick_cmdline());
     // The device keeps its key in its TPM since the first boot: each boot has it.
     let (mut vm, tpm) = machine_with_tpm(dir, &farm, mac1, "promoted");
-    booted(&mut vm, "after the promotion", "v2");
+    let out = booted(&mut vm, "after the promotion", "v2");
+    assert!(
+        out.text.contains("MAINTAINED-BEFORE=yes"),
+        "the maintenance change is in the version: {}",
+        out.text
+    );
+    for replay in ["recovery required", "recovery complete", "orphan"] {
+        assert!(
+            !vm.log().contains(replay),
+            "after the promotion: the version's journal was replayed ({replay:?}): {}",
+            vm.log()
+        );
+    }
     vm.kill();
     drop(tpm);
 
@@ -570,6 +637,12 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
         vm.elapsed()
     );
     booted(&mut vm, "failover", "v2");
+    // Its counters show through the API of the server it failed over to (the one the
+    // test's commands use now) as through the first one's (shared in the database).
+    let (_, _, _, api2, _) = farm.servers.iter().find(|s| s.4.is_some()).unwrap();
+    farm_counters(&farm, api2, mac1, "failover", &vm, |c| {
+        c["bytes_read"].as_u64().unwrap_or(0) > 0 && c["server_name"].as_str().is_some()
+    });
     vm.kill();
     drop(tpm);
 }
@@ -666,120 +739,4 @@ fn four_machines_boot_at_once_and_bad_paths_end_in_a_message() {
     );
     stops(&mut vm, "deleted version");
     one_reason(&vm, "deleted version", "bad.vhdx");
-}
-
-/// A machine refused inside the initramfs reboots (initramfs-tools' `panic` with `panic=N`),
-/// so its firmware tries again (the next boot gets a new ticket); it is then killed.
-fn reboots(vm: &mut guest::Running, step: &str) {
-    expect_message(
-        vm,
-        step,
-        "Rebooting automatically due to panic= boot argument",
-    );
-    expect_message(vm, step, "reboot: Restarting system");
-    vm.kill();
-}
-
-/// The agent's status the guest's test script printed (`STATUS=` JSON).
-fn agent_status(out: &guest::TestOutput, step: &str) -> Value {
-    out.text
-        .lines()
-        .find_map(|l| l.strip_prefix("STATUS="))
-        .and_then(|s| serde_json::from_str(s).ok())
-        .unwrap_or_else(|| panic!("{step}: no agent status: {}", out.text))
-}
-
-/// The farm's boot set of `target` (NAME@V), once a server has recorded one.
-fn wait_boot_set(farm: &Farm, target: &str) -> Value {
-    let start = std::time::Instant::now();
-    loop {
-        let out = ferry()
-            .args(["version", "boot-set", target])
-            .args(["--api", &farm.api, "--token", &farm.token, "--json"])
-            .args(["--farm-ca", path_str(&farm.ca())])
-            .output()
-            .unwrap();
-        if out.status.success() {
-            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-            if v["boots"].as_u64().unwrap_or(0) >= 1 {
-                return v;
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(180),
-            "{target}: no boot set in the farm: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-fn expect_message(vm: &mut guest::Running, step: &str, text: &str) {
-    if let Err(e) = vm.wait_for(text, BOOT_WAIT) {
-        panic!("{step}: no {text:?} on the console: {e}");
-    }
-    println!("{step}: {text:?} on the console after {:?}", vm.elapsed());
-}
-
-/// The NBD port the agent streams from: the first server of its "… from A,B" line.
-fn serving_port(log: &str) -> u16 {
-    let line = log
-        .lines()
-        .find(|l| l.contains("ferry-boot: /dev/nbd0 is"))
-        .expect("the agent's line");
-    let from = line.split(" from ").nth(1).expect("servers in the line");
-    let first = from.split([',', ' ']).next().unwrap_or_default();
-    first
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no port in {line:?}"))
-}
-
-/// Writes `version` into /etc/ferry-version of the ext4 file system at `offset` of the raw
-/// disk `raw` (a loop mount).
-fn set_version_file(raw: &Path, offset: u64, version: &str, dir: &Path) {
-    let mnt = dir.join("mnt");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let ok = std::process::Command::new("mount")
-        .args(["-o", &format!("loop,offset={offset}")])
-        .arg(raw)
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(ok.success(), "mount {}", raw.display());
-    std::fs::write(mnt.join("etc/ferry-version"), format!("{version}\n")).unwrap();
-    let ok = std::process::Command::new("umount")
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(ok.success(), "umount");
-}
-
-/// Writes the 64 KiB chunks of `new` that differ from `old` into the image `file` (a
-/// version's differencing file), as a maintenance device would have.
-fn write_changes(old: &Path, new: &Path, file: &Path) {
-    use std::io::Read;
-    const CHUNK: usize = 64 << 10;
-    let mut a = std::fs::File::open(old).unwrap();
-    let mut b = std::fs::File::open(new).unwrap();
-    let (mut x, mut y) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
-    let mut changed = 0;
-    interop::session(file, |d| {
-        let mut offset = 0u64;
-        loop {
-            let n = a.read(&mut x).unwrap();
-            if n == 0 {
-                break;
-            }
-            b.read_exact(&mut y[..n]).unwrap();
-            if x[..n] != y[..n] {
-                d.write_at(&y[..n], offset).unwrap();
-                changed += 1;
-            }
-            offset += n as u64;
-        }
-    });
-    assert!(changed > 0, "the new version changed nothing");
-    println!("the new version: {changed} chunks of 64 KiB changed");
 }

@@ -36,7 +36,7 @@ pub const ORDER_CACHE_SITES_MAX: usize = 4_096;
 
 /// The columns of `servers` a [`Server`] is read from.
 pub(crate) const SERVER_COLUMNS: &str =
-    "id, site_id, name, address, registered_at_ms, heartbeat_at_ms, rating, draining";
+    "id, site_id, name, address, registered_at_ms, heartbeat_at_ms, rating, draining, api_url";
 
 /// How a session's server is named: by login (its name) or by a status report (its id, or
 /// the address login gave the device).
@@ -111,6 +111,55 @@ pub fn order(mut servers: Vec<Candidate>, now_ms: i64) -> Vec<LoginServer> {
         .collect()
 }
 
+/// [`order`] as device `device_id`'s status report is told it: the live, serving servers
+/// below their share (by rating) lead, one of them drawn for this device in proportion to
+/// how far below its share each is (a fixed draw per device, from its id). A device moved by
+/// rebalancing leaves for the first serving server of its list other than its own, so the
+/// devices one check moves spread over every server below its share in proportion to its
+/// room, ties included, instead of all going to the one that sorts first and overshooting
+/// it. With none below its share, one of the least loaded is drawn the same way.
+pub fn order_for_device(servers: Vec<Candidate>, now_ms: i64, device_id: i64) -> Vec<LoginServer> {
+    let rating = |c: &Candidate| i128::from(c.server.rating.clamp(1, RATING_MAX));
+    let serving: Vec<&Candidate> = servers.iter().filter(|c| c.class(now_ms) == 0).collect();
+    let total: i128 = serving.iter().map(|c| i128::from(c.sessions.max(0))).sum();
+    let ratings: i128 = serving.iter().map(|c| rating(c)).sum();
+    // Room below the share, in units of 1 / Σ ratings of a session: exact integers.
+    let room = |c: &Candidate| (total * rating(c) - i128::from(c.sessions.max(0)) * ratings).max(0);
+    let draw = u128::from(spread_hash(device_id));
+    let rooms: i128 = serving.iter().map(|c| room(c)).sum();
+    let chosen = if rooms > 0 {
+        let mut at = i128::try_from(draw % rooms.unsigned_abs()).unwrap_or(0);
+        serving.iter().find(|c| {
+            at -= room(c);
+            at < 0
+        })
+    } else {
+        let least: Vec<&&Candidate> = serving
+            .iter()
+            .filter(|c| serving.iter().all(|o| load_cmp(c, o) != Ordering::Greater))
+            .collect();
+        let pick = usize::try_from(draw % (least.len().max(1) as u128)).unwrap_or(0);
+        least.get(pick).copied()
+    }
+    .map(|c| c.server.name.clone());
+    let mut list = order(servers, now_ms);
+    if let Some(name) = chosen
+        && let Some(at) = list.iter().position(|s| s.name == name)
+    {
+        let first = list.remove(at);
+        list.insert(0, first);
+    }
+    list
+}
+
+/// A fixed, well-mixed draw for a device (SplitMix64's finalizer of its id).
+fn spread_hash(device_id: i64) -> u64 {
+    let mut z = (device_id as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// How recent a server's heartbeat must be for rebalancing to count it as serving: two
 /// heartbeats (every 10 s), not login's minute, so that a server killed a moment ago is not
 /// taken for an empty one that devices should move to. With a settling time longer than
@@ -173,7 +222,7 @@ impl Farm {
     }
 
     /// The servers of a collection's site with their live session counts.
-    async fn site_candidates(&self, site: i64) -> Result<Vec<Candidate>> {
+    pub(crate) async fn site_candidates(&self, site: i64) -> Result<Vec<Candidate>> {
         let servers: Vec<Server> = sqlx::query_as(&format!(
             "SELECT {SERVER_COLUMNS} FROM servers WHERE site_id = $1 ORDER BY id"
         ))
@@ -203,15 +252,23 @@ impl Farm {
         Ok(excess(id, &candidates, self.now_ms()))
     }
 
-    /// The servers a device's status report is told, in login order ([`order`]), so that a
+    /// The servers a device's status report is told ([`order_for_device`]), so that a
     /// device learns servers that joined since its login and fails over (or is moved) to
-    /// the least loaded. Within [`ORDER_REUSE_MS`] a site's order is reused: a thousand
-    /// devices refreshing their lists cost one count, not a thousand (logins never reuse
-    /// it: each login must be counted by the next).
+    /// one below its share. Within [`ORDER_REUSE_MS`] a site's servers and counts are
+    /// reused: a thousand devices refreshing their lists cost one count, not a thousand
+    /// (logins never reuse them: each login must be counted by the next).
     ///
     /// # Errors
     /// Database errors; [`crate::Kind::NotFound`] for an unknown device.
     pub async fn device_servers(&self, device_id: i64) -> Result<Vec<LoginServer>> {
+        Ok(self.device_servers_with_ids(device_id).await?.0)
+    }
+
+    /// [`Farm::device_servers`] with each server's id, in the list's order.
+    pub(crate) async fn device_servers_with_ids(
+        &self,
+        device_id: i64,
+    ) -> Result<(Vec<LoginServer>, Vec<i64>)> {
         let collection = self.device(device_id).await?.collection_id;
         let site = self.collection(collection).await?.site_id;
         let now = self.now_ms();
@@ -223,21 +280,43 @@ impl Farm {
             cache
                 .get(&site)
                 .filter(|(at, _)| now.saturating_sub(*at) < ORDER_REUSE_MS)
-                .map(|(_, list)| list.clone())
+                .map(|(_, counted)| {
+                    counted
+                        .iter()
+                        .map(|(server, sessions)| Candidate {
+                            server: server.clone(),
+                            sessions: *sessions,
+                        })
+                        .collect::<Vec<_>>()
+                })
         };
-        if let Some(list) = cached {
-            return Ok(list);
-        }
-        let list = order(self.site_candidates(site).await?, now);
-        let mut cache = self
-            .order_cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if cache.len() >= ORDER_CACHE_SITES_MAX {
-            cache.clear();
-        }
-        cache.insert(site, (now, list.clone()));
-        Ok(list)
+        let candidates = match cached {
+            Some(c) => c,
+            None => {
+                let c = self.site_candidates(site).await?;
+                let mut cache = self
+                    .order_cache
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if cache.len() >= ORDER_CACHE_SITES_MAX {
+                    cache.clear();
+                }
+                let counted = c.iter().map(|x| (x.server.clone(), x.sessions)).collect();
+                cache.insert(site, (now, counted));
+                c
+            }
+        };
+        let list = order_for_device(candidates.clone(), now, device_id);
+        let ids = list
+            .iter()
+            .map(|s| {
+                candidates
+                    .iter()
+                    .find(|c| c.server.name == s.name)
+                    .map_or(0, |c| c.server.id)
+            })
+            .collect();
+        Ok((list, ids))
     }
 
     /// Records that the session `session_id` streams from `server` (login's first choice,
@@ -273,7 +352,7 @@ impl Farm {
         };
         let Some(id) = id else { return Ok(()) };
         sqlx::query(
-            "UPDATE sessions SET server_id = $1 \
+            "UPDATE sessions SET server_id = $1, move_to = NULL \
              WHERE id = $2 AND (server_id IS NULL OR server_id <> $1)",
         )
         .bind(id)
@@ -358,6 +437,7 @@ mod tests {
                 heartbeat_at_ms: NOW - heartbeat_ago_ms,
                 rating,
                 draining: Flag(draining),
+                api_url: None,
             },
             sessions,
         }
@@ -469,5 +549,80 @@ mod tests {
             NOW,
         );
         assert_eq!(names(&got), ["s1", "s2"]);
+    }
+
+    /// The first server other than `own` device `id` is told: where a move sends it.
+    fn moves_to(servers: &[Candidate], id: i64, own: &str) -> String {
+        order_for_device(servers.to_vec(), NOW, id)
+            .into_iter()
+            .find(|s| s.name != own)
+            .unwrap()
+            .name
+    }
+
+    #[test]
+    fn moved_devices_spread_over_the_servers_below_their_share_in_proportion_to_their_room() {
+        // s3 carries everything; s1 and s2 joined, empty: a tie, each 1/3 of 30 below.
+        let tie = [
+            c(1, 100, 0, 0, false),
+            c(2, 100, 0, 0, false),
+            c(3, 100, 30, 0, false),
+        ];
+        let to_s1 = (1..=20)
+            .filter(|id| moves_to(&tie, *id, "s3") == "s1")
+            .count();
+        assert!((6..=14).contains(&to_s1), "{to_s1} of 20 to s1");
+        // s1 has room for 8, s2 for 4 (shares of 8 each): 2 to 1, over many devices.
+        let room = [
+            c(1, 100, 0, 0, false),
+            c(2, 100, 4, 0, false),
+            c(3, 100, 20, 0, false),
+        ];
+        let mut to = [0usize; 3];
+        for id in 1..=3000 {
+            match moves_to(&room, id, "s3").as_str() {
+                "s1" => to[0] += 1,
+                "s2" => to[1] += 1,
+                _ => to[2] += 1,
+            }
+        }
+        assert_eq!(to[2], 0, "never back to s3");
+        let ratio = to[0] as f64 / to[1] as f64;
+        assert!((1.8..=2.2).contains(&ratio), "{to:?}");
+        // By rating: s2 (rating 300) has three times s1's share; both are empty.
+        let rated = [
+            c(1, 100, 0, 0, false),
+            c(2, 300, 0, 0, false),
+            c(3, 100, 50, 0, false),
+        ];
+        let to_s2 = (1..=3000)
+            .filter(|id| moves_to(&rated, *id, "s3") == "s2")
+            .count();
+        // Rooms: s1 50·100 = 5000, s2 50·300 = 15000 (in 1/500 of a session): 3 to 1.
+        assert!((2100..=2400).contains(&to_s2), "{to_s2} of 3000 to s2");
+    }
+
+    #[test]
+    fn a_device_s_list_is_the_login_order_but_its_drawn_server() {
+        // Draining and dead servers are never drawn and stay last.
+        let servers = [
+            c(1, 100, 5, 0, false),
+            c(2, 100, 0, 0, true),
+            c(3, 100, 0, 2 * 60_000, false),
+            c(4, 100, 1, 0, false),
+        ];
+        for id in 1..50 {
+            let got = order_for_device(servers.to_vec(), NOW, id);
+            let n = names(&got);
+            assert_eq!(n[2..], ["s2", "s3"], "{n:?}");
+            // s4 is the only one below its share (3 each).
+            assert_eq!(n[..2], ["s4", "s1"], "{n:?}");
+        }
+        // All at their share: one of the least loaded is drawn, each by some device.
+        let even = [c(1, 100, 2, 0, false), c(2, 100, 2, 0, false)];
+        let firsts: std::collections::HashSet<String> = (1..50)
+            .map(|id| order_for_device(even.to_vec(), NOW, id)[0].name.clone())
+            .collect();
+        assert_eq!(firsts.len(), 2);
     }
 }

@@ -133,6 +133,9 @@ pub struct InitSecrets {
     pub farm_key_file: PathBuf,
 }
 
+/// A site's servers with the live sessions each carries (`balance`'s order cache).
+pub(crate) type Counted = Vec<(crate::model::Server, i64)>;
+
 /// The farm: the typed data-access API over the database, the lifecycle of versions over
 /// the store files, and device login. Cheap to share behind an `Arc`.
 #[derive(Debug)]
@@ -148,9 +151,10 @@ pub struct Farm {
     pub(crate) vdisk_locks: Mutex<HashMap<i64, Arc<tokio::sync::Mutex<()>>>>,
     /// Sessions granted by this process, for the NBD server's export check.
     pub(crate) sessions: Arc<SessionTable>,
-    /// Each site's server order as status reports are told it, with when it was computed
+    /// Each site's servers with their session counts as status reports are told them, with
+    /// when they were counted
     /// (`balance::Farm::device_servers`).
-    pub(crate) order_cache: Mutex<HashMap<i64, (i64, Vec<contract::login::LoginServer>)>>,
+    pub(crate) order_cache: Mutex<HashMap<i64, (i64, Counted)>>,
     /// Uploads versions of bucket stores (`publish`), when this process may.
     pub(crate) publisher: Mutex<Option<Arc<dyn crate::publisher::Publisher>>>,
     /// The login nonce table's bounds (`login::LoginLimits`; settable for tests).

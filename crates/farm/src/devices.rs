@@ -341,6 +341,44 @@ impl Farm {
         Ok(())
     }
 
+    /// Ends the session of `export_name` at its machine's word: the boot agent says so when
+    /// the machine shuts down cleanly, after its last write (audited as the device). The
+    /// session no longer counts as booted, and stays valid for
+    /// [`crate::counters::SESSION_END_GRACE_MS`] (the machine's last reads before the power
+    /// goes), then expires.
+    ///
+    /// # Errors
+    /// [`crate::Kind::NotFound`] when no live session has that export name.
+    pub async fn end_session_by_export(&self, export_name: &str) -> Result<Session> {
+        let s = self
+            .session_by_export(export_name)
+            .await?
+            .ok_or_else(|| FarmError::not_found("no live session of that name"))?;
+        let now = self.now_ms();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "UPDATE sessions SET ended_at_ms = $1, expires_at_ms = $2 \
+             WHERE id = $3 AND expires_at_ms > $2",
+        )
+        .bind(now)
+        .bind(now.saturating_add(crate::counters::SESSION_END_GRACE_MS))
+        .bind(&s.id)
+        .execute(&mut *tx)
+        .await?;
+        audit(
+            &mut tx,
+            now,
+            &format!("device:{}", s.device_id),
+            "session.end",
+            "session",
+            &s.id,
+            &json!({ "by": "machine", "clean_shutdown": true }),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(s)
+    }
+
     /// The session of an export name, from the database (for a server that did not grant
     /// it itself), if it has not expired.
     ///

@@ -85,6 +85,12 @@ pub struct NewServer {
     #[serde(default)]
     #[schema(min_length = 16, max_length = 64, pattern = r"^[0-9a-f]+$")]
     pub uid: Option<String>,
+    /// Where devices reach its farm API (`http(s)://HOST:PORT`, at most
+    /// `validate::API_URL_BYTES_MAX` bytes of kernel-argument characters): boot scripts
+    /// name it beside their own server's.
+    #[serde(default)]
+    #[schema(max_length = 200, pattern = r"^https?://[A-Za-z0-9._:\[\]-]+$")]
+    pub api_url: Option<String>,
 }
 
 /// What an administrator may change of a server (`PATCH /servers/{id}`): its weight in load

@@ -27,9 +27,12 @@
 //!               lock or an flock of DATA/locks/vdisk-ID.lock (SQLite)
 //! balance.rs    load balancing at login: the servers' order (rating, load, draining),
 //!               the server each session streams from, ratings and drains
+//! moves.rs      where a rebalancing server's sessions go: each device's recorded
+//!               destination, moved only into room
 //! publish.rs    bucket stores: versions published write-once as they leave maintenance
 //! publisher.rs  Publisher: the uploads a process gives the farm (the CLI's bucket client)
 //! sessions.rs   SessionTable: the in-process check of session export names
+//! counters.rs   devices' reported counters, shared between the API processes
 //! grants.rs     a session's grant rebuilt from the database (other server, restart)
 //! error.rs      FarmError with a Kind the API maps to an HTTP status
 //! ```
@@ -44,6 +47,7 @@ pub mod balance;
 pub mod boot;
 pub mod boot_sets;
 mod confine;
+pub mod counters;
 pub mod credentials;
 pub mod db;
 pub mod devices;
@@ -53,6 +57,7 @@ pub mod input;
 pub mod lifecycle;
 pub mod login;
 pub mod model;
+pub mod moves;
 pub mod private;
 pub mod publish;
 pub mod publisher;

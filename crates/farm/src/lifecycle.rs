@@ -99,16 +99,48 @@ impl Farm {
 
     /// Live sessions of devices of `device_type` on a version.
     async fn booted(&self, vdisk_id: i64, number: i64, device_type: DeviceType) -> Result<i64> {
-        Ok(sqlx::query_scalar(
-            "SELECT COUNT(*) FROM sessions WHERE vdisk_id = $1 AND version_number = $2 \
-             AND device_type = $3 AND expires_at_ms > $4",
+        let now = self.now_ms();
+        Ok(sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM sessions s LEFT JOIN session_counters c ON c.session_id = s.id \
+             WHERE s.vdisk_id = $1 AND s.version_number = $2 AND s.device_type = $3 \
+             AND s.expires_at_ms > $4 AND {}",
+            crate::counters::machine_there(5)
+        ))
+        .bind(vdisk_id)
+        .bind(number)
+        .bind(device_type.as_str())
+        .bind(now)
+        .bind(now.saturating_sub(crate::counters::SESSION_SILENT_MS))
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// Ends the sessions of `device_type` on version `number` of `vdisk_id` that
+    /// [`Farm::booted`] no longer counts (ended by their machines, or silent for
+    /// `counters::SESSION_SILENT_MS`): their machines are gone, and a server still holding
+    /// one closes it at its next recheck.
+    async fn end_silent(&self, vdisk_id: i64, number: i64, device_type: DeviceType) -> Result<()> {
+        let ended: Vec<String> = sqlx::query_scalar(
+            "DELETE FROM sessions WHERE vdisk_id = $1 AND version_number = $2 \
+             AND device_type = $3 RETURNING export_name",
         )
         .bind(vdisk_id)
         .bind(number)
         .bind(device_type.as_str())
-        .bind(self.now_ms())
-        .fetch_one(&self.pool)
-        .await?)
+        .fetch_all(&self.pool)
+        .await?;
+        for export in &ended {
+            self.sessions.remove(export);
+        }
+        if !ended.is_empty() {
+            tracing::info!(
+                vdisk_id,
+                version = number,
+                sessions = ended.len(),
+                "ended sessions whose machines went silent"
+            );
+        }
+        Ok(())
     }
 
     /// `new`: a new differencing version `NAME.N.avhdx` on the newest version, in
@@ -322,6 +354,8 @@ impl Farm {
                         "version {number} is booted by a maintenance device; shut it down first"
                     )));
                 }
+                self.end_silent(vdisk_id, number, DeviceType::Maintenance)
+                    .await?;
                 // Leaving maintenance makes it immutable: a bucket store publishes it now.
                 let vdisk = self.vdisk(vdisk_id).await?;
                 let bucket = self.bucket_store(vdisk.store_id).await?;

@@ -592,20 +592,38 @@ impl Farm {
         vdisk_id: i64,
         now: i64,
     ) -> Result<()> {
-        let others: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM sessions WHERE vdisk_id = $1 AND device_type = $2 \
-             AND device_id <> $3 AND expires_at_ms > $4",
-        )
+        // A maintenance device silent for SESSION_SILENT_MS is gone: it does not count.
+        let others: i64 = sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM sessions s LEFT JOIN session_counters c ON c.session_id = s.id \
+             WHERE s.vdisk_id = $1 AND s.device_type = $2 AND s.device_id <> $3 \
+             AND s.expires_at_ms > $4 AND {}",
+            crate::counters::machine_there(5)
+        ))
         .bind(vdisk_id)
         .bind(DeviceType::Maintenance.as_str())
         .bind(device.id)
         .bind(now)
+        .bind(now.saturating_sub(crate::counters::SESSION_SILENT_MS))
         .fetch_one(&self.pool)
         .await?;
         if others > 0 {
             return Err(FarmError::conflict(format!(
                 "another maintenance device is booted from vdisk {vdisk_name}"
             )));
+        }
+        // Those left are silent: ended, so that no second writer is ever let in (a server
+        // still holding one closes it at its next recheck).
+        let ended: Vec<String> = sqlx::query_scalar(
+            "DELETE FROM sessions WHERE vdisk_id = $1 AND device_type = $2 AND device_id <> $3 \
+             RETURNING export_name",
+        )
+        .bind(vdisk_id)
+        .bind(DeviceType::Maintenance.as_str())
+        .bind(device.id)
+        .fetch_all(&self.pool)
+        .await?;
+        for export in &ended {
+            self.sessions.remove(export);
         }
         Ok(())
     }

@@ -171,6 +171,11 @@ pub struct Server {
     #[sqlx(try_from = "i64")]
     #[serde(default)]
     pub draining: Flag,
+    /// Where devices reach its farm API (`https://HOST:PORT`), when it said: boot scripts
+    /// name the APIs of a site's live servers, so that a device reports through another
+    /// when one goes away.
+    #[serde(default)]
+    pub api_url: Option<String>,
 }
 
 /// A server's rating unless set.

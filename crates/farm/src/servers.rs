@@ -11,6 +11,7 @@
 //!   remove(id) ── heartbeat within SERVER_ALIVE_MS? ── yes ─► Conflict: "still running"
 //!                 └ no ─► delete: out of every device's server list; its sessions' server
 //!                         unknown (NULL), its store paths gone
+//!   site_api_urls ── the API URLs the site's live servers registered (boot scripts)
 //! ```
 
 use serde_json::json;
@@ -67,6 +68,9 @@ impl Farm {
         if let Some(uid) = &s.uid {
             check_uid(uid)?;
         }
+        if let Some(url) = &s.api_url {
+            validate::api_url(url)?;
+        }
         self.site(s.site_id).await?;
         let now = self.now_ms();
         let mut tx = self.pool.begin().await?;
@@ -102,13 +106,14 @@ impl Farm {
         let id = if let Some(id) = mine {
             sqlx::query(
                 "UPDATE servers SET site_id = $1, name = $2, address = $3, \
-                 heartbeat_at_ms = $4, uid = COALESCE($5, uid) WHERE id = $6",
+                 heartbeat_at_ms = $4, uid = COALESCE($5, uid), api_url = $6 WHERE id = $7",
             )
             .bind(s.site_id)
             .bind(&s.name)
             .bind(&s.address)
             .bind(now)
             .bind(s.uid.as_deref())
+            .bind(s.api_url.as_deref())
             .bind(id)
             .execute(&mut *tx)
             .await?;
@@ -116,13 +121,14 @@ impl Farm {
         } else {
             sqlx::query_scalar(
                 "INSERT INTO servers (site_id, name, address, registered_at_ms, \
-                 heartbeat_at_ms, uid) VALUES ($1, $2, $3, $4, $4, $5) RETURNING id",
+                 heartbeat_at_ms, uid, api_url) VALUES ($1, $2, $3, $4, $4, $5, $6) RETURNING id",
             )
             .bind(s.site_id)
             .bind(&s.name)
             .bind(&s.address)
             .bind(now)
             .bind(s.uid.as_deref())
+            .bind(s.api_url.as_deref())
             .fetch_one(&mut *tx)
             .await?
         };
@@ -133,7 +139,8 @@ impl Farm {
             "server.register",
             "server",
             &id.to_string(),
-            &json!({ "site_id": s.site_id, "name": s.name, "address": s.address }),
+            &json!({ "site_id": s.site_id, "name": s.name, "address": s.address,
+                     "api_url": s.api_url }),
         )
         .await?;
         tx.commit().await?;
@@ -185,5 +192,24 @@ impl Farm {
         .await?;
         tx.commit().await?;
         Ok(s)
+    }
+
+    /// The API URLs (`api_url`) the live servers of the site of collection `collection_id`
+    /// registered, serving ones first, then by id: what a boot script names beside its
+    /// own server's, so that the device logs in and reports through another.
+    ///
+    /// # Errors
+    /// Database errors; [`crate::Kind::NotFound`] for an unknown collection.
+    pub async fn site_api_urls(&self, collection_id: i64) -> Result<Vec<String>> {
+        let site = self.collection(collection_id).await?.site_id;
+        let alive_since = self.now_ms().saturating_sub(SERVER_ALIVE_MS);
+        Ok(sqlx::query_scalar(
+            "SELECT api_url FROM servers WHERE site_id = $1 AND api_url IS NOT NULL \
+             AND heartbeat_at_ms >= $2 ORDER BY draining, id",
+        )
+        .bind(site)
+        .bind(alive_since)
+        .fetch_all(&self.pool)
+        .await?)
     }
 }

@@ -64,6 +64,30 @@ pub fn boot_arg_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || "._:=,/+@%-[]".contains(c)
 }
 
+/// The longest API URL a server registers.
+pub const API_URL_BYTES_MAX: usize = 200;
+
+/// Checks a server's API URL (`http(s)://HOST:PORT`): boot scripts put it on the kernel
+/// command line, so it holds [`boot_arg_char`]s only, no `,` (the list's separator), and
+/// at most [`API_URL_BYTES_MAX`] bytes.
+///
+/// # Errors
+/// [`crate::Kind::InvalidInput`].
+pub fn api_url(value: &str) -> Result<()> {
+    let rest = value
+        .strip_prefix("https://")
+        .or_else(|| value.strip_prefix("http://"));
+    let ok = value.len() <= API_URL_BYTES_MAX
+        && rest.is_some_and(|r| !r.is_empty() && r.chars().all(|c| c != ',' && boot_arg_char(c)));
+    if !ok {
+        return Err(FarmError::invalid(format!(
+            "api_url must be http(s)://HOST:PORT of at most {API_URL_BYTES_MAX} bytes of \
+             letters, digits and ._:/+@%-[]"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks a vDisk's boot command line: at most [`BOOT_TEXT_BYTES_MAX`] bytes of kernel
 /// arguments separated by spaces, each of [`boot_arg_char`]s.
 ///

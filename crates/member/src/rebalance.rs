@@ -7,7 +7,10 @@
 //! status reports within 12 s, and a moved device should find it. A session is moved for
 //! balance at most once per [`crate::Timing::rebalance_forget`] (one whose list did not hold
 //! the new server yet comes back and is moved again later). A move is a failover, not a
-//! login: the device keeps its session and its boot is not counted again.
+//! login: the device keeps its session and its boot is not counted again. Only sessions whose
+//! device was told a destination with room move, no more to one server than its room, each
+//! counted there first (`farm::moves`, issue 31): moved devices spread over the servers below
+//! their share, ties included, and none moves twice.
 //!
 //! This module is the pure plan ([`Rebalance`], [`to_rebalance`]) on `now` and a seeded RNG;
 //! [`crate::Runtime`] asks the farm for the excess and performs the moves.

@@ -200,19 +200,35 @@ impl Runtime {
         if !self.rebalance.start_check(now_ms) {
             return;
         }
-        let excess = match self.farm.rebalance_excess(self.server_id).await {
-            Ok(n) => n,
+        let plan = match self.farm.rebalance_plan(self.server_id).await {
+            Ok(p) => p,
             Err(e) => {
                 tracing::warn!(error = %e, "rebalance check failed");
                 return;
             }
         };
-        let open = self.served.open_session_names();
-        if let Decision::Move(names) = self.rebalance.decide(excess, open, now_ms) {
+        // Only sessions open here whose device's destination has room (farm::moves).
+        let open: std::collections::HashSet<String> =
+            self.served.open_session_names().into_iter().collect();
+        let movable: Vec<&farm::moves::Movable> = plan
+            .movable
+            .iter()
+            .filter(|m| open.contains(&m.export_name))
+            .collect();
+        let names = movable.iter().map(|m| m.export_name.clone()).collect();
+        if let Decision::Move(names) = self.rebalance.decide(plan.excess, names, now_ms) {
             for name in names {
+                let Some(m) = movable.iter().find(|m| m.export_name == name) else {
+                    continue;
+                };
+                // Counted on its destination first, so that no check overfills it.
+                if let Err(e) = self.farm.move_session_to(&m.session_id, m.to).await {
+                    tracing::warn!(error = %e, session = %name, "rebalance move not recorded");
+                    continue;
+                }
                 let n = self.served.move_session(&name);
-                tracing::info!(session = %name, connections = n, excess,
-                    "rebalancing: closed the session's connections (the device moves to a less loaded server)");
+                tracing::info!(session = %name, connections = n, excess = plan.excess, to = m.to,
+                    "rebalancing: closed the session's connections (the device moves to a server below its share)");
                 t.rebalanced.push(name);
             }
         }

@@ -9,8 +9,11 @@
 //!   the drain forgets the moves.
 //! * A server that joins gets its share: nothing moves before the excess has lasted
 //!   `rebalance_settle`, the joined server never gets more than its share, and a session
-//!   moved for balance is not moved again within `rebalance_forget` (shown with a settling
-//!   time shorter than the devices take to learn the new server, so that they come back).
+//!   moved for balance is not moved again within `rebalance_forget`; a device that does not
+//!   know the new server yet is not moved (shown with a settling time shorter than the
+//!   devices take to learn it).
+//! * Two servers that join share the moved devices (spread across the tie), and each device
+//!   moves once (issue 31).
 
 mod common;
 
@@ -193,8 +196,11 @@ async fn a_server_that_joins_takes_its_share_after_the_settling_time() {
     assert_eq!(came_back, 0, "every device knew s2 by the time it settled");
 }
 
+/// With a settling time shorter than the devices take to learn the new server, a device that
+/// does not know it yet is not moved (its recorded destination is none: `farm::moves`), so
+/// no device comes back; each moves once it knows.
 #[tokio::test]
-async fn a_device_moved_before_it_knew_the_new_server_is_moved_again_after_the_forget_window() {
+async fn a_device_that_does_not_know_the_new_server_yet_is_not_moved() {
     let seed = testkit::seed_from_env(0x0B1B);
     let hasty = Timing {
         rebalance_every: Duration::from_secs(1),
@@ -203,5 +209,50 @@ async fn a_device_moved_before_it_knew_the_new_server_is_moved_again_after_the_f
         ..Timing::default()
     };
     let came_back = joins_and_takes_its_share(seed, hasty, true).await;
-    assert!(came_back > 0, "devices moved before they knew s2 came back");
+    assert_eq!(came_back, 0, "a device moved before it knew s2");
+}
+
+/// Two servers join one that carries every device: the devices its rebalancing moves
+/// spread over both (not all to the one that sorts first, which then moves half of them
+/// on), each device moves once, and every server ends within its share.
+#[tokio::test]
+async fn two_servers_that_join_share_the_moved_devices_and_each_moves_once() {
+    let seed = testkit::seed_from_env(0x0B1C);
+    let timing = Timing::default();
+    let mut sim = Sim::new(seed, timing).await;
+    let mut nodes: Vec<Node> = vec![sim.server("s1").await];
+    let n: usize = sim.rng.gen_range(24..60);
+    let mut devices = Vec::new();
+    for _ in 0..n {
+        devices.push(sim.device(&nodes, None).await);
+    }
+    sim.step(&mut nodes, STEP).await;
+    nodes.push(sim.server("s2").await);
+    nodes.push(sim.server("s3").await);
+    let mut moves: HashMap<String, usize> = HashMap::new();
+    let end = sim.now() + ms(Duration::from_secs(300));
+    while sim.now() < end {
+        let ticks = sim.step(&mut nodes, STEP).await;
+        for t in &ticks {
+            for name in &t.as_ref().unwrap().rebalanced {
+                *moves.entry(name.clone()).or_default() += 1;
+            }
+        }
+        sim.devices(&nodes, &mut devices).await;
+    }
+    let share = n.div_ceil(3);
+    let percent = usize::try_from(REBALANCE_TOLERANCE_PERCENT).unwrap();
+    let tolerance = (share * percent / 100).max(1);
+    let counts: Vec<usize> = ["s1", "s2", "s3"].iter().map(|s| on(&devices, s)).collect();
+    for c in &counts {
+        assert!(*c <= share + tolerance, "{counts:?} of {n}: share {share}");
+    }
+    assert!(counts[1] > 0 && counts[2] > 0, "{counts:?}");
+    assert!(
+        moves.values().all(|m| *m == 1),
+        "a device moved twice: {moves:?} ({counts:?})"
+    );
+    for node in &nodes {
+        assert_eq!(sim.farm.rebalance_excess(node.id).await.unwrap(), 0);
+    }
 }

@@ -449,10 +449,13 @@ impl Drop for Lease {
                 tracing::warn!(path = %path.display(), error = %ErrorChain(&e), "releasing write cache failed");
             }
         }
-        if let Some(image) = self.private.take()
-            && let Err(e) = image.close()
-        {
-            tracing::warn!(path = %self.path.display(), error = %ErrorChain(&e), "closing private image failed");
+        if let Some(image) = self.private.take() {
+            match image.close() {
+                Ok(()) => tracing::info!(path = %self.path.display(),
+                    "private image closed: the maintenance writes are in the version"),
+                Err(e) => tracing::warn!(path = %self.path.display(), error = %ErrorChain(&e),
+                    "closing private image failed"),
+            }
         }
         self.lock.take();
         let mut uses = lock(&self.inner.uses);

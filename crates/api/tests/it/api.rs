@@ -85,8 +85,9 @@ async fn openapi_document_describes_every_route(t: TestFarm) {
         assert!(paths.contains_key(p), "{p} missing");
     }
     // Every route of api::router but openapi.json itself (30, the console's 2 status
-    // routes, and the 2 boot-set routes).
-    assert_eq!(paths.len(), 34);
+    // routes, the 2 boot-set routes, and a device's session end).
+    assert_eq!(paths.len(), 35);
+    assert!(paths.contains_key("/api/v1/device/session/end"));
     assert!(paths.contains_key("/api/v1/login/tpm"));
     assert!(paths.contains_key("/api/v1/vdisks/{id}/versions/{number}/boot-set"));
     assert!(paths.contains_key("/api/v1/device/boot-set"));

@@ -196,6 +196,7 @@ async fn setup_image(t: TestFarm, hostile: bool) -> Boot {
         None,
         BootConfig {
             api_urls: vec![API_URL.into()],
+            site_apis: true,
             cache_dir: cache.clone(),
             source: Arc::new(BootfilesSource),
         },
@@ -319,6 +320,38 @@ async fn a_device_gets_its_script_and_its_version_s_kernel_and_initrd(t: TestFar
         "a changed version file"
     );
     assert_eq!(std::fs::read_dir(&b.cache).unwrap().count(), 2);
+
+    // Issue 31: the script names the APIs the site's other live servers registered after
+    // its own, so the device logs in and reports through another when this one goes away;
+    // a server of another site is not named.
+    let site = b.t.farm.collection(b.collection).await.unwrap().site_id;
+    let other_site =
+        b.t.farm
+            .create_site(
+                &NewSite {
+                    name: "branch".into(),
+                    description: String::new(),
+                },
+                ADMIN,
+            )
+            .await
+            .unwrap()
+            .id;
+    for (site_id, name, n) in [(site, "pvs-2", 2), (other_site, "pvs-9", 9)] {
+        let s = farm::input::NewServer {
+            site_id,
+            name: name.into(),
+            address: format!("10.0.0.{n}:10809"),
+            uid: None,
+            api_url: Some(format!("https://10.0.0.{n}:8443")),
+        };
+        b.t.farm.register_server(&s, ADMIN).await.unwrap();
+    }
+    let script = b.text("/boot/ipxe/52-54-00-12-34-56").await;
+    assert!(
+        script.contains(&format!("ferry.api={API_URL},https://10.0.0.2:8443 ")),
+        "{script}"
+    );
     drop(b.t);
 }
 

@@ -14,13 +14,13 @@ use tower::ServiceExt as _;
 
 const MAC: &str = "aa:bb:cc:00:09:01";
 
-struct Api {
-    t: TestFarm,
+pub(crate) struct Api {
+    pub(crate) t: TestFarm,
     router: axum::Router,
 }
 
 impl Api {
-    fn new(t: TestFarm) -> Api {
+    pub(crate) fn new(t: TestFarm) -> Api {
         let state = AppState {
             farm: t.farm.clone(),
             server_id: None,
@@ -31,8 +31,27 @@ impl Api {
         }
     }
 
+    /// Another API process of the same farm: its own router and status board.
+    pub(crate) fn beside(&self) -> axum::Router {
+        api::router(AppState {
+            farm: self.t.farm.clone(),
+            server_id: None,
+        })
+    }
+
     async fn raw(
         &self,
+        method: Method,
+        uri: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+        self.raw_via(&self.router, method, uri, token, body).await
+    }
+
+    async fn raw_via(
+        &self,
+        router: &axum::Router,
         method: Method,
         uri: &str,
         token: Option<&str>,
@@ -49,8 +68,7 @@ impl Api {
             }
             None => Body::empty(),
         };
-        let resp = self
-            .router
+        let resp = router
             .clone()
             .oneshot(req.body(body).unwrap())
             .await
@@ -82,7 +100,7 @@ impl Api {
 
     /// A site with server "pvs-1", vDisk "golden", one production device; returns the
     /// server's id.
-    async fn fixture(&self) -> i64 {
+    pub(crate) async fn fixture(&self) -> i64 {
         let site = self
             .ok(Method::POST, "/api/v1/sites", Some(json!({"name": "hq"})))
             .await;
@@ -104,7 +122,7 @@ impl Api {
     }
 
     /// Device login; returns the export name.
-    async fn login(&self) -> String {
+    pub(crate) async fn login(&self) -> String {
         let c = self
             .ok(
                 Method::POST,
@@ -123,7 +141,12 @@ impl Api {
         g["export_name"].as_str().unwrap().to_string()
     }
 
-    async fn report(&self, export: &str, server_id: Option<i64>, read: i64) -> (StatusCode, Value) {
+    pub(crate) async fn report(
+        &self,
+        export: &str,
+        server_id: Option<i64>,
+        read: i64,
+    ) -> (StatusCode, Value) {
         let body = json!({"export_name": export, "server_id": server_id, "bytes_read": read,
                           "bytes_written": 7, "retries": 2, "cache_used_bytes": 4096,
                           "host_cache_hit_bytes": 3 << 20, "host_cache_server_bytes": 1 << 20});
@@ -151,8 +174,18 @@ impl Api {
         (s, v)
     }
 
-    async fn device_status(&self) -> Value {
-        let st = self.ok(Method::GET, "/api/v1/status", None).await;
+    pub(crate) async fn device_status(&self) -> Value {
+        self.device_status_via(&self.router).await
+    }
+
+    /// The device's status through `router` (this API, or one [`Api::beside`] it).
+    pub(crate) async fn device_status_via(&self, router: &axum::Router) -> Value {
+        let token = self.t.secrets.admin_token.clone();
+        let (s, _, b) = self
+            .raw_via(router, Method::GET, "/api/v1/status", Some(&token), None)
+            .await;
+        assert!(s.is_success(), "GET /api/v1/status: {s}");
+        let st: Value = serde_json::from_slice(&b).unwrap();
         st["devices"]
             .as_array()
             .unwrap()
@@ -161,6 +194,28 @@ impl Api {
             .cloned()
             .expect("the device is listed")
     }
+}
+
+/// A report (as [`Api::report`]) through `router`: another API process of the farm.
+pub(crate) async fn report_via(
+    a: &Api,
+    router: &axum::Router,
+    export: &str,
+    server_id: i64,
+    read: i64,
+) -> (StatusCode, Vec<u8>) {
+    let body = json!({"export_name": export, "server_id": server_id, "bytes_read": read,
+                      "bytes_written": 0, "retries": 0, "cache_used_bytes": 0});
+    let (s, _, b) = a
+        .raw_via(
+            router,
+            Method::POST,
+            "/api/v1/status/report",
+            None,
+            Some(body),
+        )
+        .await;
+    (s, b)
 }
 
 async fn console_files_are_served_with_their_types(t: TestFarm) {

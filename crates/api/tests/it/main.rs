@@ -15,4 +15,5 @@ mod console_routes;
 mod hardening;
 mod https;
 mod login_flood;
+mod status_shared;
 mod support;

@@ -29,6 +29,7 @@ async fn fixture(t: &TestFarm) -> (Vec<Server>, i64, i64) {
             name: format!("srv{i}"),
             address: format!("10.0.0.{i}:10809"),
             uid: None,
+            api_url: None,
         };
         let s = f.register_server(&s, ADMIN).await.unwrap();
         assert_eq!(s.rating, farm::balance::DEFAULT_RATING);

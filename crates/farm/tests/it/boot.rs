@@ -34,6 +34,7 @@ async fn fixture(t: &TestFarm) -> Fx {
         name: "srv1".into(),
         address: "10.0.2.2:10809".into(),
         uid: None,
+        api_url: None,
     };
     f.register_server(&server, ADMIN).await.unwrap();
     let store = NewStore {

@@ -130,6 +130,7 @@ async fn crud_and_audit(t: TestFarm) {
         name: "srv1".into(),
         address: "10.0.0.1:10809".into(),
         uid: None,
+        api_url: None,
     };
     let srv = f.register_server(&s, ADMIN).await.unwrap();
     let s2 = NewServer {

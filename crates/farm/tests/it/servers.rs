@@ -24,6 +24,7 @@ fn server(site: i64, name: &str, address: &str, uid: Option<&str>) -> NewServer 
         name: name.into(),
         address: address.into(),
         uid: uid.map(str::to_string),
+        api_url: None,
     }
 }
 
@@ -184,7 +185,66 @@ async fn a_gone_server_is_removed_from_every_device_s_list(t: TestFarm, c: SimCl
     assert_ne!(back.id, a.id);
 }
 
+/// The API URLs boot scripts name beside their own server's: those the site's live servers
+/// registered, serving before draining, none of a silent server; a URL that is not
+/// http(s)://HOST:PORT of kernel-argument characters is refused.
+async fn a_site_s_live_servers_api_urls_are_named(t: TestFarm, c: SimClock) {
+    let f = &t.farm;
+    let (coll, _) = crate::identity::fixture(&t, 10, 10).await;
+    let site = f.collection(coll).await.unwrap().site_id;
+    let with_api = |name: &str, n: u8, uid: &str| NewServer {
+        api_url: Some(format!("https://10.0.0.{n}:8443")),
+        ..server(site, name, &format!("10.0.0.{n}:10809"), Some(uid))
+    };
+    let a = f
+        .register_server(&with_api("pvs1", 1, UID_A), ADMIN)
+        .await
+        .unwrap();
+    assert_eq!(a.api_url.as_deref(), Some("https://10.0.0.1:8443"));
+    f.register_server(&server(site, "pvs2", "10.0.0.2:10809", Some(UID_B)), ADMIN)
+        .await
+        .unwrap();
+    let patch = farm::input::ServerPatch {
+        draining: Some(true),
+        ..Default::default()
+    };
+    f.set_server(a.id, &patch, ADMIN).await.unwrap();
+    let c3 = f
+        .register_server(&with_api("pvs3", 3, UID_C), ADMIN)
+        .await
+        .unwrap();
+    assert_eq!(
+        f.site_api_urls(coll).await.unwrap(),
+        ["https://10.0.0.3:8443", "https://10.0.0.1:8443"],
+        "serving first; pvs2 said none"
+    );
+    // pvs1 goes silent: only pvs3, which heartbeats, is named.
+    c.advance(Duration::from_millis(
+        u64::try_from(SERVER_ALIVE_MS).unwrap() + 1,
+    ));
+    f.heartbeat(c3.id).await.unwrap();
+    assert_eq!(
+        f.site_api_urls(coll).await.unwrap(),
+        ["https://10.0.0.3:8443"]
+    );
+    for bad in [
+        "10.0.0.4:8443",
+        "https://",
+        "https://a,b:1",
+        "https://a b:1",
+        "ftp://a:1",
+    ] {
+        let s = NewServer {
+            api_url: Some(bad.into()),
+            ..server(site, "pvs4", "10.0.0.4:10809", None)
+        };
+        let e = f.register_server(&s, ADMIN).await.unwrap_err();
+        assert_eq!(e.kind(), Kind::InvalidInput, "{bad}: {e}");
+    }
+}
+
 sim_tests!(
     servers_with_one_name_never_merge,
     a_gone_server_is_removed_from_every_device_s_list,
+    a_site_s_live_servers_api_urls_are_named,
 );

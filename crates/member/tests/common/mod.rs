@@ -200,6 +200,7 @@ impl Sim {
             name: name.into(),
             address: format!("{name}.example:10809"),
             uid: None,
+            api_url: None,
         };
         let id = farm.register_server(&s, ADMIN).await.unwrap().id;
         let served = Arc::new(SimServed::default());
@@ -334,7 +335,7 @@ impl Sim {
         for (i, d) in devices.iter_mut().enumerate() {
             if now >= d.refresh_at_ms {
                 d.refresh_at_ms = now + ms(LIST_REFRESH);
-                let list = self.farm.device_servers(d.id).await.unwrap();
+                let list = self.farm.session_servers(&d.session_id).await.unwrap();
                 d.list = list
                     .into_iter()
                     .filter(|s| s.alive)
