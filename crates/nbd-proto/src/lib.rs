@@ -16,11 +16,14 @@
 //! request    28-byte request header, check() for stream framing
 //! reply      simple reply, structured reply chunks
 //! client     the client's framing: option reply and reply headers, chunk payloads
+//! netlink    the Linux NBD driver's generic netlink messages (NBD_CMD_CONNECT), and its
+//!            replies
 //! wire       (private) bounds-checked big-endian reader, protocol strings
 //! ```
 //!
 //! Modules use `consts` and `wire` (which uses only `consts`); beyond those, `option` uses
-//! `meta`, and `client` uses `option` and `reply`. No two modules use each other.
+//! `meta`, and `client` uses `option` and `reply`. No two modules use each other;
+//! `netlink` uses none.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, clippy::cast_possible_truncation)]
 
@@ -28,6 +31,7 @@ pub mod client;
 pub mod consts;
 pub mod handshake;
 pub mod meta;
+pub mod netlink;
 pub mod option;
 pub mod reply;
 pub mod request;

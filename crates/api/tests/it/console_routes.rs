@@ -49,7 +49,7 @@ impl Api {
         self.raw_via(&self.router, method, uri, token, body).await
     }
 
-    async fn raw_via(
+    pub(crate) async fn raw_via(
         &self,
         router: &axum::Router,
         method: Method,

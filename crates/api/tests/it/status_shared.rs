@@ -1,7 +1,8 @@
 //! Counters shared between the farm's API processes (issue 31): a device reports to one
 //! API, the status through another shows its counters, at most
 //! `farm::counters::SHARE_EVERY_MS` older than the newest (at once when its server
-//! changed), on a simulated clock.
+//! changed), on a simulated clock. A device ends its own session at a clean shutdown, and
+//! nobody else can.
 
 use axum::http::StatusCode;
 use farm::SimClock;
@@ -61,4 +62,59 @@ async fn counters_reported_to_one_api_show_through_another(t: TestFarm, clock: S
     assert_eq!(a.device_status_via(&b).await["counters"], Value::Null);
 }
 
-sim_tests!(counters_reported_to_one_api_show_through_another);
+/// A machine that shuts down cleanly ends its own session (`POST /device/session/end`, its
+/// export name the credential): anything else is refused alike (401), and the ended session
+/// is audited as the device's.
+async fn a_device_ends_its_own_session_and_nobody_else_does(t: TestFarm, _c: SimClock) {
+    use axum::http::Method;
+    let a = Api::new(t);
+    a.fixture().await;
+    let export = a.login().await;
+    let router = a.beside();
+    let end = |name: &str| serde_json::json!({ "export_name": name });
+    for bad in [
+        end("not-an-export"),
+        end("ferry-s-00112233445566778899aabbccddeeff"),
+        end("golden"),
+        serde_json::json!({ "export_name": export, "extra": 1 }),
+    ] {
+        let (s, _, _) = a
+            .raw_via(
+                &router,
+                Method::POST,
+                "/api/v1/device/session/end",
+                None,
+                Some(bad.clone()),
+            )
+            .await;
+        assert!(
+            s == StatusCode::UNAUTHORIZED || s == StatusCode::UNPROCESSABLE_ENTITY,
+            "{bad}: {s}"
+        );
+    }
+    let (s, _, body) = a
+        .raw_via(
+            &router,
+            Method::POST,
+            "/api/v1/device/session/end",
+            None,
+            Some(end(&export)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["version"], 0, "{v}");
+    let audit = a.t.farm.list_audit(None, None).await.unwrap();
+    assert!(
+        audit
+            .items
+            .iter()
+            .any(|e| e.action == "session.end" && e.actor.starts_with("device:")),
+        "{audit:?}"
+    );
+}
+
+sim_tests!(
+    counters_reported_to_one_api_show_through_another,
+    a_device_ends_its_own_session_and_nobody_else_does,
+);
