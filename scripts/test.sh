@@ -44,7 +44,7 @@ TEST_TOOLS=(
     # NBD peers, clients and load
     nbdkit=nbdkit nbdinfo=libnbd-bin nbdcopy=libnbd-bin fio=fio nbd-client=nbd-client
     # boot service and TFTP clients, certificates
-    curl=curl tftp=tftp-hpa openssl=openssl
+    curl=curl tftp=tftp-hpa openssl=openssl jq=jq
     # disks of the boot-file and boot tests
     mkfs.ext4=e2fsprogs mkfs.ext2=e2fsprogs e2fsck=e2fsprogs dumpe2fs=e2fsprogs sfdisk=fdisk cpio=cpio
     # the QEMU boot tests (crates/guest): the machine, the test OS's build

@@ -317,17 +317,21 @@ fn booted(vm: &mut guest::Running, step: &str, version: &str) -> guest::TestOutp
 /// Builds the golden image of farm `farm`: the guest root with `ferry`, the boot agent and
 /// the farm's CA (no secret) installed by `ferry target install-initramfs`.
 fn golden_image(dir: &Path, farm: &Farm) -> guest::GuestImage {
-    let install = "ferry target install-initramfs --agent /root/ferry-boot \
-                   --farm-ca /root/farm-ca.pem --overflow /dev/vda --update \
-                   && rm /root/ferry-boot && ! test -e /etc/ferry/farm.key";
+    // docs/netboot.md's command, as written there (issue 31: docs that run).
+    let page = std::fs::read_to_string(common::docs_run::docs().join("netboot.md")).unwrap();
+    let documented = common::docs_run::block(&page, "image").replace("\\\n", " ");
+    let install = format!(
+        "{} && rm /root/ferry-boot && ! test -e /etc/ferry/farm.key",
+        documented.trim()
+    );
     guest::ImageBuilder::new(guest::guest_root())
         .copy(stripped_ferry(dir), "/usr/local/bin/ferry", 0o755)
         .copy(boot_agent(), "/root/ferry-boot", 0o755)
-        .copy(farm.ca(), "/root/farm-ca.pem", 0o644)
+        .copy(farm.ca(), "/root/ca-cert.pem", 0o644)
         .version("v1")
         .test_script(TEST_SCRIPT)
         .quick_init()
-        .run_in_root(install)
+        .run_in_root(&install)
         .build(&dir.join("image"))
         .expect("build the golden image")
 }

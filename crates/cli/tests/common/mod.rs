@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use interop::run_ok;
 
 pub mod console;
+pub mod docs_run;
 pub mod farm;
 pub mod moto;
 

@@ -1,0 +1,51 @@
+//! Docs that run (issue 31): the command blocks an administrator follows, marked
+//! `<!-- docs-run: NAME -->` on their pages, run as written (`common::docs_run`), with a
+//! scratch directory and free ports swapped in for the documented ones.
+//!
+//! * docs/farm.md, `farm-setup`: a farm from nothing in the one start order that works
+//!   (init, the API alone, a site, a store and a vDisk, then a server), ending with the
+//!   server registered and alive and version 0 in production.
+//!
+//! jq and curl (the block's) follow the tool rule.
+
+mod common;
+
+use common::docs_run;
+use common::free_port;
+
+#[test]
+fn docs_farm_setup_runs_as_written() {
+    if !interop::require_all(&["jq", "curl"]) {
+        return;
+    }
+    let page = std::fs::read_to_string(docs_run::docs().join("farm.md")).unwrap();
+    let script = docs_run::block(&page, "farm-setup");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let api = format!("127.0.0.1:{}", free_port());
+    let swap = [
+        ("/srv/ferry", dir.join("farm").display().to_string()),
+        ("127.0.0.1:8080", api.clone()),
+        ("127.0.0.1:10809", format!("127.0.0.1:{}", free_port())),
+        ("127.0.0.1:9810", format!("127.0.0.1:{}", free_port())),
+    ];
+    // The object commands' default API (http://127.0.0.1:8080) is the one the block's
+    // servers listen on: the same swap.
+    let env = [("FERRY_API", format!("http://{api}"))];
+    let out = docs_run::run(&script, &swap, dir, &env);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "docs/farm.md farm-setup failed:\n{said}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("s1"), "the server is listed:\n{said}");
+    assert!(
+        stdout.contains("production"),
+        "version 0 is in production:\n{said}"
+    );
+}
