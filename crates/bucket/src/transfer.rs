@@ -307,6 +307,25 @@ pub enum ObjectState {
         /// The chunk size.
         chunk_size: u64,
     },
+    /// The bucket's own bytes of these chunks do not match its manifest (a corrupted or
+    /// replaced object; only looked for with [`Depth::Bytes`]).
+    BucketCorrupt {
+        /// Chunk indices.
+        chunks: Vec<u64>,
+        /// The chunk size.
+        chunk_size: u64,
+    },
+}
+
+/// How deep [`verify`] looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Depth {
+    /// The local files against the bucket's manifests (the manifests are read, not the
+    /// objects): proves the local copy is what the bucket's manifests describe.
+    Manifests,
+    /// That, and every chunk of every object read from the bucket and hashed against its
+    /// manifest: proves the bucket's bytes too.
+    Bytes,
 }
 
 /// What [`verify`] found.
@@ -325,7 +344,8 @@ impl VerifyReport {
     }
 }
 
-/// Compares the local store `dir` with the bucket's manifests.
+/// Compares the local store `dir` with the bucket's manifests, and with [`Depth::Bytes`]
+/// the bucket's objects with their manifests.
 ///
 /// # Errors
 /// Store errors, local I/O other than missing files.
@@ -333,6 +353,7 @@ pub async fn verify(
     store: &dyn ObjectStore,
     url: &BucketUrl,
     dir: &Path,
+    depth: Depth,
     progress: Progress<'_>,
 ) -> Result<VerifyReport, BucketError> {
     let listing = list(store, url).await?;
@@ -341,9 +362,38 @@ pub async fn verify(
     for (name, size) in &listing.objects {
         manifests.push(get_manifest(store, url, name, Some(*size)).await?);
     }
-    let total: u64 = manifests.iter().map(|m| m.size).sum();
+    let passes = if depth == Depth::Bytes { 2 } else { 1 };
+    let total: u64 = manifests.iter().map(|m| m.size).sum::<u64>() * passes;
     let mut done = 0;
     for m in &manifests {
+        if depth == Depth::Bytes {
+            let key = url.key(&m.name);
+            let mut corrupt = Vec::new();
+            for i in 0..m.chunk_count() {
+                let (s, e) = m.chunk_range(i);
+                let bytes = store
+                    .get_range(&key, s..e)
+                    .await
+                    .map_err(BucketError::store("read", url.url_of(&m.name)))?;
+                if m.check_chunk(i, &bytes).is_err() {
+                    corrupt.push(i);
+                }
+                done += e - s;
+                progress(done, total);
+            }
+            if !corrupt.is_empty() {
+                report.objects.insert(
+                    m.name.clone(),
+                    ObjectState::BucketCorrupt {
+                        chunks: corrupt,
+                        chunk_size: m.chunk_size,
+                    },
+                );
+                done += m.size;
+                progress(done, total);
+                continue;
+            }
+        }
         let path: PathBuf = dir.join(&m.name);
         let state = match hash_file(&path, &m.name, m.chunk_size) {
             Ok(local) if local == *m => ObjectState::Same,
@@ -460,13 +510,13 @@ mod tests {
             std::fs::read(local.join("a.1.avhdx")).unwrap()
         );
         let v = rt
-            .block_on(verify(&store, &url, &local, &|_, _| {}))
+            .block_on(verify(&store, &url, &local, Depth::Manifests, &|_, _| {}))
             .unwrap();
         assert!(v.all_same(), "{v:?}");
         std::fs::remove_file(local.join("a.vhdx")).unwrap();
         std::fs::write(local.join("extra.vhdx"), b"x").unwrap();
         let v = rt
-            .block_on(verify(&store, &url, &local, &|_, _| {}))
+            .block_on(verify(&store, &url, &local, Depth::Manifests, &|_, _| {}))
             .unwrap();
         assert_eq!(v.objects["a.vhdx"], ObjectState::Missing);
         assert_eq!(v.local_only, vec!["extra.vhdx".to_string()]);
@@ -494,5 +544,59 @@ mod tests {
             "{e}"
         );
         assert!(!local.join("b.vhdx").exists());
+    }
+
+    /// Issue 31: verify compared the local copy with the bucket's manifest only, so a
+    /// corrupted object verified "same". With `Depth::Bytes` the bucket's chunks are read
+    /// and hashed: the corrupted chunk is named; the manifests-only check still finds the
+    /// local copy the same.
+    #[test]
+    fn verify_with_bytes_finds_a_corrupted_object_the_manifests_do_not() {
+        let d = tempfile::tempdir().unwrap();
+        let store = InMemory::new();
+        let url = BucketUrl::parse("s3://bkt").unwrap();
+        let small = file(d.path(), "c.vhdx", 3 << 20, 4);
+        let rt = rt();
+        rt.block_on(push(&store, &url, &small, "c.vhdx", &|_, _| {}))
+            .unwrap();
+        let local = d.path().join("local");
+        rt.block_on(fill(&store, &url, &local, &|_, _| {})).unwrap();
+        let deep = rt
+            .block_on(verify(&store, &url, &local, Depth::Bytes, &|_, _| {}))
+            .unwrap();
+        assert!(deep.all_same(), "{deep:?}");
+        let mut bytes = std::fs::read(&small).unwrap();
+        bytes[(2 << 20) + 7] ^= 1;
+        rt.block_on(store.put(&url.key("c.vhdx"), bytes.into()))
+            .unwrap();
+        let shallow = rt
+            .block_on(verify(&store, &url, &local, Depth::Manifests, &|_, _| {}))
+            .unwrap();
+        assert!(
+            shallow.all_same(),
+            "the manifests cannot see it: {shallow:?}"
+        );
+        let last = std::sync::atomic::AtomicU64::new(0);
+        let deep = rt
+            .block_on(verify(
+                &store,
+                &url,
+                &local,
+                Depth::Bytes,
+                &|done, total| {
+                    assert!(done <= total);
+                    last.store(done, std::sync::atomic::Ordering::Relaxed);
+                },
+            ))
+            .unwrap();
+        assert_eq!(
+            deep.objects["c.vhdx"],
+            ObjectState::BucketCorrupt {
+                chunks: vec![2],
+                chunk_size: 1 << 20
+            }
+        );
+        assert!(!deep.all_same());
+        assert_eq!(last.into_inner(), 2 * (3 << 20), "both passes counted");
     }
 }

@@ -98,7 +98,7 @@ pub enum Command {
     /// Compare a local store directory with a bucket's manifests, chunk by chunk (exit
     /// status 2 when anything differs or is missing).
     #[command(
-        after_help = "Example:\n  ferry vdisk verify s3://vdisks/farm /srv/ferry/store --json"
+        after_help = "Examples:\n  ferry vdisk verify s3://vdisks/farm /srv/ferry/store --json\n  ferry vdisk verify s3://vdisks/farm /srv/ferry/store --bytes   # the bucket's bytes too"
     )]
     Verify(crate::vdisk_bucket::VerifyArgs),
 }

@@ -83,6 +83,10 @@ pub struct VerifyArgs {
     pub store: String,
     /// The local store directory to compare with it.
     pub dir: PathBuf,
+    /// Also read every chunk of every object from the bucket and check it against its
+    /// manifest (reads the whole bucket): proves the bucket's bytes, not only the local copy
+    #[arg(long)]
+    pub bytes: bool,
     #[command(flatten)]
     pub s3: S3Args,
     /// Print JSON on stdout instead of text.
@@ -217,6 +221,11 @@ pub fn verify(a: &VerifyArgs, global: Global) -> anyhow::Result<ExitCode> {
         store.as_ref(),
         &url,
         &a.dir,
+        if a.bytes {
+            bucket::transfer::Depth::Bytes
+        } else {
+            bucket::transfer::Depth::Manifests
+        },
         &|d, t| feed.update(d, t),
     ))?;
     feed.bar.finish();
@@ -227,6 +236,16 @@ pub fn verify(a: &VerifyArgs, global: Global) -> anyhow::Result<ExitCode> {
             match state {
                 bucket::transfer::ObjectState::Same => outln!("{name}: same"),
                 bucket::transfer::ObjectState::Missing => outln!("{name}: missing"),
+                bucket::transfer::ObjectState::BucketCorrupt { chunks, chunk_size } => outln!(
+                    "{name}: the bucket's bytes of {} chunk(s) of {chunk_size} bytes do not match its manifest: {}",
+                    chunks.len(),
+                    chunks
+                        .iter()
+                        .take(20)
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
                 bucket::transfer::ObjectState::Differs { chunks, chunk_size } => outln!(
                     "{name}: {} chunk(s) of {chunk_size} bytes differ: {}",
                     chunks.len(),
