@@ -4,7 +4,8 @@
 //!
 //! * docs/farm.md, `farm-setup`: a farm from nothing in the one start order that works
 //!   (init, the API alone, a site, a store and a vDisk, then a server), ending with the
-//!   server registered and alive and version 0 in production.
+//!   server registered and alive and version 0 in production; then docs/scale.md,
+//!   `second-server`: a second server joins the running farm, and both are listed.
 //!
 //! jq and curl (the block's) follow the tool rule.
 
@@ -14,12 +15,17 @@ use common::docs_run;
 use common::free_port;
 
 #[test]
-fn docs_farm_setup_runs_as_written() {
+fn docs_farm_setup_and_a_second_server_run_as_written() {
     if !interop::require_all(&["jq", "curl"]) {
         return;
     }
     let page = std::fs::read_to_string(docs_run::docs().join("farm.md")).unwrap();
-    let script = docs_run::block(&page, "farm-setup");
+    let scale = std::fs::read_to_string(docs_run::docs().join("scale.md")).unwrap();
+    let script = format!(
+        "{}{}",
+        docs_run::block(&page, "farm-setup"),
+        docs_run::block(&scale, "second-server")
+    );
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let api = format!("127.0.0.1:{}", free_port());
@@ -28,6 +34,9 @@ fn docs_farm_setup_runs_as_written() {
         ("127.0.0.1:8080", api.clone()),
         ("127.0.0.1:10809", format!("127.0.0.1:{}", free_port())),
         ("127.0.0.1:9810", format!("127.0.0.1:{}", free_port())),
+        ("127.0.0.1:8081", format!("127.0.0.1:{}", free_port())),
+        ("127.0.0.1:10810", format!("127.0.0.1:{}", free_port())),
+        ("127.0.0.1:9811", format!("127.0.0.1:{}", free_port())),
     ];
     // The object commands' default API (http://127.0.0.1:8080) is the one the block's
     // servers listen on: the same swap.
