@@ -349,6 +349,7 @@ impl Agent {
             boot_ended_by: booted.map(|b| b.by),
             host_cache: self.host.as_ref().map(|h| h.status()),
             prefetch: self.prefetch.as_ref().map(|p| p.status()),
+            reports_failed: self.cfg.status_feed.as_ref().map(|f| f.failures()),
         }
     }
 

@@ -62,24 +62,39 @@ impl ReportUrls {
 /// root, so that path no longer leads to the socket from the agent itself (its reports
 /// stopped at `switch_root`, issue 31).
 #[derive(Default)]
-pub struct StatusFeed(OnceLock<StatusFn>);
+pub struct StatusFeed {
+    status: OnceLock<StatusFn>,
+    /// Reports that failed, counted by the reporter and shown in the agent's status.
+    failures: std::sync::atomic::AtomicU64,
+}
 
 type StatusFn = Box<dyn Fn() -> Option<serde_json::Value> + Send + Sync>;
 
 impl StatusFeed {
     /// Sets where the status comes from (the first call wins).
     pub fn set(&self, status: StatusFn) {
-        let _ = self.0.set(status);
+        let _ = self.status.set(status);
+    }
+
+    /// Counts a report that failed.
+    pub fn failed(&self) {
+        self.failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Reports that failed so far.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the agent has set it.
     pub fn is_set(&self) -> bool {
-        self.0.get().is_some()
+        self.status.get().is_some()
     }
 
     /// The agent's status now; `None` before the agent runs or after it ended.
     pub fn read(&self) -> Option<serde_json::Value> {
-        self.0.get().and_then(|f| f())
+        self.status.get().and_then(|f| f())
     }
 }
 
@@ -161,6 +176,7 @@ pub fn start(
                 }
                 if !ok {
                     failures += 1;
+                    feed.failed();
                     urls.failed();
                     if failures.is_power_of_two() {
                         tracing::warn!(failures, %url, next = %urls.current(),
@@ -262,6 +278,30 @@ pub fn report_body(export_name: &str, v: &serde_json::Value) -> serde_json::Valu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_feed_reads_the_agent_in_process_and_counts_failed_reports() {
+        let feed = StatusFeed::default();
+        assert!(!feed.is_set());
+        assert_eq!(feed.read(), None, "not before the agent runs");
+        let n = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(7));
+        let seen = std::sync::Arc::clone(&n);
+        feed.set(Box::new(move || {
+            Some(serde_json::json!({ "bytes_read": seen.load(std::sync::atomic::Ordering::Relaxed) }))
+        }));
+        assert_eq!(feed.read().unwrap()["bytes_read"], 7);
+        n.store(9, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(feed.read().unwrap()["bytes_read"], 9, "read anew each time");
+        feed.set(Box::new(|| None));
+        assert_eq!(
+            feed.read().unwrap()["bytes_read"],
+            9,
+            "the first setter stays"
+        );
+        feed.failed();
+        feed.failed();
+        assert_eq!(feed.failures(), 2);
+    }
 
     #[test]
     fn a_failed_report_moves_to_the_next_api_and_comes_round() {

@@ -363,6 +363,9 @@ pub struct Status {
     /// The boot-set prefetch, when one runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<crate::prefetch::PrefetchStatus>,
+    /// Status reports to the farm that failed (every API tried), when the agent reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reports_failed: Option<u64>,
 }
 
 #[cfg(test)]

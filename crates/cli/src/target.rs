@@ -569,6 +569,7 @@ mod tests {
             boot_ended_by: None,
             host_cache: None,
             prefetch: None,
+            reports_failed: None,
         }
     }
 
