@@ -227,7 +227,6 @@ pub enum AgentError {
 #[derive(Debug)]
 pub struct Agent {
     cfg: AgentConfig,
-    export: String,
     remote: Arc<Remote>,
     remote_counters: Arc<RemoteCounters>,
     cache: Option<Arc<WriteCache>>,
@@ -299,7 +298,6 @@ impl Agent {
             prefetch,
             sampler: Sampler::new(&io),
             remote_counters: remote.counters(),
-            export,
             remote,
             cache,
             device,
@@ -323,7 +321,7 @@ impl Agent {
                 .servers()
                 .unwrap_or_else(|| self.cfg.servers.clone()),
             vdisk: self.cfg.vdisk.clone(),
-            export: self.export.clone(),
+            export: self.remote.export(),
             mac: self.cfg.mac.map(|m| m.to_string()),
             version: self.remote.description().to_string(),
             size_bytes: self.device.size(),

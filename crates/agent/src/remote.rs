@@ -457,6 +457,11 @@ impl Remote {
         }
     }
 
+    /// The export attached now: the session's, a new one after a login again.
+    pub fn export(&self) -> String {
+        self.session.lock().export.clone()
+    }
+
     /// Times the device logged in again after its session was refused.
     pub fn relogins(&self) -> u64 {
         self.relogins.load(Ordering::Relaxed)

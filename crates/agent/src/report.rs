@@ -154,7 +154,13 @@ pub fn start(
                     }
                     continue;
                 };
-                let mut body = report_body(&export_name, &v);
+                // The session of now: after a login again, the new one's export.
+                let current = v["export"]
+                    .as_str()
+                    .filter(|e| e.starts_with("ferry-s-"))
+                    .unwrap_or(&export_name)
+                    .to_string();
+                let mut body = report_body(&current, &v);
                 reports += 1;
                 let wanted = refresh.is_some() && reports.is_multiple_of(SERVERS_REFRESH_REPORTS);
                 if wanted {

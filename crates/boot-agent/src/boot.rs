@@ -243,6 +243,7 @@ fn boot(opts: &Opts) -> anyhow::Result<()> {
             apis: args.api.clone(),
             ca: args.ca.as_ref().and_then(|p| read_limited(p).ok()),
             export_name: e.to_string(),
+            feed: cfg.status_feed.clone(),
         });
     if let Err(e) = crate::shutdown::watch(&opts.run_dir, end) {
         eprintln!("ferry-boot: a clean shutdown will not end the session: {e}");

@@ -34,8 +34,11 @@ pub struct SessionEnd {
     pub apis: Vec<String>,
     /// The farm's CA (PEM).
     pub ca: Option<String>,
-    /// The session's export name (its credential).
+    /// The session's export name at login (its credential).
     pub export_name: String,
+    /// The agent's status, whose `export` is the session of now (a new one after a login
+    /// again): that one is ended.
+    pub feed: Option<std::sync::Arc<agent::report::StatusFeed>>,
 }
 
 /// Watches `run_dir` (opened now) on a thread of its own; on the hook's word, ends the
@@ -72,7 +75,7 @@ fn asked(dir: &OwnedFd) -> bool {
 fn answer(end: Option<&SessionEnd>) -> String {
     match end {
         None => "ferry: shutting down (no farm session to end)".to_string(),
-        Some(e) => match agent::report::end_session(&e.apis, e.ca.as_deref(), &e.export_name) {
+        Some(e) => match agent::report::end_session(&e.apis, e.ca.as_deref(), &current(e)) {
             Ok(api) => format!("ferry: session ended at the farm ({api}): the machine is off"),
             Err(why) => format!(
                 "ferry: the session could not be ended at the farm ({why}); it ends when it \
@@ -80,6 +83,16 @@ fn answer(end: Option<&SessionEnd>) -> String {
             ),
         },
     }
+}
+
+/// The session's export name now: the agent's, else the one of its login.
+fn current(e: &SessionEnd) -> String {
+    e.feed
+        .as_ref()
+        .and_then(|f| f.read())
+        .and_then(|v| v["export"].as_str().map(str::to_string))
+        .filter(|x| x.starts_with("ferry-s-"))
+        .unwrap_or_else(|| e.export_name.clone())
 }
 
 fn write_done(dir: &OwnedFd, line: &str) -> std::io::Result<()> {
@@ -119,6 +132,7 @@ mod tests {
             apis: vec!["not a url".into()],
             ca: None,
             export_name: "ferry-s-00112233445566778899aabbccddeeff".into(),
+            feed: None,
         };
         let line = answer(Some(&e));
         assert!(

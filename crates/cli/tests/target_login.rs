@@ -673,6 +673,38 @@ fn outsiders_are_refused_and_the_target_survives_a_restart_and_an_ended_session(
     assert!(tlog.contains("logged in again"), "{tlog}");
     let (ok, _) = nbdinfo(&format!("nbd://{nbd}/{session_export}"));
     assert!(!ok);
+    // Its status names the new session, and its reports reach the farm under it (issue
+    // 31: they kept the first session's name and were refused).
+    let renewed = pc1.status()["export"].as_str().unwrap().to_string();
+    assert!(
+        renewed.starts_with("ferry-s-") && renewed != session_export,
+        "{renewed}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v: Value = client
+            .get(format!("{}/api/v1/status", f.api))
+            .bearer_auth(&f.token)
+            .send()
+            .and_then(|r| r.json())
+            .expect("GET /api/v1/status");
+        let d = v["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d["mac"] == MAC.to_lowercase().as_str())
+            .cloned()
+            .unwrap_or(Value::Null);
+        let live = d["session"]["id"].as_str();
+        if live.is_some() && d["counters"]["session_id"].as_str() == live {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no report of the new session reached the farm: {d}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
     pc1.proc.stop();
     f.proc.take().unwrap().stop();
 }
