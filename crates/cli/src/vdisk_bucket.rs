@@ -210,6 +210,16 @@ pub fn fill(a: &FillArgs, global: Global) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The first 20 of `chunks`, comma-separated (a verify line's list).
+fn first_chunks(chunks: &[u64]) -> String {
+    chunks
+        .iter()
+        .take(20)
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `ferry vdisk verify`: exit status 2 when anything differs or is missing.
 ///
 /// # Errors
@@ -239,22 +249,12 @@ pub fn verify(a: &VerifyArgs, global: Global) -> anyhow::Result<ExitCode> {
                 bucket::transfer::ObjectState::BucketCorrupt { chunks, chunk_size } => outln!(
                     "{name}: the bucket's bytes of {} chunk(s) of {chunk_size} bytes do not match its manifest: {}",
                     chunks.len(),
-                    chunks
-                        .iter()
-                        .take(20)
-                        .map(u64::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    first_chunks(chunks)
                 ),
                 bucket::transfer::ObjectState::Differs { chunks, chunk_size } => outln!(
                     "{name}: {} chunk(s) of {chunk_size} bytes differ: {}",
                     chunks.len(),
-                    chunks
-                        .iter()
-                        .take(20)
-                        .map(u64::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    first_chunks(chunks)
                 ),
             }
         }

@@ -77,7 +77,6 @@ impl Candidate {
 /// Compares the loads `a.sessions / a.rating` and `b.sessions / b.rating` exactly (cross
 /// multiplication in 128 bits: no rounding, no overflow).
 fn load_cmp(a: &Candidate, b: &Candidate) -> Ordering {
-    let rating = |c: &Candidate| i128::from(c.server.rating.clamp(1, RATING_MAX));
     (i128::from(a.sessions) * rating(b)).cmp(&(i128::from(b.sessions) * rating(a)))
 }
 
@@ -119,7 +118,6 @@ pub fn order(mut servers: Vec<Candidate>, now_ms: i64) -> Vec<LoginServer> {
 /// room, ties included, instead of all going to the one that sorts first and overshooting
 /// it. With none below its share, one of the least loaded is drawn the same way.
 pub fn order_for_device(servers: Vec<Candidate>, now_ms: i64, device_id: i64) -> Vec<LoginServer> {
-    let rating = |c: &Candidate| i128::from(c.server.rating.clamp(1, RATING_MAX));
     let serving: Vec<&Candidate> = servers.iter().filter(|c| c.class(now_ms) == 0).collect();
     let total: i128 = serving.iter().map(|c| i128::from(c.sessions.max(0))).sum();
     let ratings: i128 = serving.iter().map(|c| rating(c)).sum();
@@ -183,23 +181,14 @@ pub const REBALANCE_TOLERANCE_PERCENT: i64 = 10;
 /// their share: a server that joins or returns fills up without a reconnect storm, each
 /// overloaded server giving only its own excess.
 pub fn excess(me: i64, servers: &[Candidate], now_ms: i64) -> usize {
-    let serving: Vec<&Candidate> = servers
-        .iter()
-        .filter(|c| {
-            !c.server.draining.0
-                && now_ms.saturating_sub(c.server.heartbeat_at_ms) <= REBALANCE_ALIVE_MS
-        })
-        .collect();
-    let Some(mine) = serving.iter().find(|c| c.server.id == me) else {
+    let shares = Shares::of(servers, now_ms);
+    let Some(mine) = shares.serving.iter().find(|c| c.server.id == me) else {
         return 0;
     };
-    if serving.len() < 2 {
+    if shares.serving.len() < 2 {
         return 0;
     }
-    let rating = |c: &Candidate| i128::from(c.server.rating.clamp(1, RATING_MAX));
-    let total: i128 = serving.iter().map(|c| i128::from(c.sessions.max(0))).sum();
-    let ratings: i128 = serving.iter().map(|c| rating(c)).sum();
-    let share = (total * rating(mine) + ratings - 1) / ratings;
+    let share = shares.share(mine);
     let tolerance = (share * i128::from(REBALANCE_TOLERANCE_PERCENT) / 100).max(1);
     let carried = i128::from(mine.sessions.max(0));
     if carried <= share + tolerance {
@@ -207,6 +196,49 @@ pub fn excess(me: i64, servers: &[Candidate], now_ms: i64) -> usize {
     }
     debug_assert!(carried > share);
     usize::try_from(carried - share).unwrap_or(usize::MAX)
+}
+
+/// The servers rebalancing counts as serving (heartbeating within [`REBALANCE_ALIVE_MS`],
+/// not draining), and what their shares are computed from: [`excess`] and
+/// `moves::rooms` share it.
+pub(crate) struct Shares<'a> {
+    /// The serving servers.
+    pub(crate) serving: Vec<&'a Candidate>,
+    total: i128,
+    ratings: i128,
+}
+
+impl<'a> Shares<'a> {
+    /// The serving servers of `servers` at `now_ms`, with their sessions and ratings summed.
+    pub(crate) fn of(servers: &'a [Candidate], now_ms: i64) -> Shares<'a> {
+        let serving: Vec<&Candidate> = servers
+            .iter()
+            .filter(|c| {
+                !c.server.draining.0
+                    && now_ms.saturating_sub(c.server.heartbeat_at_ms) <= REBALANCE_ALIVE_MS
+            })
+            .collect();
+        let total = serving.iter().map(|c| i128::from(c.sessions.max(0))).sum();
+        let ratings = serving.iter().map(|c| rating(c)).sum();
+        Shares {
+            serving,
+            total,
+            ratings,
+        }
+    }
+
+    /// `c`'s share: `ceil(total × rating / Σ ratings)` (0 with no serving server).
+    pub(crate) fn share(&self, c: &Candidate) -> i128 {
+        if self.ratings == 0 {
+            return 0;
+        }
+        (self.total * rating(c) + self.ratings - 1) / self.ratings
+    }
+}
+
+/// A server's rating within 1..=[`RATING_MAX`], as balancing weighs it.
+fn rating(c: &Candidate) -> i128 {
+    i128::from(c.server.rating.clamp(1, RATING_MAX))
 }
 
 impl Farm {

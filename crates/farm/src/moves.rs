@@ -20,9 +20,8 @@ use std::collections::HashMap;
 use contract::login::LoginServer;
 
 use crate::Farm;
-use crate::balance::{Candidate, REBALANCE_ALIVE_MS};
+use crate::balance::{Candidate, Shares};
 use crate::error::Result;
-use crate::model::RATING_MAX;
 
 /// A session a rebalancing server may move, and where its device goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,26 +45,14 @@ pub struct Plan {
 
 /// Each serving server's room below its share (`ceil(total × rating / Σ ratings)` minus
 /// what it carries), by id; a server at or above its share has none. Serving: heartbeating
-/// within [`REBALANCE_ALIVE_MS`] and not draining.
+/// within [`crate::balance::REBALANCE_ALIVE_MS`] and not draining.
 pub fn rooms(servers: &[Candidate], now_ms: i64) -> HashMap<i64, i64> {
-    let serving: Vec<&Candidate> = servers
-        .iter()
-        .filter(|c| {
-            !c.server.draining.0
-                && now_ms.saturating_sub(c.server.heartbeat_at_ms) <= REBALANCE_ALIVE_MS
-        })
-        .collect();
-    let rating = |c: &Candidate| i128::from(c.server.rating.clamp(1, RATING_MAX));
-    let total: i128 = serving.iter().map(|c| i128::from(c.sessions.max(0))).sum();
-    let ratings: i128 = serving.iter().map(|c| rating(c)).sum();
-    if ratings == 0 {
-        return HashMap::new();
-    }
-    serving
+    let shares = Shares::of(servers, now_ms);
+    shares
+        .serving
         .iter()
         .filter_map(|c| {
-            let share = (total * rating(c) + ratings - 1) / ratings;
-            let room = share - i128::from(c.sessions.max(0));
+            let room = shares.share(c) - i128::from(c.sessions.max(0));
             (room > 0).then(|| (c.server.id, i64::try_from(room).unwrap_or(i64::MAX)))
         })
         .collect()
