@@ -9,6 +9,9 @@ use contract::ErrorChain;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoResponses, ToSchema};
 
+/// The `Retry-After` of a 503 (the farm database is down): seconds.
+const RETRY_AFTER_SECS: &str = "10";
+
 /// The body of every error answer.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
@@ -51,6 +54,12 @@ impl IntoResponse for ApiError {
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
         r
     }
 }
@@ -65,9 +74,11 @@ impl From<farm::FarmError> for ApiError {
             farm::Kind::Forbidden => StatusCode::FORBIDDEN,
             farm::Kind::LimitReached => StatusCode::TOO_MANY_REQUESTS,
             farm::Kind::Bucket => StatusCode::BAD_GATEWAY,
+            farm::Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        if status.is_server_error() {
+        // An outage of the database is logged once by the farm, not once per request.
+        if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
             tracing::error!(error = %ErrorChain(&e), "request failed");
         }
         ApiError::new(status, e.message())

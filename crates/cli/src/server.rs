@@ -406,6 +406,7 @@ async fn serve(
         }
         None => (None, None),
     };
+    let farm_db = farm.as_ref().map(|f| Arc::clone(&f.0.farm));
     let api_task = match farm {
         Some((handle, addr, tls)) => {
             let l = TcpListener::bind(addr)
@@ -449,6 +450,7 @@ async fn serve(
     let metrics_task = metrics_listener.map(|l| {
         let (reg, m) = (registry.clone(), Arc::clone(&metrics));
         let tftp_counters = tftp.as_ref().map(|t| Arc::clone(&t.counters));
+        let farm_db = farm_db.clone();
         let render: server::http::Render = Arc::new(move || {
             let mut text = m.render(&reg.cache().stats(), &reg.stats());
             server::boot_sets::render_metrics(&reg.boot_sets().stats(), &mut text);
@@ -457,6 +459,9 @@ async fn serve(
             }
             if let Some(c) = &boot_counters {
                 crate::server_boot::render_boot_metrics(c, &mut text);
+            }
+            if let Some(f) = &farm_db {
+                crate::server_farm::render_database_metrics(f, &mut text);
             }
             if let Some(t) = &tier_stats {
                 crate::server_bucket::render_metrics(t, &mut text);

@@ -48,6 +48,10 @@ pub struct TimingArgs {
     /// How often production versions are listed for prefetch (default 10s).
     #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
     pub member_promotion_check_every: Option<Duration>,
+    /// How often the farm snapshot (boots and failovers while the database is away) is
+    /// read (default 15s).
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub member_snapshot_every: Option<Duration>,
 }
 
 impl TimingArgs {
@@ -69,6 +73,7 @@ impl TimingArgs {
             promotion_check_every: self
                 .member_promotion_check_every
                 .unwrap_or(d.promotion_check_every),
+            snapshot_every: self.member_snapshot_every.unwrap_or(d.snapshot_every),
         }
     }
 }
@@ -409,5 +414,37 @@ mod tests {
         assert_eq!(advertised(Some("fd00::1"), nbd), "[fd00::1]:10900");
         assert_eq!(advertised(Some("boot.example"), nbd), "boot.example:10900");
         assert_eq!(advertised(Some("10.0.2.2:10809"), nbd), "10.0.2.2:10809");
+    }
+}
+
+/// Appends the farm database's state as this server sees it (`farm::offline`) to a
+/// Prometheus text exposition: whether it answers, the snapshot's age, the logins waiting.
+pub fn render_database_metrics(farm: &farm::Farm, out: &mut String) {
+    use std::fmt::Write as _;
+    let d = farm.database_state();
+    let age = d
+        .snapshot_taken_at_ms
+        .map_or(-1.0, |t| (farm.now_ms() - t).max(0) as f64 / 1000.0);
+    let series = [
+        (
+            "ferry_farm_database_up",
+            "1 while the farm database answers this server, 0 while it cannot be reached",
+            f64::from(u8::from(d.up)),
+        ),
+        (
+            "ferry_farm_snapshot_age_seconds",
+            "Age of the farm snapshot boots and failovers read while the database is away (-1: none yet)",
+            age,
+        ),
+        (
+            "ferry_farm_offline_logins",
+            "Logins made while the database was away, not yet written to it",
+            d.pending_logins as f64,
+        ),
+    ];
+    for (name, help, v) in series {
+        let _ = writeln!(out, "# HELP {name} {help}.");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        let _ = writeln!(out, "{name} {v}");
     }
 }

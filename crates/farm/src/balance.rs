@@ -248,6 +248,12 @@ impl Farm {
     /// # Errors
     /// Database errors; [`crate::Kind::NotFound`] for an unknown collection.
     pub(crate) async fn site_servers(&self, collection_id: i64) -> Result<Vec<LoginServer>> {
+        let db = self.site_servers_db(collection_id);
+        self.or_snapshot(db, |s| s.site_servers(collection_id))
+            .await
+    }
+
+    pub(crate) async fn site_servers_db(&self, collection_id: i64) -> Result<Vec<LoginServer>> {
         let site = self.collection(collection_id).await?.site_id;
         let candidates = self.site_candidates(site).await?;
         Ok(order(candidates, self.now_ms()))

@@ -101,6 +101,10 @@ impl Clock for SimClock {
     }
 }
 
+/// How long a call waits for a database connection before it says the database cannot be
+/// reached (`Kind::Unavailable`; see `offline`).
+pub const DB_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Which database holds the farm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -159,6 +163,8 @@ pub struct Farm {
     pub(crate) publisher: Mutex<Option<Arc<dyn crate::publisher::Publisher>>>,
     /// The login nonce table's bounds (`login::LoginLimits`; settable for tests).
     pub(crate) login_limits: Mutex<LoginLimits>,
+    /// The database's state, the snapshot and what waits for the database (`offline`).
+    pub(crate) offline: crate::offline::Offline,
 }
 
 impl Farm {
@@ -213,6 +219,7 @@ impl Farm {
         };
         let pool = AnyPoolOptions::new()
             .max_connections(connections)
+            .acquire_timeout(DB_WAIT)
             .connect(&url)
             .await?;
         match backend {
@@ -235,6 +242,7 @@ impl Farm {
             order_cache: Mutex::new(HashMap::new()),
             publisher: Mutex::new(None),
             login_limits: Mutex::new(LoginLimits::default()),
+            offline: crate::offline::Offline::default(),
         };
         farm.move_key_out_of_the_database().await?;
         Ok(farm)

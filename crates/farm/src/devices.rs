@@ -22,9 +22,9 @@ use crate::model::{Collection, Device, DeviceType, Flag, OptCacheMode, Page, Ses
 use crate::validate;
 
 /// The columns of a device row, in [`Device`]'s order.
-const DEVICE_COLUMNS: &str = "id, collection_id, mac, name, device_type, vdisk_id, \
+pub(crate) const DEVICE_COLUMNS: &str = "id, collection_id, mac, name, device_type, vdisk_id, \
      cache_mode, ram_bytes, pinned_version, created_at_ms, changed_at_ms, diskless";
-const SESSION_COLUMNS: &str = "id, device_id, vdisk_id, version_number, device_type, export_name, created_at_ms, \
+pub(crate) const SESSION_COLUMNS: &str = "id, device_id, vdisk_id, version_number, device_type, export_name, created_at_ms, \
      expires_at_ms";
 
 impl Farm {
@@ -135,7 +135,8 @@ impl Farm {
     /// # Errors
     /// [`crate::Kind::NotFound`].
     pub async fn device(&self, id: i64) -> Result<Device> {
-        self.one("devices", DEVICE_COLUMNS, "device", id).await
+        let db = self.one("devices", DEVICE_COLUMNS, "device", id);
+        self.or_snapshot(db, |s| s.device(id)).await
     }
 
     /// The device with that MAC (normalized first), if any.
@@ -143,12 +144,15 @@ impl Farm {
     /// # Errors
     /// [`crate::Kind::InvalidInput`] for a malformed MAC.
     pub async fn device_by_mac(&self, mac: &str) -> Result<Option<Device>> {
-        let mac = validate::mac(mac)?;
+        let mac = validate::mac(mac)?.to_string();
         let sql = format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE mac = $1");
-        Ok(sqlx::query_as(&sql)
-            .bind(mac.to_string())
-            .fetch_optional(&self.pool)
-            .await?)
+        let db = async {
+            Ok(sqlx::query_as(&sql)
+                .bind(&mac)
+                .fetch_optional(&self.pool)
+                .await?)
+        };
+        self.or_snapshot(db, |s| Ok(s.device_by_mac(&mac))).await
     }
 
     /// Checks a device's references and values.

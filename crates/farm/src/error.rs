@@ -20,6 +20,10 @@ pub enum Kind {
     LimitReached,
     /// The database failed (HTTP 500).
     Database,
+    /// The database cannot be reached (refused, reset, timed out, shutting down): nothing
+    /// was changed; try again when it returns (HTTP 503). Reads a server answers from its
+    /// last snapshot of the farm never see it ([`crate::offline`]).
+    Unavailable,
     /// An image operation in the store failed (HTTP 500).
     Image,
     /// A bucket store's bucket could not be reached, refused this process, or failed
@@ -128,6 +132,7 @@ impl From<sqlx::Error> for FarmError {
             sqlx::Error::RowNotFound => Kind::NotFound,
             sqlx::Error::Database(d) if d.is_unique_violation() => Kind::Conflict,
             sqlx::Error::Database(d) if d.is_foreign_key_violation() => Kind::Conflict,
+            e if unreachable(e) => Kind::Unavailable,
             _ => Kind::Database,
         };
         let message = match kind {
@@ -138,8 +143,12 @@ impl From<sqlx::Error> for FarmError {
                 }
                 _ => "the object is referenced by another object".to_string(),
             },
+            Kind::Unavailable => UNAVAILABLE.to_string(),
             _ => "database error".to_string(),
         };
+        if kind == Kind::Unavailable {
+            tracing::debug!(error = %e, "database unreachable");
+        }
         if kind == Kind::Database {
             tracing::error!(error = %e, "database error");
         }
@@ -148,6 +157,28 @@ impl From<sqlx::Error> for FarmError {
             message,
             source: Some(Box::new(e)),
         }
+    }
+}
+
+/// What a caller is told when the database cannot be reached.
+pub const UNAVAILABLE: &str = "the farm database cannot be reached: nothing was changed; \
+     devices keep booting from the servers' last snapshot of the farm; try again when the \
+     database is back";
+
+/// True when `e` says the database is not there (as opposed to refusing a statement): the
+/// connection failed or broke, the pool timed out waiting for one, or the server is
+/// shutting down or starting (SQLSTATE class 08, 57P01–57P03).
+fn unreachable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
+        _ => false,
     }
 }
 

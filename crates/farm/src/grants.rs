@@ -11,6 +11,10 @@
 //!                                   ▼
 //!                          SessionTable::insert ──► open
 //! ```
+//!
+//! While the database cannot be reached, the session row comes from the server's snapshot
+//! ([`crate::offline`]): a device whose server died fails over to one that knew its
+//! session when the snapshot was read.
 
 use crate::db::Farm;
 use crate::error::Result;
@@ -33,7 +37,13 @@ impl Farm {
         export_name: &str,
         server_id: Option<i64>,
     ) -> Result<Option<SessionGrant>> {
-        let Some(s) = self.session_by_export(export_name).await? else {
+        // While the database is away, the sessions of this server's snapshot (offline).
+        let now = self.now_ms();
+        let db = self.session_by_export(export_name);
+        let found = self
+            .or_snapshot(db, |snap| Ok(snap.session_by_export(export_name, now)))
+            .await?;
+        let Some(s) = found else {
             return Ok(None);
         };
         let Some(g) = self.grant_of(&s, server_id).await? else {

@@ -34,6 +34,9 @@
 //! sessions.rs   SessionTable: the in-process check of session export names
 //! counters.rs   devices' reported counters, shared between the API processes
 //! grants.rs     a session's grant rebuilt from the database (other server, restart)
+//! snapshot.rs   a server's snapshot of what boots and failovers read (in memory)
+//! offline.rs    the database away: reads from the snapshot, offline logins pending,
+//!               changes refused (Unavailable), catch-up when it returns
 //! error.rs      FarmError with a Kind the API maps to an HTTP status
 //! ```
 //!
@@ -58,6 +61,7 @@ pub mod lifecycle;
 pub mod login;
 pub mod model;
 pub mod moves;
+pub mod offline;
 pub mod private;
 pub mod publish;
 pub mod publisher;
@@ -65,6 +69,7 @@ pub mod repo;
 pub mod secrets;
 pub mod servers;
 pub mod sessions;
+pub mod snapshot;
 pub mod tickets;
 pub mod validate;
 mod vdisk_lock;

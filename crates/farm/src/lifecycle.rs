@@ -38,7 +38,7 @@ use crate::model::{AccessMode, DeviceType, MergeMode, VDisk, Version};
 
 /// The most versions a vDisk keeps (rows; numbers keep growing).
 pub const VERSIONS_MAX: i64 = 1000;
-const VERSION_COLUMNS: &str = "vdisk_id, number, file_name, parent_number, access, origin, \
+pub(crate) const VERSION_COLUMNS: &str = "vdisk_id, number, file_name, parent_number, access, origin, \
      created_at_ms, created_by, changed_at_ms, changed_by";
 
 /// Runs blocking image work off the reactor.
@@ -63,10 +63,13 @@ impl Farm {
         self.vdisk(vdisk_id).await?;
         let sql =
             format!("SELECT {VERSION_COLUMNS} FROM versions WHERE vdisk_id = $1 ORDER BY number");
-        Ok(sqlx::query_as(&sql)
-            .bind(vdisk_id)
-            .fetch_all(&self.pool)
-            .await?)
+        let db = async {
+            Ok(sqlx::query_as(&sql)
+                .bind(vdisk_id)
+                .fetch_all(&self.pool)
+                .await?)
+        };
+        self.or_snapshot(db, |s| s.versions(vdisk_id)).await
     }
 
     /// One version.
@@ -76,14 +79,17 @@ impl Farm {
     pub async fn version(&self, vdisk_id: i64, number: i64) -> Result<Version> {
         let sql =
             format!("SELECT {VERSION_COLUMNS} FROM versions WHERE vdisk_id = $1 AND number = $2");
-        sqlx::query_as(&sql)
-            .bind(vdisk_id)
-            .bind(number)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or_else(|| {
-                FarmError::not_found(format!("vdisk {vdisk_id} has no version {number}"))
-            })
+        let db = async {
+            sqlx::query_as(&sql)
+                .bind(vdisk_id)
+                .bind(number)
+                .fetch_optional(&self.pool)
+                .await?
+                .ok_or_else(|| {
+                    FarmError::not_found(format!("vdisk {vdisk_id} has no version {number}"))
+                })
+        };
+        self.or_snapshot(db, |s| s.version(vdisk_id, number)).await
     }
 
     /// The path of a version's file on this host.

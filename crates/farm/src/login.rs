@@ -163,6 +163,19 @@ impl Farm {
         peer: Option<std::net::IpAddr>,
     ) -> Result<Challenge> {
         let mac = validate::mac(&r.mac)?;
+        let db = self.challenge_db(mac, peer);
+        let m = mac.to_string();
+        self.or_snapshot(db, |_| {
+            let (nonce, expires_at_ms) = self.offline_challenge(&m)?;
+            Ok(Challenge {
+                nonce,
+                expires_at_ms,
+            })
+        })
+        .await
+    }
+
+    async fn challenge_db(&self, mac: Mac, peer: Option<std::net::IpAddr>) -> Result<Challenge> {
         let peer = peer
             .map(|p| p.to_canonical().to_string())
             .unwrap_or_default();
@@ -273,16 +286,24 @@ impl Farm {
     async fn proven_device(&self, mac: Mac, r: &LoginRequest) -> Result<Device> {
         let sent = hex::decode(&r.hmac).map_err(|_| FarmError::invalid("hmac must be hex"))?;
         validate::text("nonce", &r.nonce)?;
-        let consumed: Option<String> = sqlx::query_scalar(
-            "DELETE FROM login_nonces WHERE nonce = $1 AND mac = $2 AND expires_at_ms > $3 \
-             RETURNING nonce",
-        )
-        .bind(&r.nonce)
-        .bind(mac.to_string())
-        .bind(self.now_ms())
-        .fetch_optional(&self.pool)
-        .await?;
-        if consumed.is_none() {
+        let consumed = match self
+            .offline
+            .take_nonce(&r.nonce, &mac.to_string(), self.now_ms())
+        {
+            // One this process issued while the database was away.
+            Some(live) => live,
+            None => sqlx::query_scalar::<_, String>(
+                "DELETE FROM login_nonces WHERE nonce = $1 AND mac = $2 AND expires_at_ms > $3 \
+                 RETURNING nonce",
+            )
+            .bind(&r.nonce)
+            .bind(mac.to_string())
+            .bind(self.now_ms())
+            .fetch_optional(&self.pool)
+            .await?
+            .is_some(),
+        };
+        if !consumed {
             return Err(unauthenticated());
         }
         let Some(device) = self.device_by_mac(&mac.to_string()).await? else {
@@ -335,21 +356,30 @@ impl Farm {
 
     /// True when the device keeps its key in its TPM ([`Farm::bind_tpm`]).
     pub async fn tpm_bound(&self, device_id: i64) -> Result<bool> {
-        let n: Option<i64> = sqlx::query_scalar("SELECT tpm_bound FROM devices WHERE id = $1")
-            .bind(device_id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(n == Some(1))
+        let db = async {
+            let n: Option<i64> = sqlx::query_scalar("SELECT tpm_bound FROM devices WHERE id = $1")
+                .bind(device_id)
+                .fetch_optional(&self.pool)
+                .await?;
+            Ok(n == Some(1))
+        };
+        self.or_snapshot(db, |s| Ok(s.tpm_bound(device_id))).await
     }
 
     /// The device's own key's bytes; `None` when it has none.
     pub(crate) async fn device_key(&self, device_id: i64) -> Result<Option<Vec<u8>>> {
-        let hex_key: Option<String> =
-            sqlx::query_scalar("SELECT device_key FROM devices WHERE id = $1")
-                .bind(device_id)
-                .fetch_optional(&self.pool)
-                .await?
-                .flatten();
+        let db = async {
+            Ok(sqlx::query_scalar::<_, Option<String>>(
+                "SELECT device_key FROM devices WHERE id = $1",
+            )
+            .bind(device_id)
+            .fetch_optional(&self.pool)
+            .await?
+            .flatten())
+        };
+        let hex_key = self
+            .or_snapshot(db, |s| Ok(s.device_key(device_id)))
+            .await?;
         hex_key
             .map(|k| {
                 hex::decode(k.trim())
@@ -380,11 +410,14 @@ impl Farm {
 
     /// The first collection that adds unknown devices, and its default vDisk.
     pub(crate) async fn auto_add_collection(&self) -> Result<Option<(i64, Option<i64>)>> {
-        Ok(sqlx::query_as(
-            "SELECT id, default_vdisk_id FROM collections WHERE auto_add = 1 ORDER BY id",
-        )
-        .fetch_optional(&self.pool)
-        .await?)
+        let db = async {
+            Ok(sqlx::query_as(
+                "SELECT id, default_vdisk_id FROM collections WHERE auto_add = 1 ORDER BY id",
+            )
+            .fetch_optional(&self.pool)
+            .await?)
+        };
+        self.or_snapshot(db, |s| Ok(s.auto_add_collection())).await
     }
 
     /// Adds an unknown device, diskless, to the first collection that allows auto-add,
@@ -480,59 +513,21 @@ impl Farm {
         let store_dir = self.store_dir(vdisk.store_id, server_id).await?;
         let mac: Mac = validate::mac(&device.mac)?;
         let tls = self.device_tls(mac)?;
-        let actor = format!("device:{}", device.mac);
-        let mut tx = self.pool.begin().await?;
-        let device_secret = if new_key {
-            let key = hex::encode(random_bytes::<{ contract::login::DEVICE_KEY_BYTES }>());
-            let generation = crate::credentials::store_device_key(&mut tx, device.id, &key).await?;
-            let detail = json!({ "mac": device.mac, "generation": generation });
-            audit(
-                &mut tx,
-                now,
-                &actor,
-                "device.ticket_login",
-                "device",
-                &device.id.to_string(),
-                &detail,
-            )
-            .await?;
-            Some(key)
-        } else {
-            None
+        let device_secret =
+            new_key.then(|| hex::encode(random_bytes::<{ contract::login::DEVICE_KEY_BYTES }>()));
+        let record = crate::offline::LoginRecord {
+            session_id: session_id.clone(),
+            device_id: device.id,
+            mac: device.mac.clone(),
+            vdisk_id,
+            version: version.number,
+            device_type: device.device_type,
+            export_name: export_name.clone(),
+            token_hash: hash_secret(&session_token),
+            created_at_ms: now,
+            expires_at_ms,
+            new_key: device_secret.clone(),
         };
-        let old: Vec<String> =
-            sqlx::query_scalar("DELETE FROM sessions WHERE device_id = $1 RETURNING export_name")
-                .bind(device.id)
-                .fetch_all(&mut *tx)
-                .await?;
-        sqlx::query(
-            "INSERT INTO sessions (id, device_id, vdisk_id, version_number, device_type, \
-             export_name, token_hash, created_at_ms, expires_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        )
-        .bind(&session_id)
-        .bind(device.id)
-        .bind(vdisk_id)
-        .bind(version.number)
-        .bind(device.device_type.as_str())
-        .bind(&export_name)
-        .bind(hash_secret(&session_token))
-        .bind(now)
-        .bind(expires_at_ms)
-        .execute(&mut *tx)
-        .await?;
-        let detail =
-            json!({ "vdisk_id": vdisk_id, "version": version.number, "session": session_id });
-        audit(
-            &mut tx,
-            now,
-            &actor,
-            "device.login",
-            "device",
-            &device.id.to_string(),
-            &detail,
-        )
-        .await?;
         let g = SessionGrant {
             session_id: session_id.clone(),
             export_name: export_name.clone(),
@@ -550,17 +545,26 @@ impl Farm {
             expires_at_ms,
         };
         self.sessions.insert(g, now)?;
-        if let Err(e) = tx.commit().await {
-            self.sessions.remove(&export_name);
-            return Err(e.into());
-        }
+        // Written now, or kept pending while the database is away (crate::offline).
+        let old = match self.record_login(record).await {
+            Ok(old) => old,
+            Err(e) => {
+                self.sessions.remove(&export_name);
+                return Err(e);
+            }
+        };
         for e in old {
             self.sessions.remove(&e);
         }
         let servers = self.site_servers(device.collection_id).await?;
         if let Some(first) = servers.first() {
-            self.note_session_server(&session_id, SessionServer::Name(&first.name))
-                .await?;
+            let noted = self
+                .note_session_server(&session_id, SessionServer::Name(&first.name))
+                .await;
+            match noted {
+                Err(e) if e.kind() == Kind::Unavailable => {}
+                r => r?,
+            }
         }
         Ok(LoginGrant {
             session_id,

@@ -317,11 +317,12 @@ impl Farm {
     /// # Errors
     /// [`crate::Kind::NotFound`].
     pub async fn heartbeat(&self, id: i64) -> Result<Server> {
-        let n = sqlx::query("UPDATE servers SET heartbeat_at_ms = $1 WHERE id = $2")
+        let beat = sqlx::query("UPDATE servers SET heartbeat_at_ms = $1 WHERE id = $2")
             .bind(self.now_ms())
             .bind(id)
-            .execute(&self.pool)
-            .await?;
+            .execute(&self.pool);
+        // The database's state is learnt here first (offline): marked up or down.
+        let n = self.watch(async { Ok(beat.await?) }).await?;
         if n.rows_affected() == 0 {
             return Err(FarmError::not_found(format!("no server with id {id}")));
         }
@@ -372,6 +373,12 @@ impl Farm {
     /// [`crate::Kind::NotFound`]; [`crate::Kind::Conflict`] for a directory outside the
     /// store root.
     pub async fn store_dir(&self, id: i64, server_id: Option<i64>) -> Result<PathBuf> {
+        // The snapshot holds this server's directories (the one server a process is).
+        self.or_snapshot(self.store_dir_db(id, server_id), |s| s.store_dir(id))
+            .await
+    }
+
+    pub(crate) async fn store_dir_db(&self, id: i64, server_id: Option<i64>) -> Result<PathBuf> {
         let store = self.store(id).await?;
         let mut path = store.path;
         if let Some(server_id) = server_id {

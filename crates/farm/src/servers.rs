@@ -201,6 +201,12 @@ impl Farm {
     /// # Errors
     /// Database errors; [`crate::Kind::NotFound`] for an unknown collection.
     pub async fn site_api_urls(&self, collection_id: i64) -> Result<Vec<String>> {
+        let db = self.site_api_urls_db(collection_id);
+        self.or_snapshot(db, |s| s.site_api_urls(collection_id))
+            .await
+    }
+
+    pub(crate) async fn site_api_urls_db(&self, collection_id: i64) -> Result<Vec<String>> {
         let site = self.collection(collection_id).await?.site_id;
         let alive_since = self.now_ms().saturating_sub(SERVER_ALIVE_MS);
         Ok(sqlx::query_scalar(

@@ -60,11 +60,27 @@ impl Farm {
         if !takes {
             return Ok(None);
         }
+        let secs = self
+            .or_snapshot(self.boot_ticket_secs_db(), |s| Ok(s.boot_ticket_secs()))
+            .await?;
+        let m = mac.to_string();
+        let db = self.issue_boot_ticket_db(mac, secs);
+        self.or_snapshot(db, |_| self.offline_ticket(&m, secs).map(Some))
+            .await
+    }
+
+    /// How long a boot ticket lives (seconds), from the database.
+    pub(crate) async fn boot_ticket_secs_db(&self) -> Result<i64> {
+        Ok(
+            sqlx::query_scalar("SELECT boot_ticket_secs FROM farm WHERE id = 1")
+                .fetch_optional(&self.pool)
+                .await?
+                .unwrap_or(BOOT_TICKET_SECS_DEFAULT),
+        )
+    }
+
+    async fn issue_boot_ticket_db(&self, mac: Mac, secs: i64) -> Result<Option<String>> {
         let now = self.now_ms();
-        let secs: i64 = sqlx::query_scalar("SELECT boot_ticket_secs FROM farm WHERE id = 1")
-            .fetch_optional(&self.pool)
-            .await?
-            .unwrap_or(BOOT_TICKET_SECS_DEFAULT);
         let mut tx = self.pool.begin().await?;
         sqlx::query("DELETE FROM login_tickets WHERE expires_at_ms <= $1")
             .bind(now)
@@ -105,6 +121,13 @@ impl Farm {
     /// expired (a ticket of another MAC stays outstanding for its own).
     pub(crate) async fn consume_ticket(&self, mac: Mac, ticket: &str) -> Result<bool> {
         validate::text("ticket", ticket)?;
+        // One this process issued while the database was away.
+        if let Some(live) = self
+            .offline
+            .take_ticket(ticket, &mac.to_string(), self.now_ms())
+        {
+            return Ok(live);
+        }
         let used: Option<String> = sqlx::query_scalar(
             "DELETE FROM login_tickets WHERE ticket_hash = $1 AND mac = $2 \
              AND expires_at_ms > $3 RETURNING mac",

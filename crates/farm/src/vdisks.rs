@@ -18,7 +18,7 @@ pub const SECTOR_BYTES: i64 = 512;
 /// The default RAM cache of a new vDisk's devices: 1 GiB.
 pub const RAM_BYTES_DEFAULT: i64 = 1 << 30;
 
-const VDISK_COLUMNS: &str = "id, store_id, name, cache_mode, ram_bytes, description, size_bytes, created_at_ms, \
+pub(crate) const VDISK_COLUMNS: &str = "id, store_id, name, cache_mode, ram_bytes, description, size_bytes, created_at_ms, \
      boot_cmdline, boot_kernel, boot_initrd";
 
 impl Farm {
@@ -40,7 +40,8 @@ impl Farm {
     /// # Errors
     /// [`crate::Kind::NotFound`].
     pub async fn vdisk(&self, id: i64) -> Result<VDisk> {
-        self.one("vdisks", VDISK_COLUMNS, "vdisk", id).await
+        let db = self.one("vdisks", VDISK_COLUMNS, "vdisk", id);
+        self.or_snapshot(db, |s| s.vdisk(id)).await
     }
 
     /// The vDisk of that name (in any store; the first by id).

@@ -14,6 +14,10 @@
 //!   its excess, once the excess has lasted [`Timing::rebalance_settle`].
 //! * **Promotion prefetch**: the boot set of each vDisk's production version is read into the
 //!   block cache when the server starts and when a version is promoted.
+//! * **Snapshot and catch-up** (`farm::offline`): the server reads its snapshot of the farm
+//!   every [`Timing::snapshot_every`], so that known devices boot and fail over while the
+//!   database is away; when a heartbeat finds the database back, the logins made meanwhile
+//!   are written before any session is rechecked.
 //!
 //! # Layout
 //!
@@ -94,6 +98,9 @@ pub struct Timing {
     pub rebalance_forget: Duration,
     /// How often production versions are listed for prefetch ([`PROMOTION_CHECK_EVERY`]).
     pub promotion_check_every: Duration,
+    /// How often the server reads its snapshot of the farm, what its devices boot and fail
+    /// over from while the database is away ([`farm::snapshot::SNAPSHOT_EVERY_MS`]).
+    pub snapshot_every: Duration,
 }
 
 impl Default for Timing {
@@ -107,6 +114,9 @@ impl Default for Timing {
             rebalance_settle: rebalance::REBALANCE_SETTLE,
             rebalance_forget: rebalance::REBALANCE_FORGET,
             promotion_check_every: PROMOTION_CHECK_EVERY,
+            snapshot_every: Duration::from_millis(
+                u64::try_from(farm::snapshot::SNAPSHOT_EVERY_MS).unwrap_or(15_000),
+            ),
         }
     }
 }

@@ -33,6 +33,7 @@ pub struct Runtime {
     next_recheck_ms: i64,
     next_drain_ms: i64,
     next_promotion_ms: i64,
+    next_snapshot_ms: i64,
     drain: Drain,
     rebalance: Rebalance,
     /// The production versions seen at the last promotion check (only the current list is
@@ -57,6 +58,10 @@ pub struct Ticked {
     pub revoked: Vec<String>,
     /// Production versions whose boot set started prefetching here.
     pub prefetched: Vec<(String, u32)>,
+    /// The snapshot of the farm was read again.
+    pub snapshot: bool,
+    /// Logins made while the database was away, written now that it is back.
+    pub caught_up: usize,
 }
 
 impl Runtime {
@@ -89,6 +94,7 @@ impl Runtime {
             next_recheck_ms: now_ms,
             next_drain_ms: now_ms,
             next_promotion_ms: now_ms,
+            next_snapshot_ms: now_ms,
             promoted: HashSet::new(),
         }
     }
@@ -110,9 +116,25 @@ impl Runtime {
             self.next_heartbeat_ms = after(now_ms, self.timing.heartbeat_every);
             t.heartbeat = self.heartbeat().await;
         }
+        // Before any recheck: a session granted offline is in the database only then.
+        let pending = self.farm.database_state().pending_logins;
+        if pending > 0 && (t.heartbeat || now_ms >= self.next_recheck_ms) {
+            match self.farm.catch_up().await {
+                Ok(n) => t.caught_up = n,
+                Err(e) => tracing::debug!(error = %e, pending, "offline logins not written yet"),
+            }
+        }
         if now_ms >= self.next_recheck_ms {
             self.next_recheck_ms = after(now_ms, self.timing.session_recheck_every);
-            t.revoked = self.recheck_sessions().await;
+            // While the database is away or logins wait, nothing is revoked on its word.
+            let db = self.farm.database_state();
+            if db.up && db.pending_logins == 0 {
+                t.revoked = self.recheck_sessions().await;
+            }
+        }
+        if now_ms >= self.next_snapshot_ms {
+            self.next_snapshot_ms = after(now_ms, self.timing.snapshot_every);
+            t.snapshot = self.refresh_snapshot().await;
         }
         if now_ms >= self.next_drain_ms {
             self.next_drain_ms = after(now_ms, self.timing.drain_check_every);
@@ -126,7 +148,8 @@ impl Runtime {
             .next_heartbeat_ms
             .min(self.next_recheck_ms)
             .min(self.next_drain_ms)
-            .min(self.next_promotion_ms);
+            .min(self.next_promotion_ms)
+            .min(self.next_snapshot_ms);
         t
     }
 
@@ -141,6 +164,16 @@ impl Runtime {
             tokio::select! {
                 () = &mut stop => return,
                 () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    async fn refresh_snapshot(&self) -> bool {
+        match self.farm.refresh_snapshot(Some(self.server_id)).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::debug!(error = %e, "farm snapshot not read (the last one stays)");
+                false
             }
         }
     }
