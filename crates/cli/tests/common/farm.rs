@@ -22,9 +22,22 @@ pub struct Farm {
 impl Farm {
     /// `ferry farm init` with a store holding `golden.vhdx` (0x21 at 0, 0x22 at 32 MiB).
     pub fn init() -> Farm {
+        Farm::init_with(&[])
+    }
+
+    /// As [`Farm::init`], on the PostgreSQL database `db` (its servers need `--db` too).
+    pub fn init_with_db(db: &str) -> Farm {
+        Farm::init_with(&["--db", db])
+    }
+
+    fn init_with(extra: &[&str]) -> Farm {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
-        let printed = run_ok(ferry().args(["farm", "init", "--data", path_str(&data), "--json"]));
+        let printed = run_ok(
+            ferry()
+                .args(["farm", "init", "--data", path_str(&data), "--json"])
+                .args(extra),
+        );
         let init: Value = serde_json::from_str(&printed).unwrap();
         // The farm key stays in its 0600 file: `init` names the file, never prints the key.
         let key_file = init["farm_key_file"]
