@@ -52,6 +52,9 @@ pub struct TimingArgs {
     /// read (default 15s).
     #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
     pub member_snapshot_every: Option<Duration>,
+    /// How often held sessions are marked and vanished ones ended (default 60s).
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = parse_duration)]
+    pub member_vanish_check_every: Option<Duration>,
 }
 
 impl TimingArgs {
@@ -74,6 +77,9 @@ impl TimingArgs {
                 .member_promotion_check_every
                 .unwrap_or(d.promotion_check_every),
             snapshot_every: self.member_snapshot_every.unwrap_or(d.snapshot_every),
+            vanish_check_every: self
+                .member_vanish_check_every
+                .unwrap_or(d.vanish_check_every),
         }
     }
 }

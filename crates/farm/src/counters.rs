@@ -28,12 +28,25 @@ pub const SESSION_SILENT_MS: i64 = 120_000;
 /// longer counts as booted meanwhile.
 pub const SESSION_END_GRACE_MS: i64 = 15_000;
 
+/// How long a session may go neither reported by its machine nor held open by a server
+/// before the farm ends it: its machine vanished (power cut, network gone) without the clean
+/// shutdown that ends a session at once. Counted only while the database has been up that
+/// long at the server that sweeps (after an outage, devices and servers first get the time
+/// to be heard again).
+pub const SESSION_VANISHED_MS: i64 = 10 * 60 * 1000;
+
 /// The condition on `sessions s LEFT JOIN session_counters c ON c.session_id = s.id` of a
 /// session whose machine is there: not ended by it, and heard from since the bound it is
-/// given (`$N`: now minus [`SESSION_SILENT_MS`]).
+/// given (`$N`: now minus [`SESSION_SILENT_MS`]): reported, or held open by a server.
 pub(crate) fn machine_there(param: u8) -> String {
-    format!("s.ended_at_ms IS NULL AND COALESCE(c.reported_at_ms, s.created_at_ms) > ${param}")
+    format!(
+        "s.ended_at_ms IS NULL AND (COALESCE(c.reported_at_ms, s.created_at_ms) > ${param} \
+         OR COALESCE(s.held_at_ms, 0) > ${param})"
+    )
 }
+
+/// How many sessions one statement of [`Farm::hold_sessions`] names.
+const HOLD_BATCH: usize = 500;
 
 /// One session's counters as last shared.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -68,6 +81,74 @@ pub fn stored(n: u64) -> i64 {
 }
 
 impl Farm {
+    /// Records that this server holds the sessions of `export_names` open now (see
+    /// [`SESSION_VANISHED_MS`]).
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn hold_sessions(&self, export_names: &[String]) -> Result<()> {
+        let now = self.now_ms();
+        for batch in export_names.chunks(HOLD_BATCH) {
+            let marks: Vec<String> = (0..batch.len()).map(|i| format!("${}", i + 2)).collect();
+            let sql = format!(
+                "UPDATE sessions SET held_at_ms = $1 WHERE export_name IN ({})",
+                marks.join(", ")
+            );
+            let mut q = sqlx::query(&sql).bind(now);
+            for name in batch {
+                q = q.bind(name);
+            }
+            q.execute(&self.pool).await?;
+        }
+        Ok(())
+    }
+
+    /// Ends the sessions neither reported by their machines, nor held open by a server,
+    /// nor ended by their machines, for [`SESSION_VANISHED_MS`] (audited as the farm's);
+    /// returns their export names. The caller sweeps only while the database has been up
+    /// that long (`DatabaseState::up_since_ms`).
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn end_vanished_sessions(&self) -> Result<Vec<String>> {
+        let now = self.now_ms();
+        let bound = now.saturating_sub(SESSION_VANISHED_MS);
+        let mut tx = self.pool.begin().await?;
+        let ended: Vec<(String, String)> = sqlx::query_as(
+            "DELETE FROM sessions WHERE id IN (SELECT s.id FROM sessions s \
+             LEFT JOIN session_counters c ON c.session_id = s.id \
+             WHERE s.ended_at_ms IS NULL AND COALESCE(c.reported_at_ms, s.created_at_ms) <= $1 \
+             AND COALESCE(s.held_at_ms, 0) <= $1) RETURNING id, export_name",
+        )
+        .bind(bound)
+        .fetch_all(&mut *tx)
+        .await?;
+        for (id, _) in &ended {
+            crate::db::audit(
+                &mut tx,
+                now,
+                "farm",
+                "session.end",
+                "session",
+                id,
+                &serde_json::json!({ "by": "farm", "vanished_ms": SESSION_VANISHED_MS }),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        for (_, export) in &ended {
+            self.sessions.remove(export);
+        }
+        if !ended.is_empty() {
+            tracing::info!(
+                sessions = ended.len(),
+                after_ms = SESSION_VANISHED_MS,
+                "ended sessions whose machines vanished (neither reported nor held open)"
+            );
+        }
+        Ok(ended.into_iter().map(|(_, e)| e).collect())
+    }
+
     /// Writes `c` as its session's shared counters (replacing older ones). A session that
     /// ended meanwhile writes nothing.
     ///

@@ -67,6 +67,9 @@ pub struct DatabaseState {
     pub up: bool,
     /// When the outage began (Unix ms), while down.
     pub down_since_ms: Option<i64>,
+    /// Since when it has answered without a break, as this process saw it (`None` while
+    /// down, or before its first answer).
+    pub up_since_ms: Option<i64>,
     /// When the snapshot in use was read, if any.
     pub snapshot_taken_at_ms: Option<i64>,
     /// Logins made while it was down, not yet written.
@@ -81,6 +84,8 @@ pub(crate) struct Offline {
     failed_at_ms: AtomicI64,
     /// 0 while up; else when the outage began.
     down_since_ms: AtomicI64,
+    /// 0 while down or before the first answer; else since when it answers.
+    up_since_ms: AtomicI64,
     /// Nonces issued offline: nonce → (MAC, expiry).
     nonces: Mutex<HashMap<String, (String, i64)>>,
     /// Tickets issued offline: hash → (MAC, expiry).
@@ -119,6 +124,7 @@ impl Offline {
     fn down(&self, now_ms: i64) {
         let now_ms = now_ms.max(1);
         self.failed_at_ms.store(now_ms, Ordering::Relaxed);
+        self.up_since_ms.store(0, Ordering::Relaxed);
         if self
             .down_since_ms
             .compare_exchange(0, now_ms, Ordering::Relaxed, Ordering::Relaxed)
@@ -132,6 +138,12 @@ impl Offline {
 
     fn up(&self, now_ms: i64) {
         self.failed_at_ms.store(0, Ordering::Relaxed);
+        let _ = self.up_since_ms.compare_exchange(
+            0,
+            now_ms.max(1),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
         let since = self.down_since_ms.swap(0, Ordering::Relaxed);
         if since != 0 {
             tracing::info!(
@@ -219,6 +231,10 @@ impl Farm {
         DatabaseState {
             up: since == 0,
             down_since_ms: (since != 0).then_some(since),
+            up_since_ms: match self.offline.up_since_ms.load(Ordering::Relaxed) {
+                0 => None,
+                t => Some(t),
+            },
             snapshot_taken_at_ms: self.offline.snapshot().map(|s| s.taken_at_ms),
             pending_logins: lock(&self.offline.pending).len(),
         }

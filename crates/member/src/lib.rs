@@ -18,6 +18,9 @@
 //!   every [`Timing::snapshot_every`], so that known devices boot and fail over while the
 //!   database is away; when a heartbeat finds the database back, the logins made meanwhile
 //!   are written before any session is rechecked.
+//! * **Vanished machines**: every [`Timing::vanish_check_every`] the server marks the
+//!   sessions it holds open, and ends the farm's sessions neither reported nor held for
+//!   `farm::counters::SESSION_VANISHED_MS` (once the database has been up that long).
 //!
 //! # Layout
 //!
@@ -73,6 +76,9 @@ pub const SESSION_RECHECK_EVERY: Duration = Duration::from_secs(10);
 /// version's boot set before its devices boot it).
 pub const PROMOTION_CHECK_EVERY: Duration = Duration::from_secs(10);
 
+/// How often a farm server marks the sessions it holds open and ends vanished ones.
+pub const VANISH_CHECK_EVERY: Duration = Duration::from_secs(60);
+
 /// Every interval of the runtime, settable so that tests (in simulated time, or processes in
 /// short real time) need not wait for production values. [`Timing::default`] is what a
 /// server uses.
@@ -101,6 +107,9 @@ pub struct Timing {
     /// How often the server reads its snapshot of the farm, what its devices boot and fail
     /// over from while the database is away ([`farm::snapshot::SNAPSHOT_EVERY_MS`]).
     pub snapshot_every: Duration,
+    /// How often the server marks the sessions it serves as held and ends those whose
+    /// machines vanished ([`VANISH_CHECK_EVERY`], `farm::counters::SESSION_VANISHED_MS`).
+    pub vanish_check_every: Duration,
 }
 
 impl Default for Timing {
@@ -114,6 +123,7 @@ impl Default for Timing {
             rebalance_settle: rebalance::REBALANCE_SETTLE,
             rebalance_forget: rebalance::REBALANCE_FORGET,
             promotion_check_every: PROMOTION_CHECK_EVERY,
+            vanish_check_every: VANISH_CHECK_EVERY,
             snapshot_every: Duration::from_millis(
                 u64::try_from(farm::snapshot::SNAPSHOT_EVERY_MS).unwrap_or(15_000),
             ),

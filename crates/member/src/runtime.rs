@@ -34,6 +34,7 @@ pub struct Runtime {
     next_drain_ms: i64,
     next_promotion_ms: i64,
     next_snapshot_ms: i64,
+    next_vanish_ms: i64,
     drain: Drain,
     rebalance: Rebalance,
     /// The production versions seen at the last promotion check (only the current list is
@@ -62,6 +63,8 @@ pub struct Ticked {
     pub snapshot: bool,
     /// Logins made while the database was away, written now that it is back.
     pub caught_up: usize,
+    /// Sessions of the farm ended because their machines vanished.
+    pub vanished: Vec<String>,
 }
 
 impl Runtime {
@@ -95,6 +98,7 @@ impl Runtime {
             next_drain_ms: now_ms,
             next_promotion_ms: now_ms,
             next_snapshot_ms: now_ms,
+            next_vanish_ms: now_ms,
             promoted: HashSet::new(),
         }
     }
@@ -132,6 +136,10 @@ impl Runtime {
                 t.revoked = self.recheck_sessions().await;
             }
         }
+        if now_ms >= self.next_vanish_ms {
+            self.next_vanish_ms = after(now_ms, self.timing.vanish_check_every);
+            t.vanished = self.sweep_vanished(now_ms).await;
+        }
         if now_ms >= self.next_snapshot_ms {
             self.next_snapshot_ms = after(now_ms, self.timing.snapshot_every);
             t.snapshot = self.refresh_snapshot().await;
@@ -149,7 +157,8 @@ impl Runtime {
             .min(self.next_recheck_ms)
             .min(self.next_drain_ms)
             .min(self.next_promotion_ms)
-            .min(self.next_snapshot_ms);
+            .min(self.next_snapshot_ms)
+            .min(self.next_vanish_ms);
         t
     }
 
@@ -166,6 +175,29 @@ impl Runtime {
                 () = tokio::time::sleep(wait) => {}
             }
         }
+    }
+
+    /// Marks the sessions open here as held; then, once the database has answered for
+    /// `SESSION_VANISHED_MS` without a break (servers and devices have had the time to be
+    /// heard again) and no offline login waits, ends the sessions neither reported nor held
+    /// for that long. Their connections here close through the session table.
+    async fn sweep_vanished(&self, now_ms: i64) -> Vec<String> {
+        let open = self.served.open_session_names();
+        if let Err(e) = self.farm.hold_sessions(&open).await {
+            tracing::debug!(error = %e, "held sessions not marked");
+            return Vec::new();
+        }
+        let db = self.farm.database_state();
+        let steady = db
+            .up_since_ms
+            .is_some_and(|t| now_ms.saturating_sub(t) >= farm::counters::SESSION_VANISHED_MS);
+        if !steady || db.pending_logins > 0 {
+            return Vec::new();
+        }
+        self.farm.end_vanished_sessions().await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "vanished sessions not ended");
+            Vec::new()
+        })
     }
 
     async fn refresh_snapshot(&self) -> bool {

@@ -56,6 +56,11 @@ impl SimServed {
         self.open.lock().unwrap().contains_key(export)
     }
 
+    /// Closes a session's connections as a vanished machine's close (nothing recorded).
+    pub fn drop_connections(&self, export: &str) {
+        self.open.lock().unwrap().remove(export);
+    }
+
     pub fn open_count(&self) -> usize {
         self.open.lock().unwrap().len()
     }
