@@ -8,6 +8,8 @@
 //! copy.rs        `ferry vdisk merge|convert|capture|compact` (long work: bars and summaries)
 //! quickstart.rs  `ferry quickstart`: a whole farm here (server, console, one target)
 //! quickstart_machine.rs its demo machine: the vDisk's boot sector, the QEMU command
+//! quickstart_linux.rs `--linux`: a QEMU machine network-boots Debian from the farm
+//! quickstart_image.rs its image: prerequisites, the static agent, the cached build
 //! server.rs      `ferry server`: NBD + metrics over a store, until SIGINT/SIGTERM
 //! server_farm.rs `ferry server --farm`: joins the farm, farm API + console, member flags
 //! server_drain.rs `ferry server drain|undrain NAME` (the drain itself: crates/member)
@@ -46,6 +48,8 @@ mod farm_objects;
 mod farm_servers;
 mod progress;
 mod quickstart;
+mod quickstart_image;
+mod quickstart_linux;
 mod quickstart_machine;
 mod server;
 mod server_boot;
@@ -124,6 +128,16 @@ enum Command {
     /// boots a demo machine from the target's disk when qemu-system-x86_64 is installed, and
     /// runs until Ctrl-C (logs in ferry-data/server.log and target.log). Running it again
     /// keeps what exists.
+    ///
+    /// With --linux, a machine network-boots Linux from the farm instead: where
+    /// qemu-system-x86_64 (with its iPXE ROM) and the static boot agent are there, it builds
+    /// once (as root, with debootstrap; cached in --cache-dir) a Debian 12 image with the
+    /// agent installed by `ferry target install-initramfs`, adds it as vDisk debian with the
+    /// diskless device linux-1 (52:54:00:fe:00:01), starts `ferry server --farm` with the
+    /// boot service (--boot-listen; the API is then HTTPS), and boots a QEMU machine with no
+    /// root disk through iPXE, printing each step of its boot and the console's URL where
+    /// the device shows. With --check it runs headless and fails unless the machine reaches
+    /// multi-user and the farm shows it booted.
     #[command(after_help = "Examples:\n  \
         ferry quickstart                 # then open http://127.0.0.1:8080/ and paste the token\n  \
         nbdinfo 'nbd+unix:///?socket=ferry-data/target.sock'   # the target's disk\n  \
@@ -131,7 +145,10 @@ enum Command {
         -drive 'file=nbd+unix:///?socket=ferry-data/target.sock,format=raw'   # a demo machine\n  \
         ferry quickstart --data-dir /tmp/ferry-demo --api-listen 127.0.0.1:8081 \\\n      \
         --nbd-listen 127.0.0.1:10810\n  \
-        ferry quickstart --check --json  # start, check the console and target, stop")]
+        ferry quickstart --check --json  # start, check the console and target, stop\n  \
+        sudo ferry quickstart --linux    # a diskless machine boots Debian from the farm\n  \
+        sudo ferry quickstart --linux --check \\\n      \
+        --agent target/x86_64-unknown-linux-musl/boot-agent/ferry-boot")]
     Quickstart(quickstart::Args),
     /// Serve the vDisks of a store over NBD (with a shared block cache, per-device write
     /// caches and Prometheus metrics) until SIGINT or SIGTERM.
@@ -227,6 +244,7 @@ fn main() -> ExitCode {
     let global = Global { quiet: cli.quiet };
     let result = match cli.command {
         Command::Vdisk { command } => vdisk::run(command, global),
+        Command::Quickstart(args) if args.linux => quickstart_linux::run(&args, global),
         Command::Quickstart(args) => quickstart::run(&args, global),
         Command::Server(args) => server::run(&args, global),
         Command::Target(args) => target::run(&args, global),

@@ -44,9 +44,9 @@ const BASE_BLOCK_OFFSET: u64 = 1 << 20;
 /// Where the version writes its marker: the second sector.
 const VERSION_MARK_OFFSET: u64 = 512;
 /// How long the server and the target get to come up.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Who the farm's audit log says made the demo.
-const ACTOR: &str = "quickstart";
+pub(crate) const ACTOR: &str = "quickstart";
 
 /// Arguments of `quickstart`.
 #[derive(Debug, ClapArgs)]
@@ -68,11 +68,34 @@ pub struct Args {
     /// Print the URLs, token and paths as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Network-boot a Debian 12 machine (QEMU, no root disk) from the farm instead of the
+    /// demo target: build the image once (cached), capture it as vDisk debian, serve it with
+    /// the boot service and boot the machine through iPXE; with --check, headless, failing
+    /// unless the machine reaches multi-user.
+    #[arg(long)]
+    pub linux: bool,
+    /// Where the boot service listens (with --linux); the machine reaches it, the farm API
+    /// and NBD at 10.0.2.2, QEMU's name for this host's loopback.
+    #[arg(
+        long,
+        value_name = "ADDR:PORT",
+        default_value = "127.0.0.1:8067",
+        requires = "linux"
+    )]
+    pub boot_listen: SocketAddr,
+    /// The static boot agent the image gets (with --linux) [default: the boot-agent
+    /// profile's ferry-boot in this ferry's target directory, else ferry-boot beside ferry].
+    #[arg(long, value_name = "FILE", requires = "linux")]
+    pub agent: Option<PathBuf>,
+    /// Where the built image is kept between runs (with --linux) [default: DATA-DIR/cache].
+    #[arg(long, value_name = "DIR", requires = "linux")]
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// The farm's secrets as quickstart keeps them.
-struct Secrets {
-    admin_token: String,
+pub(crate) struct Secrets {
+    /// The admin token (kept in `DATA/admin.token`).
+    pub(crate) admin_token: String,
 }
 
 /// Runs `ferry quickstart`.
@@ -248,10 +271,13 @@ pub fn run(a: &Args, global: Global) -> anyhow::Result<ExitCode> {
 }
 
 /// A child process stopped (SIGTERM, then SIGKILL) when dropped.
-struct Guard(Child);
+pub(crate) struct Guard(pub(crate) Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(Some(_))) {
+            return;
+        }
         let pid = self.0.id();
         let _ = Command::new("kill").arg(pid.to_string()).status();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -266,7 +292,8 @@ impl Drop for Guard {
     }
 }
 
-fn wait_for(
+/// Waits until `ready`, failing with the end of `log` when `child` exits first.
+pub(crate) fn wait_for(
     timeout: Duration,
     what: &str,
     child: &mut Child,
@@ -331,7 +358,7 @@ fn wait_for_ctrl_c(server: &mut Child, target: &mut Child) -> anyhow::Result<()>
 }
 
 /// Creates (or finds) the farm and its demo objects in `data`; returns the admin token.
-async fn setup_farm(data: &Path, say: &impl Fn(String)) -> anyhow::Result<Secrets> {
+pub(crate) async fn setup_farm(data: &Path, say: &impl Fn(String)) -> anyhow::Result<Secrets> {
     let config = farm::FarmConfig {
         data_dir: data.to_path_buf(),
         db_url: None,
@@ -473,7 +500,7 @@ pub const LOG_FILE_MODE: u32 = 0o600;
 
 /// Creates (or truncates) a log file with [`LOG_FILE_MODE`], tightening one an older run
 /// left readable by others.
-fn create_log(path: &Path) -> std::io::Result<std::fs::File> {
+pub(crate) fn create_log(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
     let f = std::fs::File::options()
         .write(true)

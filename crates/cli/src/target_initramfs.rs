@@ -21,6 +21,9 @@ const SCRIPT: &str = include_str!("../../../dist/initramfs-tools/scripts/ferry")
 /// systemd's shutdown hook, as shipped in `dist/systemd-shutdown/ferry`: the agent ends the
 /// session once the machine's last write is done.
 const SHUTDOWN_HOOK: &str = include_str!("../../../dist/systemd-shutdown/ferry");
+/// The files an install writes besides the agent and `/etc/ferry`, as text: what an image
+/// built by `ferry quickstart --linux` depends on (its cache key).
+pub(crate) const INSTALLED_FILES: [&str; 3] = [HOOK, SCRIPT, SHUTDOWN_HOOK];
 /// Where systemd-shutdown runs it from.
 const SHUTDOWN_HOOK_IN_ROOT: &str = "usr/lib/systemd/system-shutdown/ferry";
 /// Where the hook looks for the agent inside the root.

@@ -34,7 +34,7 @@ pub(crate) fn run(cmd: &mut Command) -> Result<String, GuestError> {
 }
 
 /// Whether `tool` is an executable on PATH (or an executable path).
-pub(crate) fn on_path(tool: &str) -> bool {
+pub fn on_path(tool: &str) -> bool {
     if tool.contains('/') {
         return Path::new(tool).is_file();
     }

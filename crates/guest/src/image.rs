@@ -74,6 +74,9 @@ enum Source {
     Host(PathBuf),
 }
 
+/// The argument of [`ImageBuilder::run_on_host`] that stands for the extracted root's path.
+pub const ROOT_ARG: &str = "{root}";
+
 /// A file to put into the root.
 #[derive(Debug, Clone)]
 struct Addition {
@@ -87,9 +90,11 @@ struct Addition {
 pub struct ImageBuilder {
     root_tar: PathBuf,
     additions: Vec<Addition>,
+    host_commands: Vec<(PathBuf, Vec<OsString>)>,
     commands: Vec<String>,
     disk_bytes: u64,
     table: PartitionTable,
+    quiet: bool,
 }
 
 impl ImageBuilder {
@@ -98,9 +103,11 @@ impl ImageBuilder {
         ImageBuilder {
             root_tar: root_tar.into(),
             additions: Vec::new(),
+            host_commands: Vec::new(),
             commands: Vec::new(),
             disk_bytes: DEFAULT_DISK_BYTES,
             table: PartitionTable::Gpt,
+            quiet: false,
         }
     }
 
@@ -153,6 +160,28 @@ impl ImageBuilder {
         self
     }
 
+    /// Runs `program` on the host with `args` (each [`ROOT_ARG`] replaced by the extracted
+    /// root's path) after the files are added and before the [`run_in_root`](Self::run_in_root)
+    /// commands, with /proc and /sys mounted in the root and the same clean environment: a
+    /// host tool that writes into the root, e.g. `ferry target install-initramfs --root {root}
+    /// --update` (whose `update-initramfs` then runs chrooted), so that a binary built for the
+    /// host need not run inside the guest's older C library.
+    pub fn run_on_host<I, A>(mut self, program: impl Into<PathBuf>, args: I) -> Self
+    where
+        I: IntoIterator<Item = A>,
+        A: Into<OsString>,
+    {
+        let args = args.into_iter().map(Into::into).collect();
+        self.host_commands.push((program.into(), args));
+        self
+    }
+
+    /// No progress lines on stderr (by default each step is named with its time).
+    pub fn quiet(mut self, quiet: bool) -> Self {
+        self.quiet = quiet;
+        self
+    }
+
     /// The disk's size in bytes (rounded down to 1 MiB; at least 64 MiB).
     pub fn disk_bytes(mut self, bytes: u64) -> Self {
         self.disk_bytes = bytes;
@@ -193,6 +222,9 @@ impl ImageBuilder {
     ) -> Result<GuestImage, GuestError> {
         let started = std::time::Instant::now();
         let step = |what: &str| {
+            if self.quiet {
+                return;
+            }
             let secs = started.elapsed().as_secs_f64();
             eprintln!("guest image {}: {what} after {secs:.1} s", dir.display());
         };
@@ -211,8 +243,20 @@ impl ImageBuilder {
         for add in &self.additions {
             put_file(root, add)?;
         }
-        if !self.commands.is_empty() {
+        if !self.commands.is_empty() || !self.host_commands.is_empty() {
             let _mounts = Mounts::for_chroot(root)?;
+            for (program, args) in &self.host_commands {
+                let mut cmd = Command::new(program);
+                for arg in args {
+                    if arg == ROOT_ARG {
+                        cmd.arg(root);
+                    } else {
+                        cmd.arg(arg);
+                    }
+                }
+                run(clean_env(&mut cmd))?;
+                step(&format!("ran {} on the host", program.display()));
+            }
             for command in &self.commands {
                 run(&mut chroot_command(root, command))?;
                 step(&format!("ran {command:?} in the root"));
@@ -235,17 +279,22 @@ impl ImageBuilder {
 /// `chroot ROOT /bin/sh -c COMMAND` with a clean environment.
 fn chroot_command(root: &Path, command: &str) -> Command {
     let mut cmd = Command::new("chroot");
-    cmd.arg(root)
-        .args(["/bin/sh", "-c", command])
-        .env_clear()
+    cmd.arg(root).args(["/bin/sh", "-c", command]);
+    clean_env(&mut cmd);
+    cmd
+}
+
+/// The environment of the commands run for an image: Debian's PATH, root's HOME, C.UTF-8,
+/// no debconf questions; nothing of the caller's.
+fn clean_env(cmd: &mut Command) -> &mut Command {
+    cmd.env_clear()
         .env(
             "PATH",
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         )
         .env("HOME", "/root")
         .env("LANG", "C.UTF-8")
-        .env("DEBIAN_FRONTEND", "noninteractive");
-    cmd
+        .env("DEBIAN_FRONTEND", "noninteractive")
 }
 
 /// Copies the root's kernel and initramfs to `out/vmlinuz` and `out/initrd.img`. With several

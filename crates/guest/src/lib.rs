@@ -1,4 +1,5 @@
-//! The QEMU boot harness of Ferry's tests and boot benchmark.
+//! The QEMU boot harness of Ferry's tests and boot benchmark, and the machine of
+//! `ferry quickstart --linux`.
 //!
 //! * [`guest_root`]: the test OS, a Debian 12 root built by `scripts/guest-root.sh` from
 //!   Debian's packages and cached as a tar outside the repository (rebuilt when the recipe
@@ -39,11 +40,13 @@ mod image;
 mod qemu;
 mod swtpm;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
+pub use cmd::on_path;
 pub use image::{
-    DEFAULT_DISK_BYTES, GuestImage, ImageBuilder, PARTITION_START, PartitionTable, boot_files,
+    DEFAULT_DISK_BYTES, GuestImage, ImageBuilder, PARTITION_START, PartitionTable, ROOT_ARG,
+    boot_files,
 };
 pub use qemu::{DEFAULT_MAC, DEFAULT_MEMORY_MIB, Qemu, Running, TestOutput, test_output};
 pub use swtpm::Swtpm;
@@ -152,6 +155,30 @@ pub fn recipe() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/guest-root.sh")
 }
 
+/// The text of [`recipe`], compiled in: a binary (`ferry quickstart --linux`) runs the same
+/// recipe as the tests wherever it was installed, and finds the tar they built, since the
+/// tar is named by the recipe's hash ([`root_tar`]).
+pub const RECIPE: &str = include_str!("../../../scripts/guest-root.sh");
+
+/// The recipe's cache unless told otherwise, as the script chooses it:
+/// `$FERRY_GUEST_CACHE`, else `$HOME/.cache/ferry/guest`.
+pub fn default_cache() -> PathBuf {
+    if let Some(dir) = std::env::var_os("FERRY_GUEST_CACHE").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".cache/ferry/guest")
+}
+
+/// Where the root tar of [`RECIPE`] is in `cache`, built or not:
+/// `debian12-<first 12 hex digits of sha256(RECIPE)>.tar`, the script's own name for it.
+pub fn root_tar(cache: &Path) -> PathBuf {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(RECIPE.as_bytes());
+    let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    cache.join(format!("debian12-{hex}.tar"))
+}
+
 /// The tar of the test OS's root, built by [`recipe`] when the cache has none for this
 /// recipe (about 3.5 minutes; its progress goes to stderr). The cache is
 /// `${FERRY_GUEST_CACHE:-$HOME/.cache/ferry/guest}`; builds are serialized by a lock file.
@@ -165,30 +192,44 @@ pub fn guest_root() -> PathBuf {
 
 /// [`guest_root`] returning the error instead of panicking.
 pub fn try_guest_root() -> Result<PathBuf, GuestError> {
-    let recipe = recipe();
-    let shown = format!("{}", recipe.display());
-    let status = Command::new("bash")
-        .arg(&recipe)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|child| child.wait_with_output())
-        .map_err(|source| GuestError::Spawn {
-            cmd: shown.clone(),
-            source,
-        })?;
-    if !status.status.success() {
-        return Err(GuestError::Tool {
-            cmd: shown,
-            status: status.status.to_string(),
-            stderr: "see its output above".into(),
-        });
-    }
-    let path = String::from_utf8_lossy(&status.stdout)
-        .lines()
-        .last()
-        .unwrap_or("")
-        .to_owned();
-    let path = PathBuf::from(path);
+    build_root(&default_cache(), true)
+}
+
+/// The tar of the root [`RECIPE`] builds, in `cache`: found at once when there, else built
+/// (root, debootstrap and Debian's mirror; about 3.5 minutes), other builds waiting on its
+/// lock file. The recipe runs from a copy in the temporary directory (its hash, and so the
+/// tar's name, is of its text). With `progress` its progress goes to this process's stderr;
+/// without, its stderr is kept and its end goes into the error.
+///
+/// # Errors
+/// The copy cannot be written, or the recipe fails or names no file.
+pub fn build_root(cache: &Path, progress: bool) -> Result<PathBuf, GuestError> {
+    let script = std::env::temp_dir().join(format!(
+        "ferry-guest-root-{}-{}.sh",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    std::fs::write(&script, RECIPE).map_err(io_err(format!("write {}", script.display())))?;
+    let mut bash = Command::new("bash");
+    bash.arg(&script).env("FERRY_GUEST_CACHE", cache);
+    let out = if progress {
+        run_showing_stderr(&mut bash)
+    } else {
+        cmd::run(&mut bash)
+    };
+    let _ = std::fs::remove_file(&script);
+    let shown = "scripts/guest-root.sh";
+    let out = out.map_err(|e| match e {
+        GuestError::Tool { status, stderr, .. } => GuestError::Tool {
+            cmd: shown.into(),
+            status,
+            stderr,
+        },
+        other => other,
+    })?;
+    let path = PathBuf::from(out.lines().last().unwrap_or(""));
     if !path.is_file() {
         return Err(GuestError::Invalid(format!(
             "{shown} printed {}, which is no file",
@@ -196,6 +237,28 @@ pub fn try_guest_root() -> Result<PathBuf, GuestError> {
         )));
     }
     Ok(path)
+}
+
+/// Runs `cmd` with its stderr on this process's; its stdout on success.
+fn run_showing_stderr(cmd: &mut Command) -> Result<String, GuestError> {
+    let shown = format!("{cmd:?}");
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|child| child.wait_with_output())
+        .map_err(|source| GuestError::Spawn {
+            cmd: shown.clone(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(GuestError::Tool {
+            cmd: shown,
+            status: out.status.to_string(),
+            stderr: "see its output above".into(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// What the harness lacks on this machine: tools from [`TOOLS`] not on PATH, and root.
@@ -213,7 +276,7 @@ pub fn missing_tools() -> Vec<String> {
 }
 
 /// Whether the process runs as root (from /proc/self/status, without unsafe code).
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
         s.lines()
             .find_map(|l| l.strip_prefix("Uid:"))

@@ -277,6 +277,11 @@ impl Running {
         }
     }
 
+    /// QEMU's exit status once it exited, without waiting.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// The serial console so far (lossy UTF-8, at most its first 64 MiB).
     pub fn log(&self) -> String {
         read_start(&self.serial_log)
