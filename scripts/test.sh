@@ -55,6 +55,10 @@ TEST_TOOLS=(
     swtpm=swtpm swtpm_setup=swtpm-tools
     # listener and limit tests: ss for the accept queue, prlimit for the open-file limit
     ss=iproute2 prlimit=util-linux setpriv=util-linux flock=util-linux
+    # the database outage test's own PostgreSQL cluster (initdb, pg_ctl run as postgres)
+    runuser=util-linux chown=coreutils
+    # network namespace tests: a bridge, veths and taps; dnsmasq as a site's DHCP server
+    ip=iproute2 dnsmasq=dnsmasq-base
     mount=mount umount=mount
     # the layout check's test runs scripts/layout-check.py
     python3=python3

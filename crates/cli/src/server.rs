@@ -118,6 +118,9 @@ pub struct Args {
     /// The directory served over TFTP, e.g. /usr/lib/ipxe (Debian's ipxe package).
     #[arg(long, value_name = "DIR", requires = "tftp_listen")]
     pub tftp_root: Option<PathBuf>,
+    /// ProxyDHCP (`--proxy-dhcp`), boxed as `member`.
+    #[command(flatten)]
+    pub proxy: Box<crate::server_boot::ProxyArgs>,
     /// Serve network boot for iPXE in plain HTTP here (with --farm): GET /boot/ipxe and
     /// per-MAC scripts, the versions' kernels and initramfs images; public boot data only,
     /// no API and no secret. The farm API is then HTTPS, also on a loopback --api-listen.
@@ -186,7 +189,8 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
     if let Some(b) = &bucket {
         config.store.dir = Some(b.dir().to_path_buf());
     }
-    let tftp = crate::server_boot::Tftp::from_flags(a.tftp_listen, a.tftp_root.as_deref())?;
+    let proxy = crate::server_boot::proxy_from_flags(a)?;
+    let tftp = crate::server_boot::Tftp::from_flags(a.tftp_listen, a.tftp_root.as_deref(), proxy)?;
     // Before anything else: the API's own certificate, if given.
     let api_tls_given = match (&a.farm, &a.api_tls_dir) {
         (Some(_), Some(dir)) => Some(crate::server_farm::api_tls_from_dir(dir)?),
@@ -450,12 +454,16 @@ async fn serve(
     let metrics_task = metrics_listener.map(|l| {
         let (reg, m) = (registry.clone(), Arc::clone(&metrics));
         let tftp_counters = tftp.as_ref().map(|t| Arc::clone(&t.counters));
+        let proxy_counters = tftp.as_ref().and_then(|t| t.proxy.clone());
         let farm_db = farm_db.clone();
         let render: server::http::Render = Arc::new(move || {
             let mut text = m.render(&reg.cache().stats(), &reg.stats());
             server::boot_sets::render_metrics(&reg.boot_sets().stats(), &mut text);
             if let Some(c) = &tftp_counters {
                 crate::server_boot::render_metrics(c, &mut text);
+            }
+            if let Some(c) = &proxy_counters {
+                crate::server_boot::render_proxy_metrics(c, &mut text);
             }
             if let Some(c) = &boot_counters {
                 crate::server_boot::render_boot_metrics(c, &mut text);

@@ -15,19 +15,81 @@ use anyhow::Context;
 use tftp::{Counters, DirSource};
 use tokio::task::JoinHandle;
 
-/// TFTP settings checked at startup.
+/// TFTP settings checked at startup, with ProxyDHCP's when it is on.
 #[derive(Debug)]
 pub struct Tftp {
     addr: SocketAddr,
     source: Arc<DirSource>,
+    proxy: Option<proxydhcp::Config>,
 }
 
-/// A running TFTP server.
+/// A running TFTP server (and ProxyDHCP).
 #[derive(Debug)]
 pub struct Running {
     /// Its counters, for `/metrics`.
     pub counters: Arc<Counters>,
+    /// ProxyDHCP's counters, when it runs.
+    pub proxy: Option<Arc<proxydhcp::Counters>>,
     task: JoinHandle<()>,
+    proxy_task: Option<JoinHandle<()>>,
+}
+
+/// `ferry server`'s ProxyDHCP flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProxyArgs {
+    /// Answer PXE clients with boot information only, no address (ProxyDHCP on UDP 67 and
+    /// 4011), for a network whose DHCP server cannot be changed; IPV4 is this server's
+    /// address on that network. Off by default; needs --tftp-listen and --boot-listen.
+    #[arg(long, value_name = "IPV4", requires_all = ["tftp_listen", "boot_listen"])]
+    pub proxy_dhcp: Option<std::net::Ipv4Addr>,
+    /// The boot program ProxyDHCP names to BIOS clients, in --tftp-root.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "undionly.kpxe",
+        requires = "proxy_dhcp"
+    )]
+    pub proxy_dhcp_bios_file: String,
+    /// The boot program ProxyDHCP names to x86-64 UEFI clients, in --tftp-root.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "snponly.efi",
+        requires = "proxy_dhcp"
+    )]
+    pub proxy_dhcp_efi_file: String,
+}
+
+/// ProxyDHCP's settings from `ferry server`'s flags (`--proxy-dhcp`): the boot programs by
+/// name and the boot script on the boot port, at the address given; `None` when off.
+///
+/// # Errors
+/// A boot program name that is not a plain file name.
+pub fn proxy_from_flags(a: &crate::server::Args) -> anyhow::Result<Option<proxydhcp::Config>> {
+    let p = &a.proxy;
+    let (Some(server), Some(boot)) = (p.proxy_dhcp, a.boot_listen) else {
+        return Ok(None);
+    };
+    for (flag, f) in [
+        ("--proxy-dhcp-bios-file", &p.proxy_dhcp_bios_file),
+        ("--proxy-dhcp-efi-file", &p.proxy_dhcp_efi_file),
+    ] {
+        let plain = !f.is_empty()
+            && f.len() <= 127
+            && !f.contains(['/', '\\'])
+            && f.chars().all(|c| c.is_ascii_graphic());
+        if !plain {
+            anyhow::bail!(
+                "{flag} {f:?}: a file name of --tftp-root (printable ASCII, no '/', at most 127 bytes)"
+            );
+        }
+    }
+    Ok(Some(proxydhcp::Config::new(proxydhcp::BootInfo {
+        server,
+        bios_file: p.proxy_dhcp_bios_file.clone(),
+        efi_x64_file: p.proxy_dhcp_efi_file.clone(),
+        script_url: format!("http://{server}:{}/boot/ipxe", boot.port()),
+    })))
 }
 
 impl Tftp {
@@ -38,6 +100,7 @@ impl Tftp {
     pub fn from_flags(
         listen: Option<SocketAddr>,
         root: Option<&Path>,
+        proxy: Option<proxydhcp::Config>,
     ) -> anyhow::Result<Option<Tftp>> {
         let (Some(addr), Some(root)) = (listen, root) else {
             return Ok(None);
@@ -47,6 +110,7 @@ impl Tftp {
         Ok(Some(Tftp {
             addr,
             source: Arc::new(source),
+            proxy,
         }))
     }
 
@@ -62,8 +126,34 @@ impl Tftp {
         let addr = server.local_addr()?;
         tracing::info!(%addr, %root, "TFTP listening (tftp://{addr}/FILE)");
         let counters = server.counters();
-        let task = tokio::spawn(server.run(stop));
-        Ok(Running { counters, task })
+        let (stop_tftp, stop_proxy) = {
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            tokio::spawn(async move {
+                stop.await;
+                let _ = tx.send(true);
+            });
+            let rx2 = rx.clone();
+            (wait_true(rx), wait_true(rx2))
+        };
+        let (proxy, proxy_task) = match self.proxy {
+            Some(cfg) => {
+                let info = cfg.info.clone();
+                let p = proxydhcp::Server::bind(cfg).context("start ProxyDHCP")?;
+                tracing::info!(server = %info.server, bios = %info.bios_file,
+                    efi = %info.efi_x64_file, script = %info.script_url,
+                    "ProxyDHCP answering PXE clients on UDP 67 and 4011 (boot information, no addresses)");
+                let c = p.counters();
+                (Some(c), Some(tokio::spawn(p.run(stop_proxy))))
+            }
+            None => (None, None),
+        };
+        let task = tokio::spawn(server.run(stop_tftp));
+        Ok(Running {
+            counters,
+            proxy,
+            task,
+            proxy_task,
+        })
     }
 }
 
@@ -71,6 +161,25 @@ impl Running {
     /// Waits for the server to stop.
     pub async fn join(self) {
         let _ = self.task.await;
+        if let Some(t) = self.proxy_task {
+            let _ = t.await;
+        }
+    }
+}
+
+async fn wait_true(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// Appends ProxyDHCP's counters to a Prometheus text exposition.
+pub fn render_proxy_metrics(c: &proxydhcp::Counters, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "# HELP ferry_proxydhcp_total ProxyDHCP packets by what was done (offers, acks, ipxe: of those naming the boot script; the rest: not answered, by reason)."
+    );
+    let _ = writeln!(out, "# TYPE ferry_proxydhcp_total counter");
+    for (what, v) in c.snapshot() {
+        let _ = writeln!(out, "ferry_proxydhcp_total{{what=\"{what}\"}} {v}");
     }
 }
 

@@ -399,30 +399,6 @@ pub fn advertised(advertise: Option<&str>, nbd: Option<SocketAddr>) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_take_a_unit_and_are_positive() {
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
-        assert!(parse_duration("5").is_err());
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("s").is_err());
-    }
-
-    #[test]
-    fn an_advertised_host_alone_gets_the_nbd_port() {
-        let nbd = Some("0.0.0.0:10900".parse().unwrap());
-        assert_eq!(advertised(Some("10.0.2.2"), nbd), "10.0.2.2:10900");
-        assert_eq!(advertised(Some("fd00::1"), nbd), "[fd00::1]:10900");
-        assert_eq!(advertised(Some("boot.example"), nbd), "boot.example:10900");
-        assert_eq!(advertised(Some("10.0.2.2:10809"), nbd), "10.0.2.2:10809");
-    }
-}
-
 /// Appends the farm database's state as this server sees it (`farm::offline`) to a
 /// Prometheus text exposition: whether it answers, the snapshot's age, the logins waiting.
 pub fn render_database_metrics(farm: &farm::Farm, out: &mut String) {
@@ -454,3 +430,28 @@ pub fn render_database_metrics(farm: &farm::Farm, out: &mut String) {
         let _ = writeln!(out, "{name} {v}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_a_unit_and_are_positive() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("s").is_err());
+    }
+
+    #[test]
+    fn an_advertised_host_alone_gets_the_nbd_port() {
+        let nbd = Some("0.0.0.0:10900".parse().unwrap());
+        assert_eq!(advertised(Some("10.0.2.2"), nbd), "10.0.2.2:10900");
+        assert_eq!(advertised(Some("fd00::1"), nbd), "[fd00::1]:10900");
+        assert_eq!(advertised(Some("boot.example"), nbd), "boot.example:10900");
+        assert_eq!(advertised(Some("10.0.2.2:10809"), nbd), "10.0.2.2:10809");
+    }
+}
+

@@ -16,6 +16,7 @@ pub mod console;
 pub mod docs_run;
 pub mod farm;
 pub mod moto;
+pub mod netns;
 pub mod pg_cluster;
 
 /// How long a process may take to start accepting, or to exit after SIGTERM.
