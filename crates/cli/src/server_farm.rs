@@ -454,4 +454,3 @@ mod tests {
         assert_eq!(advertised(Some("10.0.2.2:10809"), nbd), "10.0.2.2:10809");
     }
 }
-

@@ -285,7 +285,10 @@ fn running_devices_keep_streaming_and_known_devices_boot_while_the_database_is_a
         .unwrap()
         .bytes()
         .unwrap();
-    assert!(served[..] == kernel[..], "the kernel served offline differs");
+    assert!(
+        served[..] == kernel[..],
+        "the kernel served offline differs"
+    );
     let ticket = script
         .split_whitespace()
         .find_map(|w| w.strip_prefix("ferry.ticket="))

@@ -87,7 +87,10 @@ fn docs_s3_commands_run_as_written() {
             "AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test".to_string(),
         ),
         ("http://10.0.0.5:9000", moto.endpoint()),
-        ("/var/cache/ferry/tier", dir.join("tier").display().to_string()),
+        (
+            "/var/cache/ferry/tier",
+            dir.join("tier").display().to_string(),
+        ),
         ("/srv/ferry/store", store.display().to_string()),
         ("0.0.0.0:10809", format!("127.0.0.1:{}", free_port())),
         ("127.0.0.1:9810", format!("127.0.0.1:{}", free_port())),
