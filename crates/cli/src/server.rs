@@ -349,9 +349,10 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
         boot,
         budgets,
     ));
-    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
-    // The last boots' recordings are merged and saved before the process goes.
+    // The last boots' recordings are merged and saved before the process goes, while the
+    // runtime still runs: a farm server saves them through it (the database).
     boot_sets.wait_saved(RUNTIME_SHUTDOWN_TIMEOUT);
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_TIMEOUT);
     result?;
     Ok(ExitCode::SUCCESS)
 }
