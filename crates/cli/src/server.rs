@@ -189,7 +189,7 @@ pub fn run(a: &Args, _global: Global) -> anyhow::Result<ExitCode> {
     if let Some(b) = &bucket {
         config.store.dir = Some(b.dir().to_path_buf());
     }
-    let proxy = crate::server_boot::proxy_from_flags(a)?;
+    let proxy = crate::server_boot::proxy_from_flags(&a.proxy, a.boot_listen)?;
     let tftp = crate::server_boot::Tftp::from_flags(a.tftp_listen, a.tftp_root.as_deref(), proxy)?;
     // Before anything else: the API's own certificate, if given.
     let api_tls_given = match (&a.farm, &a.api_tls_dir) {

@@ -65,9 +65,11 @@ pub struct ProxyArgs {
 ///
 /// # Errors
 /// A boot program name that is not a plain file name.
-pub fn proxy_from_flags(a: &crate::server::Args) -> anyhow::Result<Option<proxydhcp::Config>> {
-    let p = &a.proxy;
-    let (Some(server), Some(boot)) = (p.proxy_dhcp, a.boot_listen) else {
+pub fn proxy_from_flags(
+    p: &ProxyArgs,
+    boot_listen: Option<SocketAddr>,
+) -> anyhow::Result<Option<proxydhcp::Config>> {
+    let (Some(server), Some(boot)) = (p.proxy_dhcp, boot_listen) else {
         return Ok(None);
     };
     for (flag, f) in [

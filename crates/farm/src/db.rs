@@ -164,7 +164,7 @@ pub struct Farm {
     /// The login nonce table's bounds (`login::LoginLimits`; settable for tests).
     pub(crate) login_limits: Mutex<LoginLimits>,
     /// The database's state, the snapshot and what waits for the database (`offline`).
-    pub(crate) offline: crate::offline::Offline,
+    pub(crate) offline: crate::offline_state::Offline,
 }
 
 impl Farm {
@@ -242,7 +242,7 @@ impl Farm {
             order_cache: Mutex::new(HashMap::new()),
             publisher: Mutex::new(None),
             login_limits: Mutex::new(LoginLimits::default()),
-            offline: crate::offline::Offline::default(),
+            offline: crate::offline_state::Offline::default(),
         };
         farm.move_key_out_of_the_database().await?;
         Ok(farm)

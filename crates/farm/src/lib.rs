@@ -36,7 +36,8 @@
 //! grants.rs     a session's grant rebuilt from the database (other server, restart)
 //! snapshot.rs   a server's snapshot of what boots and failovers read (in memory)
 //! offline.rs    the database away: reads from the snapshot, offline logins pending,
-//!               changes refused (Unavailable), catch-up when it returns
+//!               changes refused (Unavailable), catch-up when it returns; the snapshot read
+//! offline_state.rs  what a process holds meanwhile (no database call)
 //! error.rs      FarmError with a Kind the API maps to an HTTP status
 //! ```
 //!
@@ -62,6 +63,7 @@ pub mod login;
 pub mod model;
 pub mod moves;
 pub mod offline;
+mod offline_state;
 pub mod private;
 pub mod publish;
 pub mod publisher;

@@ -515,7 +515,7 @@ impl Farm {
         let tls = self.device_tls(mac)?;
         let device_secret =
             new_key.then(|| hex::encode(random_bytes::<{ contract::login::DEVICE_KEY_BYTES }>()));
-        let record = crate::offline::LoginRecord {
+        let record = crate::offline_state::LoginRecord {
             session_id: session_id.clone(),
             device_id: device.id,
             mac: device.mac.clone(),

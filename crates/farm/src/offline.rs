@@ -24,220 +24,21 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 
 use serde_json::json;
 
-use crate::db::{Farm, audit};
-use crate::error::{FarmError, Kind, Result};
-use crate::model::DeviceType;
-use crate::snapshot::Snapshot;
-
-/// After a call found the database unreachable, how long reads go to the snapshot before
-/// one tries the database again (so that a down database costs one wait per period, not
-/// one per call).
-pub const DOWN_RETRY_MS: i64 = 2_000;
-/// The most logins one process keeps pending while the database is away.
-pub const PENDING_MAX: usize = 10_000;
-/// The most nonces and tickets one process keeps while the database is away.
-pub const OFFLINE_SECRETS_MAX: usize = 10_000;
-
-/// A login to write to the database: made now, or made offline and pending.
-#[derive(Debug, Clone)]
-pub(crate) struct LoginRecord {
-    pub session_id: String,
-    pub device_id: i64,
-    pub mac: String,
-    pub vdisk_id: i64,
-    pub version: i64,
-    pub device_type: DeviceType,
-    pub export_name: String,
-    pub token_hash: String,
-    pub created_at_ms: i64,
-    pub expires_at_ms: i64,
-    /// A ticket login's new device key (hex).
-    pub new_key: Option<String>,
-}
-
-/// The database's state as this process last saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct DatabaseState {
-    /// False while the last call found it unreachable.
-    pub up: bool,
-    /// When the outage began (Unix ms), while down.
-    pub down_since_ms: Option<i64>,
-    /// Since when it has answered without a break, as this process saw it (`None` while
-    /// down, or before its first answer).
-    pub up_since_ms: Option<i64>,
-    /// When the snapshot in use was read, if any.
-    pub snapshot_taken_at_ms: Option<i64>,
-    /// Logins made while it was down, not yet written.
-    pub pending_logins: usize,
-}
-
-/// The offline state of one farm process (see the module documentation).
-#[derive(Debug, Default)]
-pub(crate) struct Offline {
-    snapshot: RwLock<Option<Arc<Snapshot>>>,
-    /// 0 while up; else when a call last found it unreachable.
-    failed_at_ms: AtomicI64,
-    /// 0 while up; else when the outage began.
-    down_since_ms: AtomicI64,
-    /// 0 while down or before the first answer; else since when it answers.
-    up_since_ms: AtomicI64,
-    /// Nonces issued offline: nonce → (MAC, expiry).
-    nonces: Mutex<HashMap<String, (String, i64)>>,
-    /// Tickets issued offline: hash → (MAC, expiry).
-    tickets: Mutex<HashMap<String, (String, i64)>>,
-    pending: Mutex<Vec<LoginRecord>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-impl Offline {
-    pub(crate) fn keep(&self, s: Arc<Snapshot>) {
-        *self
-            .snapshot
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(s);
-    }
-
-    pub(crate) fn snapshot(&self) -> Option<Arc<Snapshot>> {
-        self.snapshot
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// The snapshot, when a call found the database down less than [`DOWN_RETRY_MS`] ago.
-    fn while_down(&self, now_ms: i64) -> Option<Arc<Snapshot>> {
-        let at = self.failed_at_ms.load(Ordering::Relaxed);
-        if at == 0 || now_ms.saturating_sub(at) >= DOWN_RETRY_MS {
-            return None;
-        }
-        self.snapshot()
-    }
-
-    fn down(&self, now_ms: i64) {
-        let now_ms = now_ms.max(1);
-        self.failed_at_ms.store(now_ms, Ordering::Relaxed);
-        self.up_since_ms.store(0, Ordering::Relaxed);
-        if self
-            .down_since_ms
-            .compare_exchange(0, now_ms, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            let taken = self.snapshot().map(|s| s.taken_at_ms);
-            tracing::warn!(snapshot_taken_at_ms = ?taken,
-                "the farm database cannot be reached: known devices boot and fail over from this server's snapshot; changes wait");
-        }
-    }
-
-    fn up(&self, now_ms: i64) {
-        self.failed_at_ms.store(0, Ordering::Relaxed);
-        let _ = self.up_since_ms.compare_exchange(
-            0,
-            now_ms.max(1),
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
-        let since = self.down_since_ms.swap(0, Ordering::Relaxed);
-        if since != 0 {
-            tracing::info!(
-                down_ms = now_ms.saturating_sub(since),
-                pending_logins = lock(&self.pending).len(),
-                "the farm database is back"
-            );
-        }
-    }
-
-    fn offline_nonce(&self, mac: &str, now_ms: i64) -> Result<String> {
-        let mut n = lock(&self.nonces);
-        n.retain(|_, (_, exp)| *exp > now_ms);
-        if n.len() >= OFFLINE_SECRETS_MAX {
-            return Err(busy());
-        }
-        let nonce = hex::encode(crate::db::random_bytes::<32>());
-        n.insert(
-            nonce.clone(),
-            (mac.to_string(), now_ms + crate::login::NONCE_TTL_MS),
-        );
-        Ok(nonce)
-    }
-
-    /// Uses up an offline nonce: `None` when this process did not issue it.
-    pub(crate) fn take_nonce(&self, nonce: &str, mac: &str, now_ms: i64) -> Option<bool> {
-        let (m, exp) = lock(&self.nonces).remove(nonce)?;
-        Some(m == mac && exp > now_ms)
-    }
-
-    fn offline_ticket(&self, mac: &str, expires_at_ms: i64, now_ms: i64) -> Result<String> {
-        let mut t = lock(&self.tickets);
-        t.retain(|_, (_, exp)| *exp > now_ms);
-        if t.len() >= OFFLINE_SECRETS_MAX {
-            return Err(busy());
-        }
-        let ticket = format!(
-            "{}{}",
-            contract::login::TICKET_PREFIX,
-            hex::encode(crate::db::random_bytes::<32>())
-        );
-        t.insert(
-            crate::db::hash_secret(&ticket),
-            (mac.to_string(), expires_at_ms),
-        );
-        Ok(ticket)
-    }
-
-    /// Uses up an offline ticket: `None` when this process did not issue it.
-    pub(crate) fn take_ticket(&self, ticket: &str, mac: &str, now_ms: i64) -> Option<bool> {
-        let mut t = lock(&self.tickets);
-        let h = crate::db::hash_secret(ticket);
-        match t.get(&h) {
-            Some((m, exp)) if m == mac => {
-                let live = *exp > now_ms;
-                t.remove(&h);
-                Some(live)
-            }
-            Some(_) => Some(false),
-            None => None,
-        }
-    }
-
-    fn pend(&self, r: LoginRecord) -> Result<()> {
-        let mut p = lock(&self.pending);
-        if p.len() >= PENDING_MAX {
-            return Err(busy());
-        }
-        p.push(r);
-        Ok(())
-    }
-}
-
-fn busy() -> FarmError {
-    FarmError::new(
-        Kind::Unavailable,
-        "the farm database cannot be reached and this server holds as many offline logins as it may; try again when the database is back",
-    )
-}
+use crate::db::{Farm, audit, hash_secret, random_bytes};
+use crate::error::{Kind, Result};
+use crate::model::{Device, Session, VDisk, Version};
+use crate::offline_state::LoginRecord;
+pub use crate::offline_state::{DOWN_RETRY_MS, DatabaseState, OFFLINE_SECRETS_MAX, PENDING_MAX};
+use crate::snapshot::{Known, Snapshot};
 
 impl Farm {
     /// The database's state as this process last saw it.
     pub fn database_state(&self) -> DatabaseState {
-        let since = self.offline.down_since_ms.load(Ordering::Relaxed);
-        DatabaseState {
-            up: since == 0,
-            down_since_ms: (since != 0).then_some(since),
-            up_since_ms: match self.offline.up_since_ms.load(Ordering::Relaxed) {
-                0 => None,
-                t => Some(t),
-            },
-            snapshot_taken_at_ms: self.offline.snapshot().map(|s| s.taken_at_ms),
-            pending_logins: lock(&self.offline.pending).len(),
-        }
+        self.offline.state()
     }
 
     /// The snapshot in use, if any.
@@ -279,15 +80,24 @@ impl Farm {
     /// A login nonce issued while the database is away.
     pub(crate) fn offline_challenge(&self, mac: &str) -> Result<(String, i64)> {
         let now = self.now_ms();
-        let nonce = self.offline.offline_nonce(mac, now)?;
-        Ok((nonce, now + crate::login::NONCE_TTL_MS))
+        let nonce = hex::encode(random_bytes::<32>());
+        let expires = now + crate::login::NONCE_TTL_MS;
+        self.offline.put_nonce(nonce.clone(), mac, expires, now)?;
+        Ok((nonce, expires))
     }
 
     /// A boot ticket issued while the database is away, for `secs`.
     pub(crate) fn offline_ticket(&self, mac: &str, secs: i64) -> Result<String> {
         let now = self.now_ms();
+        let ticket = format!(
+            "{}{}",
+            contract::login::TICKET_PREFIX,
+            hex::encode(random_bytes::<32>())
+        );
+        let expires = now.saturating_add(secs.saturating_mul(1000));
         self.offline
-            .offline_ticket(mac, now.saturating_add(secs.saturating_mul(1000)), now)
+            .put_ticket(hash_secret(&ticket), mac, expires, now)?;
+        Ok(ticket)
     }
 
     /// Writes a login's session (and a ticket login's key) to the database, ending the
@@ -388,12 +198,11 @@ impl Farm {
     pub async fn catch_up(&self) -> Result<usize> {
         let mut written = 0;
         loop {
-            let next = lock(&self.offline.pending).first().cloned();
-            let Some(r) = next else {
+            let Some(r) = self.offline.first_pending() else {
                 return Ok(written);
             };
             let (ended, kept) = self.watch(self.write_login(&r, true)).await?;
-            lock(&self.offline.pending).retain(|p| p.session_id != r.session_id);
+            self.offline.done_pending(&r.session_id);
             for e in ended.into_iter().filter(|e| *e != r.export_name) {
                 self.sessions.remove(&e);
             }
@@ -406,5 +215,100 @@ impl Farm {
                 self.sessions.remove(&r.export_name);
             }
         }
+    }
+}
+
+impl Farm {
+    /// Reads a new snapshot for server `server_id` (its store paths) from the database
+    /// and keeps it; returns it.
+    ///
+    /// # Errors
+    /// Database errors (the previous snapshot is kept).
+    pub async fn refresh_snapshot(
+        &self,
+        server_id: Option<i64>,
+    ) -> Result<std::sync::Arc<Snapshot>> {
+        let s = self.watch(self.read_snapshot(server_id)).await?;
+        let s = std::sync::Arc::new(s);
+        self.offline.keep(std::sync::Arc::clone(&s));
+        Ok(s)
+    }
+
+    async fn read_snapshot(&self, server_id: Option<i64>) -> Result<Snapshot> {
+        let now = self.now_ms();
+        let devices: Vec<Device> = sqlx::query_as(&format!(
+            "SELECT {} FROM devices",
+            crate::devices::DEVICE_COLUMNS
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        let keys: Vec<(i64, Option<String>, i64)> =
+            sqlx::query_as("SELECT id, device_key, tpm_bound FROM devices")
+                .fetch_all(&self.pool)
+                .await?;
+        let keys: HashMap<i64, (Option<String>, i64)> =
+            keys.into_iter().map(|(id, k, t)| (id, (k, t))).collect();
+        let mut s = Snapshot {
+            taken_at_ms: now,
+            ..Snapshot::default()
+        };
+        for device in devices {
+            let (key_hex, tpm) = keys.get(&device.id).cloned().unwrap_or((None, 0));
+            s.by_mac.insert(device.mac.clone(), device.id);
+            s.devices.insert(
+                device.id,
+                Known {
+                    device,
+                    key_hex,
+                    tpm_bound: tpm == 1,
+                },
+            );
+        }
+        let vdisks: Vec<VDisk> = sqlx::query_as(&format!(
+            "SELECT {} FROM vdisks",
+            crate::vdisks::VDISK_COLUMNS
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        let versions: Vec<Version> = sqlx::query_as(&format!(
+            "SELECT {} FROM versions ORDER BY vdisk_id, number",
+            crate::lifecycle::VERSION_COLUMNS
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        for v in versions {
+            s.versions.entry(v.vdisk_id).or_default().push(v);
+        }
+        for v in &vdisks {
+            if let std::collections::hash_map::Entry::Vacant(e) = s.store_dirs.entry(v.store_id) {
+                e.insert(self.store_dir_db(v.store_id, server_id).await?);
+            }
+        }
+        s.vdisks = vdisks.into_iter().map(|v| (v.id, v)).collect();
+        let collections: Vec<i64> = sqlx::query_scalar("SELECT id FROM collections")
+            .fetch_all(&self.pool)
+            .await?;
+        for c in collections {
+            s.site_servers.insert(c, self.site_servers_db(c).await?);
+            s.site_api_urls.insert(c, self.site_api_urls_db(c).await?);
+        }
+        s.auto_add = sqlx::query_as(
+            "SELECT id, default_vdisk_id FROM collections WHERE auto_add = 1 ORDER BY id",
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        let sessions: Vec<Session> = sqlx::query_as(&format!(
+            "SELECT {} FROM sessions WHERE expires_at_ms > $1",
+            crate::devices::SESSION_COLUMNS
+        ))
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?;
+        s.sessions = sessions
+            .into_iter()
+            .map(|x| (x.export_name.clone(), x))
+            .collect();
+        s.boot_ticket_secs = self.boot_ticket_secs_db().await?;
+        Ok(s)
     }
 }

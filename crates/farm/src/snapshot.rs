@@ -20,7 +20,6 @@ use std::path::PathBuf;
 
 use contract::login::LoginServer;
 
-use crate::db::Farm;
 use crate::error::{FarmError, Result};
 use crate::model::{Device, Session, VDisk, Version};
 
@@ -30,10 +29,10 @@ pub const SNAPSHOT_EVERY_MS: i64 = 15_000;
 
 /// One device as the snapshot keeps it.
 #[derive(Debug, Clone)]
-struct Known {
-    device: Device,
-    key_hex: Option<String>,
-    tpm_bound: bool,
+pub(crate) struct Known {
+    pub(crate) device: Device,
+    pub(crate) key_hex: Option<String>,
+    pub(crate) tpm_bound: bool,
 }
 
 /// The farm as one server last read it (see the module documentation).
@@ -41,16 +40,16 @@ struct Known {
 pub struct Snapshot {
     /// When it was read (Unix ms, the farm's clock).
     pub taken_at_ms: i64,
-    devices: HashMap<i64, Known>,
-    by_mac: HashMap<String, i64>,
-    vdisks: HashMap<i64, VDisk>,
-    versions: HashMap<i64, Vec<Version>>,
-    store_dirs: HashMap<i64, PathBuf>,
-    site_servers: HashMap<i64, Vec<LoginServer>>,
-    site_api_urls: HashMap<i64, Vec<String>>,
-    auto_add: Option<(i64, Option<i64>)>,
-    sessions: HashMap<String, Session>,
-    boot_ticket_secs: i64,
+    pub(crate) devices: HashMap<i64, Known>,
+    pub(crate) by_mac: HashMap<String, i64>,
+    pub(crate) vdisks: HashMap<i64, VDisk>,
+    pub(crate) versions: HashMap<i64, Vec<Version>>,
+    pub(crate) store_dirs: HashMap<i64, PathBuf>,
+    pub(crate) site_servers: HashMap<i64, Vec<LoginServer>>,
+    pub(crate) site_api_urls: HashMap<i64, Vec<String>>,
+    pub(crate) auto_add: Option<(i64, Option<i64>)>,
+    pub(crate) sessions: HashMap<String, Session>,
+    pub(crate) boot_ticket_secs: i64,
 }
 
 fn gone(what: String) -> FarmError {
@@ -141,100 +140,5 @@ impl Snapshot {
 
     pub(crate) fn boot_ticket_secs(&self) -> i64 {
         self.boot_ticket_secs
-    }
-}
-
-impl Farm {
-    /// Reads a new snapshot for server `server_id` (its store paths) from the database
-    /// and keeps it; returns it.
-    ///
-    /// # Errors
-    /// Database errors (the previous snapshot is kept).
-    pub async fn refresh_snapshot(
-        &self,
-        server_id: Option<i64>,
-    ) -> Result<std::sync::Arc<Snapshot>> {
-        let s = self.watch(self.read_snapshot(server_id)).await?;
-        let s = std::sync::Arc::new(s);
-        self.offline.keep(std::sync::Arc::clone(&s));
-        Ok(s)
-    }
-
-    async fn read_snapshot(&self, server_id: Option<i64>) -> Result<Snapshot> {
-        let now = self.now_ms();
-        let devices: Vec<Device> = sqlx::query_as(&format!(
-            "SELECT {} FROM devices",
-            crate::devices::DEVICE_COLUMNS
-        ))
-        .fetch_all(&self.pool)
-        .await?;
-        let keys: Vec<(i64, Option<String>, i64)> =
-            sqlx::query_as("SELECT id, device_key, tpm_bound FROM devices")
-                .fetch_all(&self.pool)
-                .await?;
-        let keys: HashMap<i64, (Option<String>, i64)> =
-            keys.into_iter().map(|(id, k, t)| (id, (k, t))).collect();
-        let mut s = Snapshot {
-            taken_at_ms: now,
-            ..Snapshot::default()
-        };
-        for device in devices {
-            let (key_hex, tpm) = keys.get(&device.id).cloned().unwrap_or((None, 0));
-            s.by_mac.insert(device.mac.clone(), device.id);
-            s.devices.insert(
-                device.id,
-                Known {
-                    device,
-                    key_hex,
-                    tpm_bound: tpm == 1,
-                },
-            );
-        }
-        let vdisks: Vec<VDisk> = sqlx::query_as(&format!(
-            "SELECT {} FROM vdisks",
-            crate::vdisks::VDISK_COLUMNS
-        ))
-        .fetch_all(&self.pool)
-        .await?;
-        let versions: Vec<Version> = sqlx::query_as(&format!(
-            "SELECT {} FROM versions ORDER BY vdisk_id, number",
-            crate::lifecycle::VERSION_COLUMNS
-        ))
-        .fetch_all(&self.pool)
-        .await?;
-        for v in versions {
-            s.versions.entry(v.vdisk_id).or_default().push(v);
-        }
-        for v in &vdisks {
-            if let std::collections::hash_map::Entry::Vacant(e) = s.store_dirs.entry(v.store_id) {
-                e.insert(self.store_dir_db(v.store_id, server_id).await?);
-            }
-        }
-        s.vdisks = vdisks.into_iter().map(|v| (v.id, v)).collect();
-        let collections: Vec<i64> = sqlx::query_scalar("SELECT id FROM collections")
-            .fetch_all(&self.pool)
-            .await?;
-        for c in collections {
-            s.site_servers.insert(c, self.site_servers_db(c).await?);
-            s.site_api_urls.insert(c, self.site_api_urls_db(c).await?);
-        }
-        s.auto_add = sqlx::query_as(
-            "SELECT id, default_vdisk_id FROM collections WHERE auto_add = 1 ORDER BY id",
-        )
-        .fetch_optional(&self.pool)
-        .await?;
-        let sessions: Vec<Session> = sqlx::query_as(&format!(
-            "SELECT {} FROM sessions WHERE expires_at_ms > $1",
-            crate::devices::SESSION_COLUMNS
-        ))
-        .bind(now)
-        .fetch_all(&self.pool)
-        .await?;
-        s.sessions = sessions
-            .into_iter()
-            .map(|x| (x.export_name.clone(), x))
-            .collect();
-        s.boot_ticket_secs = self.boot_ticket_secs_db().await?;
-        Ok(s)
     }
 }

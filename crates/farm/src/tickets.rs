@@ -122,9 +122,9 @@ impl Farm {
     pub(crate) async fn consume_ticket(&self, mac: Mac, ticket: &str) -> Result<bool> {
         validate::text("ticket", ticket)?;
         // One this process issued while the database was away.
-        if let Some(live) = self
-            .offline
-            .take_ticket(ticket, &mac.to_string(), self.now_ms())
+        if let Some(live) =
+            self.offline
+                .take_ticket(&hash_secret(ticket), &mac.to_string(), self.now_ms())
         {
             return Ok(live);
         }
