@@ -72,10 +72,11 @@ TEST_TOOLS=(
 )
 
 # Packages besides the tools' own: ipxe-qemu (the NIC's iPXE ROM) and ipxe (undionly.kpxe,
-# ipxe.efi) for the boot tests, postgresql (the farm suite's second backend), python3-venv
+# ipxe.efi) for the boot tests, ovmf (UEFI firmware for the UEFI boots), postgresql (the
+# farm suite's second backend), python3-venv
 # (the venvs below), musl-tools (musl-gcc, for the static boot agent ferry-boot that the QEMU
 # boot tests put into the test OS's initramfs).
-APT_PACKAGES=(ipxe-qemu ipxe postgresql python3-venv musl-tools)
+APT_PACKAGES=(ipxe-qemu ipxe ovmf postgresql python3-venv musl-tools)
 for entry in "${TEST_TOOLS[@]}"; do
     pkg="${entry#*=}"
     case "$pkg" in

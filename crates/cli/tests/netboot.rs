@@ -14,10 +14,13 @@
 //!    ahead of the kernel (this and the boots after it start the test OS's small init,
 //!    `guest::QUICK_INIT`, not systemd);
 //! 3. a new version is made, changed and promoted: the next boot runs it;
-//! 4. with two servers, the one serving is killed mid-boot and the boot completes.
+//! 4. with two servers, the one serving is killed mid-boot and the boot completes; this
+//!    machine has UEFI firmware (OVMF, QEMU's iPXE EFI ROM; the kernel starts as an EFI
+//!    program).
 //!
 //! The second (its boots all start the small init):
-//! 5. four machines boot at once;
+//! 5. four machines boot at once, two of them with UEFI firmware; a UEFI one is power
+//!    cycled and its writes are gone;
 //! 6. bad paths end in one true reason on the console and the machine given back, not a
 //!    hang: an unknown MAC and a deleted version (iPXE exits to the firmware at once), a
 //!    login ticket not of this boot (forged, or used already) and a server unreachable (the
@@ -273,6 +276,33 @@ fn machine(dir: &Path, farm: &Farm, mac: &str, tag: &str) -> guest::Running {
         .unwrap_or_else(|e| panic!("start machine {tag}: {e}"))
 }
 
+/// [`machine`] with UEFI firmware (OVMF; QEMU's iPXE EFI ROM on the NIC).
+fn machine_uefi(dir: &Path, farm: &Farm, mac: &str, tag: &str) -> guest::Running {
+    qemu(dir, farm, mac, tag)
+        .uefi()
+        .spawn()
+        .unwrap_or_else(|e| panic!("start machine {tag}: {e}"))
+}
+
+/// The firmware of a machine.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Firmware {
+    Bios,
+    Uefi,
+}
+
+/// Checks that the kernel of `vm` started as the firmware says: as an EFI program under
+/// UEFI (the EFI stub's `efi: EFI v…` line), not under BIOS.
+fn started_as(vm: &guest::Running, step: &str, fw: Firmware) {
+    let efi = vm.log().contains("efi: EFI v");
+    assert_eq!(
+        efi,
+        fw == Firmware::Uefi,
+        "{step}: the kernel did not start as {fw:?} says: {}",
+        vm.log()
+    );
+}
+
 /// [`machine`] with a TPM 2.0 (`tpm-tis`) whose chip state is `dir/tpm`, kept from boot to
 /// boot as a machine's own TPM is. The TPM must be dropped after the machine is killed.
 fn machine_with_tpm(
@@ -280,9 +310,12 @@ fn machine_with_tpm(
     farm: &Farm,
     mac: &str,
     tag: &str,
+    fw: Firmware,
 ) -> (guest::Running, guest::Swtpm) {
     let tpm = guest::Swtpm::start(&dir.join("tpm")).expect("start swtpm");
-    let vm = qemu(dir, farm, mac, tag)
+    let q = qemu(dir, farm, mac, tag);
+    let q = if fw == Firmware::Uefi { q.uefi() } else { q };
+    let vm = q
         .tpm(&tpm)
         .spawn()
         .unwrap_or_else(|e| panic!("start machine {tag}: {e}"));
@@ -481,7 +514,7 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     // 1. First boot: multi-user, a file written, 64 MiB past the RAM into the overflow.
     //    The machine has a TPM: its ticket login's new key goes into it, and the farm is
     //    told (so it issues this device no more tickets).
-    let (mut vm, tpm) = machine_with_tpm(dir, &farm, mac1, "first");
+    let (mut vm, tpm) = machine_with_tpm(dir, &farm, mac1, "first", Firmware::Bios);
     let out = booted(&mut vm, "first boot", "v1");
     assert!(
         vm.log()
@@ -528,7 +561,7 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     //    set in the farm, and the boot agent reads it ahead of this boot's kernel.
     //    Its boot script has no ticket now: the key in its TPM logs it in.
     let set = wait_boot_set(&farm, "debian@0");
-    let (mut vm, tpm) = machine_with_tpm(dir, &farm, mac1, "second");
+    let (mut vm, tpm) = machine_with_tpm(dir, &farm, mac1, "second", Firmware::Bios);
     let out = booted(&mut vm, "second boot", "v1");
     assert!(
         vm.log()
@@ -609,7 +642,7 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
     assert_eq!(p["access"], "production", "{p}");
     set_cmdline(&farm, "debian", &quick_cmdline());
     // The device keeps its key in its TPM since the first boot: each boot has it.
-    let (mut vm, tpm) = machine_with_tpm(dir, &farm, mac1, "promoted");
+    let (mut vm, tpm) = machine_with_tpm(dir, &farm, mac1, "promoted", Firmware::Bios);
     let out = booted(&mut vm, "after the promotion", "v2");
     assert!(
         out.text.contains("MAINTAINED-BEFORE=yes"),
@@ -628,9 +661,10 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
 
     // 4. Two servers; the one the machine streams from is killed once its root is
     //    attached, before the kernel mounts it: the boot (init, the test script, `ferry`
-    //    read from the root) completes from the other.
+    //    read from the root) completes from the other. This machine has UEFI firmware
+    //    (the same device and TPM): the agent's failover is the firmware's business no more.
     farm.start_server("s2");
-    let (mut vm, tpm) = machine_with_tpm(dir, &farm, mac1, "failover");
+    let (mut vm, tpm) = machine_with_tpm(dir, &farm, mac1, "failover", Firmware::Uefi);
     if let Err(e) = vm.wait_for("ferry-boot: /dev/nbd0 is", BOOT_WAIT) {
         panic!("failover: the agent never attached: {e}");
     }
@@ -641,6 +675,7 @@ fn a_bare_machine_boots_a_farm_version_diskless() {
         vm.elapsed()
     );
     booted(&mut vm, "failover", "v2");
+    started_as(&vm, "failover", Firmware::Uefi);
     // Its counters show through the API of the server it failed over to (the one the
     // test's commands use now) as through the first one's (shared in the database).
     let (_, _, _, api2, _) = farm.servers.iter().find(|s| s.4.is_some()).unwrap();
@@ -677,16 +712,43 @@ fn four_machines_boot_at_once_and_bad_paths_end_in_a_message() {
         add_device(&farm, mac, &format!("pc{}", i + 1), "debian");
     }
 
-    // 5. Four machines at once.
+    // 5. Four machines at once, two with BIOS and two with UEFI firmware.
+    let fw = |i: usize| {
+        if i % 2 == 1 {
+            Firmware::Uefi
+        } else {
+            Firmware::Bios
+        }
+    };
     let mut vms: Vec<_> = macs
         .iter()
         .enumerate()
-        .map(|(i, mac)| machine(dir, &farm, mac, &format!("four-{i}")))
+        .map(|(i, mac)| match fw(i) {
+            Firmware::Uefi => machine_uefi(dir, &farm, mac, &format!("four-{i}")),
+            Firmware::Bios => machine(dir, &farm, mac, &format!("four-{i}")),
+        })
         .collect();
     for (i, vm) in vms.iter_mut().enumerate() {
-        booted(vm, &format!("four at once, machine {i}"), "v1");
+        let step = format!("four at once, machine {i} ({:?})", fw(i));
+        let out = booted(vm, &step, "v1");
+        assert!(
+            out.text.contains("WRITTEN-BEFORE=no"),
+            "{step}: {}",
+            out.text
+        );
+        started_as(vm, &step, fw(i));
     }
     drop(vms);
+    // A UEFI machine's writes are gone after a power cycle, as a BIOS one's (step 2).
+    let mut vm = machine_uefi(dir, &farm, macs[1], "four-1-again");
+    let out = booted(&mut vm, "UEFI power cycle", "v1");
+    assert!(
+        out.text.contains("WRITTEN-BEFORE=no"),
+        "UEFI power cycle: the last boot's file is there: {}",
+        out.text
+    );
+    started_as(&vm, "UEFI power cycle", Firmware::Uefi);
+    drop(vm);
 
     // 6. Bad paths: a message on the console, never a hang.
     // An unknown MAC: iPXE says why, once, and gives the machine back to its firmware.

@@ -48,7 +48,7 @@ pub use image::{
     DEFAULT_DISK_BYTES, GuestImage, ImageBuilder, PARTITION_START, PartitionTable, ROOT_ARG,
     boot_files,
 };
-pub use qemu::{DEFAULT_MAC, DEFAULT_MEMORY_MIB, Qemu, Running, TestOutput, test_output};
+pub use qemu::{DEFAULT_MAC, DEFAULT_MEMORY_MIB, OVMF, Qemu, Running, TestOutput, test_output};
 pub use swtpm::Swtpm;
 
 /// The marker `ferry-marker.service` writes on ttyS0 after multi-user.target, followed by

@@ -38,8 +38,14 @@ pub struct Qemu {
     disks: Vec<PathBuf>,
     direct: Option<(PathBuf, PathBuf, String)>,
     network_boot: bool,
+    uefi: bool,
     extra: Vec<String>,
 }
+
+/// Debian's `ovmf` package: UEFI firmware for x86-64 QEMU machines, code and variables in one
+/// image (`-bios`; the variables live in the machine's memory, so every boot starts from the
+/// firmware's defaults).
+pub const OVMF: &str = "/usr/share/ovmf/OVMF.fd";
 
 impl Qemu {
     /// A machine whose serial console is written to `serial_log` (QEMU's own stdout and
@@ -56,6 +62,7 @@ impl Qemu {
             disks: Vec::new(),
             direct: None,
             network_boot: false,
+            uefi: false,
             extra: Vec::new(),
         }
     }
@@ -117,6 +124,14 @@ impl Qemu {
         self
     }
 
+    /// UEFI firmware ([`OVMF`]) instead of SeaBIOS. With [`network_boot`](Self::network_boot)
+    /// the NIC's iPXE ROM is its EFI driver (QEMU's `efi-virtio.rom` holds both), and the NIC
+    /// is the first boot option (`bootindex`); the Linux kernel starts as an EFI program.
+    pub fn uefi(mut self) -> Self {
+        self.uefi = true;
+        self
+    }
+
     /// A TPM 2.0 (`tpm-tis`) backed by `tpm`, which must run until the machine stops.
     pub fn tpm(mut self, tpm: &crate::Swtpm) -> Self {
         self.extra.extend(tpm.qemu_args());
@@ -161,11 +176,19 @@ impl Qemu {
         ])
         .arg("-serial")
         .arg(format!("file:{}", self.serial_log.display()))
-        .args(["-netdev", &netdev])
-        .args([
+        .args(["-netdev", &netdev]);
+        let boot_index = if self.uefi && self.network_boot {
+            ",bootindex=1"
+        } else {
+            ""
+        };
+        cmd.args([
             "-device",
-            &format!("virtio-net-pci,netdev=n0,mac={}", self.mac),
+            &format!("virtio-net-pci,netdev=n0,mac={}{boot_index}", self.mac),
         ]);
+        if self.uefi {
+            cmd.args(["-bios", OVMF]);
+        }
         for disk in &self.disks {
             cmd.arg("-drive").arg(format!(
                 "file={},if=virtio,format=raw",
@@ -179,7 +202,7 @@ impl Qemu {
                 .arg(initrd)
                 .args(["-append", append]);
         }
-        if self.network_boot {
+        if self.network_boot && !self.uefi {
             cmd.args(["-boot", "n"]);
         }
         cmd.args(&self.extra);
