@@ -45,6 +45,7 @@ use checks::{
     agent_status, expect_message, farm_counters, reboots, serving_port, version_clean,
     wait_boot_set,
 };
+use common::boot::{boot_agent, capture, runnable, stripped_ferry};
 use common::console::{one_reason, stops};
 use common::{Proc, ferry, free_port, path_str};
 use serde_json::Value;
@@ -83,65 +84,6 @@ echo "AGENTS=$(ps -eo args | grep -c '^@ferry-boot')"
 ferry target status --export unix:/run/ferry/agent.sock --json | tr -d '\n' | sed 's/^/STATUS=/'
 echo
 "#;
-
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
-/// The tool rule (docs/testing.md): `true` when this machine can run the test; else it
-/// says why and returns `false`, or fails under CI. The harness checks root and its tools
-/// (`guest::can_run_or_skip`); this adds the boot agent.
-fn runnable(test: &str) -> bool {
-    if !guest::can_run_or_skip(test) {
-        return false;
-    }
-    if boot_agent().exists() {
-        return true;
-    }
-    let why = format!(
-        "no boot agent at {} (cargo build --profile boot-agent --target \
-         x86_64-unknown-linux-musl -p boot-agent, or FERRY_BOOT_AGENT)",
-        boot_agent().display()
-    );
-    assert!(!ci(), "CI=true and {why}");
-    eprintln!("{test}: skipped: {why}");
-    false
-}
-
-/// `ferry vdisk capture RAW VHDX`, which must succeed.
-fn capture(raw: &Path, vhdx: &Path) {
-    let out = ferry()
-        .args(["vdisk", "capture", path_str(raw), path_str(vhdx)])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "capture: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The `ferry` binary under test without its debug information (the image carries it for
-/// `ferry target install-initramfs` and `ferry target status`).
-fn stripped_ferry(dir: &Path) -> PathBuf {
-    let out = dir.join("ferry");
-    let status = std::process::Command::new("strip")
-        .arg("-o")
-        .arg(&out)
-        .arg(env!("CARGO_BIN_EXE_ferry"))
-        .status()
-        .expect("run strip");
-    assert!(status.success(), "strip ferry");
-    out
-}
-
-fn boot_agent() -> PathBuf {
-    match std::env::var_os("FERRY_BOOT_AGENT") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../target/x86_64-unknown-linux-musl/boot-agent/ferry-boot"),
-    }
-}
 
 /// `ferry ARGS --api --token --json` against `farm`, which must succeed.
 fn json(farm: &Farm, args: &[&str]) -> Value {

@@ -9,42 +9,14 @@
 //! (`FERRY_BOOT_AGENT`, or target/x86_64-unknown-linux-musl/boot-agent/ferry-boot as
 //! scripts/test.sh builds it). Under CI=true a missing one fails.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
+mod common;
+
+use common::boot::{boot_agent, runnable};
 use interop::free_port;
 use serde_json::Value;
-
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
-fn boot_agent() -> PathBuf {
-    match std::env::var_os("FERRY_BOOT_AGENT") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../target/x86_64-unknown-linux-musl/boot-agent/ferry-boot"),
-    }
-}
-
-/// The tool rule (docs/testing.md): the QEMU harness's tools and root, and the boot agent;
-/// outside CI a missing one skips with the reason, under CI it fails.
-fn runnable(test: &str) -> bool {
-    if !guest::can_run_or_skip(test) {
-        return false;
-    }
-    if boot_agent().is_file() {
-        return true;
-    }
-    let why = format!(
-        "no boot agent at {} (cargo build --profile boot-agent --target \
-         x86_64-unknown-linux-musl -p boot-agent, or FERRY_BOOT_AGENT)",
-        boot_agent().display()
-    );
-    assert!(!ci(), "CI=true and {why}");
-    eprintln!("{test}: skipped: {why}");
-    false
-}
 
 /// `ferry quickstart --linux ARGS` on `data` with free loopback ports.
 fn quickstart(data: &Path, args: &[&str]) -> Output {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use interop::run_ok;
 
+pub mod boot;
 pub mod console;
 pub mod docs_run;
 pub mod farm;

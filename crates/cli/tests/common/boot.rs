@@ -1,0 +1,71 @@
+//! What the QEMU boot tests (`netboot`, `quickstart_linux`) share: the static boot agent
+//! they put into images, the tool rule with it, and the stripped `ferry` binary an image
+//! carries.
+
+use std::path::{Path, PathBuf};
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// The static boot agent: `FERRY_BOOT_AGENT`, or the boot-agent profile's output as
+/// scripts/test.sh builds it.
+pub fn boot_agent() -> PathBuf {
+    match std::env::var_os("FERRY_BOOT_AGENT") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/x86_64-unknown-linux-musl/boot-agent/ferry-boot"),
+    }
+}
+
+/// The tool rule (docs/testing.md): `true` when this machine can run the test; else it
+/// says why and returns `false`, or fails under CI. The harness checks root and its tools
+/// (`guest::can_run_or_skip`); this adds the boot agent.
+pub fn runnable(test: &str) -> bool {
+    if !guest::can_run_or_skip(test) {
+        return false;
+    }
+    if boot_agent().is_file() {
+        return true;
+    }
+    let why = format!(
+        "no boot agent at {} (cargo build --profile boot-agent --target \
+         x86_64-unknown-linux-musl -p boot-agent, or FERRY_BOOT_AGENT)",
+        boot_agent().display()
+    );
+    assert!(!ci(), "CI=true and {why}");
+    eprintln!("{test}: skipped: {why}");
+    false
+}
+
+/// `ferry vdisk capture RAW VHDX`, which must succeed.
+pub fn capture(raw: &Path, vhdx: &Path) {
+    let out = super::ferry()
+        .args([
+            "vdisk",
+            "capture",
+            super::path_str(raw),
+            super::path_str(vhdx),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "capture: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The `ferry` binary under test without its debug information (the image carries it for
+/// `ferry target install-initramfs` and `ferry target status`).
+pub fn stripped_ferry(dir: &Path) -> PathBuf {
+    let out = dir.join("ferry");
+    let status = std::process::Command::new("strip")
+        .arg("-o")
+        .arg(&out)
+        .arg(env!("CARGO_BIN_EXE_ferry"))
+        .status()
+        .expect("run strip");
+    assert!(status.success(), "strip ferry");
+    out
+}
