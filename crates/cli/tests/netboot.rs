@@ -289,28 +289,6 @@ fn booted(vm: &mut guest::Running, step: &str, version: &str) -> guest::TestOutp
     out
 }
 
-/// Builds the golden image of farm `farm`: the guest root with `ferry`, the boot agent and
-/// the farm's CA (no secret) installed by `ferry target install-initramfs`.
-fn golden_image(dir: &Path, farm: &Farm) -> guest::GuestImage {
-    // docs/netboot.md's command, as written there (issue 31: docs that run).
-    let page = std::fs::read_to_string(common::docs_run::docs().join("netboot.md")).unwrap();
-    let documented = common::docs_run::block(&page, "image").replace("\\\n", " ");
-    let install = format!(
-        "{} && rm /root/ferry-boot && ! test -e /etc/ferry/farm.key",
-        documented.trim()
-    );
-    guest::ImageBuilder::new(guest::guest_root())
-        .copy(stripped_ferry(dir), "/usr/local/bin/ferry", 0o755)
-        .copy(boot_agent(), "/root/ferry-boot", 0o755)
-        .copy(farm.ca(), "/root/ca-cert.pem", 0o644)
-        .version("v1")
-        .test_script(TEST_SCRIPT)
-        .quick_init()
-        .run_in_root(&install)
-        .build(&dir.join("image"))
-        .expect("build the golden image")
-}
-
 /// Without a farm: a plain `ferry server` export of the image, booted with the image's
 /// own kernel and initramfs and `ferry.server=` on the command line. The machine runs the
 /// test OS's small init (systemd's part is the farm test's first boot) with the boot agent
@@ -382,7 +360,7 @@ fn golden_farm(dir: &Path) -> (Farm, guest::GuestImage) {
         &farm,
         &["farm", "settings", "--boot-ticket-secs", TICKET_SECS],
     );
-    let image = golden_image(dir, &farm);
+    let image = common::boot::golden_image(dir, &farm.ca(), TEST_SCRIPT);
     capture(&image.disk, &farm.store().join("debian.vhdx"));
     if json(&farm, &["site", "list"])["total"] == 0 {
         json(&farm, &["site", "add", "hq"]);

@@ -39,6 +39,8 @@ pub struct Qemu {
     direct: Option<(PathBuf, PathBuf, String)>,
     network_boot: bool,
     uefi: bool,
+    tap: Option<(String, String)>,
+    nic_rom: Option<String>,
     extra: Vec<String>,
 }
 
@@ -63,6 +65,8 @@ impl Qemu {
             direct: None,
             network_boot: false,
             uefi: false,
+            tap: None,
+            nic_rom: None,
             extra: Vec::new(),
         }
     }
@@ -132,6 +136,21 @@ impl Qemu {
         self
     }
 
+    /// The NIC on tap device `ifname` of network namespace `netns` instead of QEMU's user
+    /// network (which is then not used: no built-in DHCP or TFTP); QEMU runs in that
+    /// namespace (`ip netns exec`). The test makes the tap and bridges it.
+    pub fn tap(mut self, netns: &str, ifname: &str) -> Self {
+        self.tap = Some((netns.to_owned(), ifname.to_owned()));
+        self
+    }
+
+    /// The NIC's option ROM (`romfile=`); an empty name loads none, so that UEFI firmware
+    /// boots the network with its own PXE (OVMF's virtio-net driver and PXE stack).
+    pub fn nic_rom(mut self, romfile: &str) -> Self {
+        self.nic_rom = Some(romfile.to_owned());
+        self
+    }
+
     /// A TPM 2.0 (`tpm-tis`) backed by `tpm`, which must run until the machine stops.
     pub fn tpm(mut self, tpm: &crate::Swtpm) -> Self {
         self.extra.extend(tpm.qemu_args());
@@ -146,17 +165,30 @@ impl Qemu {
 
     /// The command line [`spawn`](Self::spawn) runs.
     pub fn command(&self) -> Command {
-        let mut netdev = String::from("user,id=n0");
-        if let Some(url) = &self.bootfile {
-            netdev.push_str(&format!(",bootfile={}", escape_option(url)));
+        let mut netdev = match &self.tap {
+            Some((_, ifname)) => format!("tap,id=n0,ifname={ifname},script=no,downscript=no"),
+            None => String::from("user,id=n0"),
+        };
+        // User networking's own DHCP, TFTP and forwards (none on a tap).
+        if self.tap.is_none() {
+            if let Some(url) = &self.bootfile {
+                netdev.push_str(&format!(",bootfile={}", escape_option(url)));
+            }
+            if let Some(dir) = &self.tftp {
+                netdev.push_str(&format!(",tftp={}", escape_option(&dir.to_string_lossy())));
+            }
+            for rule in &self.hostfwd {
+                netdev.push_str(&format!(",hostfwd={}", escape_option(rule)));
+            }
         }
-        if let Some(dir) = &self.tftp {
-            netdev.push_str(&format!(",tftp={}", escape_option(&dir.to_string_lossy())));
-        }
-        for rule in &self.hostfwd {
-            netdev.push_str(&format!(",hostfwd={}", escape_option(rule)));
-        }
-        let mut cmd = Command::new("qemu-system-x86_64");
+        let mut cmd = match &self.tap {
+            Some((netns, _)) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", netns, "qemu-system-x86_64"]);
+                c
+            }
+            None => Command::new("qemu-system-x86_64"),
+        };
         // -nodefaults: no VGA (the guest's fbcon would draw every console line in TCG), no
         // floppy, CD-ROM or parallel port to probe; the serial port and the NIC are named.
         cmd.args([
@@ -182,9 +214,14 @@ impl Qemu {
         } else {
             ""
         };
+        let rom = self
+            .nic_rom
+            .as_ref()
+            .map(|r| format!(",romfile={}", escape_option(r)))
+            .unwrap_or_default();
         cmd.args([
             "-device",
-            &format!("virtio-net-pci,netdev=n0,mac={}{boot_index}", self.mac),
+            &format!("virtio-net-pci,netdev=n0,mac={}{boot_index}{rom}", self.mac),
         ]);
         if self.uefi {
             cmd.args(["-bios", OVMF]);

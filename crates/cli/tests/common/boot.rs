@@ -69,3 +69,25 @@ pub fn stripped_ferry(dir: &Path) -> PathBuf {
     assert!(status.success(), "strip ferry");
     out
 }
+
+/// The golden image of a farm whose CA is `ca`: the guest root with `ferry`, the boot agent
+/// and the CA (no secret) installed by `ferry target install-initramfs` as docs/netboot.md's
+/// `image` block says (issue 31: docs that run), `test_script` run at boot, version `v1`.
+pub fn golden_image(dir: &Path, ca: &Path, test_script: &str) -> guest::GuestImage {
+    let page = std::fs::read_to_string(super::docs_run::docs().join("netboot.md")).unwrap();
+    let documented = super::docs_run::block(&page, "image").replace("\\\n", " ");
+    let install = format!(
+        "{} && rm /root/ferry-boot && ! test -e /etc/ferry/farm.key",
+        documented.trim()
+    );
+    guest::ImageBuilder::new(guest::guest_root())
+        .copy(stripped_ferry(dir), "/usr/local/bin/ferry", 0o755)
+        .copy(boot_agent(), "/root/ferry-boot", 0o755)
+        .copy(ca, "/root/ca-cert.pem", 0o644)
+        .version("v1")
+        .test_script(test_script)
+        .quick_init()
+        .run_in_root(&install)
+        .build(&dir.join("image"))
+        .expect("build the golden image")
+}
