@@ -8,10 +8,12 @@
 //! pdu    the frame: 48-byte basic header segment, additional header segments, header
 //!        and data digests (CRC32C), the data segment padded to 4 bytes; opcodes; limits
 //! text   login and text key=value lists (NUL-separated): parse, encode, limits
+//! params operational parameter negotiation, the target's side (RFC 7143 §13's rules)
 //! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs, clippy::cast_possible_truncation)]
 
+pub mod params;
 pub mod pdu;
 pub mod text;
 
