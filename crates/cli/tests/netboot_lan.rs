@@ -25,7 +25,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::boot::{capture, golden_image, runnable};
-use common::netns::Lan;
+use common::netns::{Lan, site_dhcp};
 use common::{Proc, path_str};
 use interop::require_all;
 use serde_json::Value;
@@ -80,16 +80,6 @@ fn series(text: &str, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key} in:\n{text}"))
 }
 
-fn tap(lan: &Lan, name: &str) {
-    for args in [
-        vec!["-n", &lan.net, "tuntap", "add", "dev", name, "mode", "tap"],
-        vec!["-n", &lan.net, "link", "set", name, "master", "br0", "up"],
-    ] {
-        let ok = Command::new("ip").args(&args).status().unwrap();
-        assert!(ok.success(), "ip {args:?}");
-    }
-}
-
 #[test]
 fn bios_and_uefi_machines_boot_through_proxydhcp_beside_the_site_s_dhcp() {
     let test = "bios_and_uefi_machines_boot_through_proxydhcp_beside_the_site_s_dhcp";
@@ -110,36 +100,12 @@ fn bios_and_uefi_machines_boot_through_proxydhcp_beside_the_site_s_dhcp() {
     let mut lan = Lan::new(&format!("fln{}", std::process::id()));
     let srv = lan.join("srv", Some(&format!("{SERVER_IP}/24")));
     let site = lan.join("site", Some(&format!("{SITE_IP}/24")));
-    tap(&lan, "tapb");
-    tap(&lan, "tapu");
+    lan.tap("tapb");
+    lan.tap("tapu");
 
     // The site's DHCP server: addresses only.
-    let log = dir.join("dnsmasq.log");
+    let site_dhcp = site_dhcp(&site, "10.78.0.100,10.78.0.150", dir);
     let leases = dir.join("leases");
-    let mut dnsmasq = Lan::exec(&site, "dnsmasq");
-    dnsmasq
-        .args([
-            "--no-daemon",
-            "--port=0",
-            "--interface=eth0",
-            "--bind-interfaces",
-        ])
-        .args([
-            "--dhcp-range=10.78.0.100,10.78.0.150,255.255.255.0,1h",
-            "--no-resolv",
-        ])
-        .args([
-            "--no-hosts",
-            "--log-dhcp",
-            "--dhcp-authoritative",
-            "--no-ping",
-        ])
-        .arg(format!("--dhcp-leasefile={}", path_str(&leases)))
-        .arg(format!("--pid-file={}", path_str(&dir.join("dnsmasq.pid"))));
-    let mut site_dhcp = Proc::spawn(&mut dnsmasq, log.clone());
-    site_dhcp.wait_until("dnsmasq up", || {
-        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("DHCP, IP range"))
-    });
 
     // The farm, its image, and the server in its namespace.
     let data = dir.join("farm");

@@ -21,7 +21,7 @@ use std::path::Path;
 mod common;
 
 use common::farm::Farm;
-use common::netns::Lan;
+use common::netns::{Lan, site_dhcp};
 use common::{Proc, path_str};
 use interop::require_all;
 use serde_json::{Value, json};
@@ -104,35 +104,7 @@ fn pxe_clients_get_boot_information_from_ferry_and_addresses_from_the_site_s_dhc
     let cli = lan.join("cli", Some("10.77.0.50/24"));
 
     // The site's DHCP server: addresses only, nothing about booting.
-    let leases = f.dir.path().join("leases");
-    let mut dnsmasq = Lan::exec(&site, "dnsmasq");
-    dnsmasq
-        .args([
-            "--no-daemon",
-            "--port=0",
-            "--interface=eth0",
-            "--bind-interfaces",
-        ])
-        .args([
-            "--dhcp-range=10.77.0.100,10.77.0.150,255.255.255.0,1h",
-            "--no-resolv",
-        ])
-        .args([
-            "--no-hosts",
-            "--log-dhcp",
-            "--dhcp-authoritative",
-            "--no-ping",
-        ])
-        .arg(format!("--dhcp-leasefile={}", path_str(&leases)))
-        .arg(format!(
-            "--pid-file={}",
-            path_str(&f.dir.path().join("dnsmasq.pid"))
-        ));
-    let mut site_dhcp = Proc::spawn(&mut dnsmasq, f.dir.path().join("dnsmasq.log"));
-    site_dhcp.wait_until("dnsmasq up", || {
-        std::fs::read_to_string(f.dir.path().join("dnsmasq.log"))
-            .is_ok_and(|l| l.contains("DHCP, IP range"))
-    });
+    let site_dhcp = site_dhcp(&site, "10.77.0.100,10.77.0.150", f.dir.path());
 
     // Ferry beside it, with the boot programs on its TFTP root.
     let tftp = f.dir.path().join("tftp");

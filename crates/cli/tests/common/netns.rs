@@ -3,6 +3,7 @@
 //! a site's DHCP server and Ferry meet on a real L2 network and nothing leaves the test's
 //! namespaces.
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// A bridge in a namespace of its own, and the namespaces joined to it.
@@ -61,12 +62,54 @@ impl Lan {
         ns
     }
 
+    /// A tap device `name` on the bridge, for a QEMU machine run in [`Lan::net`].
+    pub fn tap(&self, name: &str) {
+        ip(&["-n", &self.net, "tuntap", "add", "dev", name, "mode", "tap"]);
+        ip(&["-n", &self.net, "link", "set", name, "master", "br0", "up"]);
+    }
+
     /// `cmd` to run inside namespace `ns`.
     pub fn exec(ns: &str, program: &str) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", ns, program]);
         c
     }
+}
+
+/// A site's DHCP server in namespace `ns`: Debian's dnsmasq handing out addresses of
+/// `range` (`FIRST,LAST`) only, nothing about booting, with its log in `dir/dnsmasq.log` and
+/// its leases in `dir/leases`; returned once it serves.
+pub fn site_dhcp(ns: &str, range: &str, dir: &Path) -> super::Proc {
+    let log = dir.join("dnsmasq.log");
+    let mut dnsmasq = Lan::exec(ns, "dnsmasq");
+    dnsmasq
+        .args([
+            "--no-daemon",
+            "--port=0",
+            "--interface=eth0",
+            "--bind-interfaces",
+        ])
+        .arg(format!("--dhcp-range={range},255.255.255.0,1h"))
+        .args([
+            "--no-resolv",
+            "--no-hosts",
+            "--log-dhcp",
+            "--dhcp-authoritative",
+        ])
+        .arg("--no-ping")
+        .arg(format!(
+            "--dhcp-leasefile={}",
+            super::path_str(&dir.join("leases"))
+        ))
+        .arg(format!(
+            "--pid-file={}",
+            super::path_str(&dir.join("dnsmasq.pid"))
+        ));
+    let mut p = super::Proc::spawn(&mut dnsmasq, log.clone());
+    p.wait_until("dnsmasq up", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("DHCP, IP range"))
+    });
+    p
 }
 
 impl Drop for Lan {
