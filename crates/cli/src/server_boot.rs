@@ -280,6 +280,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn proxydhcp_takes_plain_boot_program_names_and_names_the_script_on_the_boot_port() {
+        let args = |bios: &str| ProxyArgs {
+            proxy_dhcp: Some(std::net::Ipv4Addr::new(10, 0, 0, 5)),
+            proxy_dhcp_bios_file: bios.into(),
+            proxy_dhcp_efi_file: "snponly.efi".into(),
+        };
+        let boot = Some("0.0.0.0:8067".parse().unwrap());
+        let cfg = proxy_from_flags(&args("undionly.kpxe"), boot)
+            .unwrap()
+            .unwrap();
+        assert_eq!(cfg.info.script_url, "http://10.0.0.5:8067/boot/ipxe");
+        for bad in ["../etc/passwd", "", "a b"] {
+            let e = proxy_from_flags(&args(bad), boot).unwrap_err().to_string();
+            assert!(e.contains("--proxy-dhcp-bios-file"), "{bad:?}: {e}");
+        }
+        assert!(proxy_from_flags(&args("x"), None).unwrap().is_none());
+    }
+
+    #[test]
     fn renders_every_boot_counter_once() {
         let c = api::boot::BootCounters::default();
         c.scripts.fetch_add(3, std::sync::atomic::Ordering::Relaxed);
